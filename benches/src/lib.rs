@@ -1,0 +1,1 @@
+//! Shared workloads for the kvrelay criterion benchmarks.

@@ -1,0 +1,15 @@
+//! kvrelay: a per-data-center KV relay for disaggregated LLM serving.
+//!
+//! Data flows top to bottom through the modules (see DESIGN.md): typed DC inputs become exact
+//! per-pool block ownership, which drives one cuckoo filter (CKF) per pool, published as CBI1
+//! snapshot and delta frames. The modules declared here are pure: they take values and return
+//! values, with no tasks, clocks or I/O, so the production shell and the simulator drive the
+//! very same state machines.
+
+pub mod cbi1;
+pub mod ckf;
+pub mod hashing;
+pub mod identity;
+pub mod kv_events;
+pub mod pool;
+pub mod rng;
