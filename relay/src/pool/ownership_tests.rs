@@ -138,7 +138,7 @@ fn clearing_a_rank_leaves_sibling_ranks_and_other_workers() {
     assert_eq!(owners(&p, root(100)), 1);
     assert_eq!(p.owner_state(chain(&[100, 200])[1]), None);
     assert_eq!(owners(&p, root(300)), 1);
-    assert_eq!(p.sources().map(|(s, n)| (s, n)).collect::<Vec<_>>(), vec![(A1, 1), (B, 1)]);
+    assert_eq!(p.sources().collect::<Vec<_>>(), vec![(A1, 1), (B, 1)]);
 }
 
 #[test]
