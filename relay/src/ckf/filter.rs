@@ -248,6 +248,15 @@ impl CuckooFilter {
         images
     }
 
+    /// Make the current words the publication baseline without building any images (nobody
+    /// holds a lease, so nothing is materialised).
+    pub fn discard_publication(&mut self) {
+        for &(bucket, _) in &self.dirty {
+            self.dirty_flags[bucket as usize / 64] = 0;
+        }
+        self.dirty.clear();
+    }
+
     /// Adopt `rebuilt`'s words (same format) while keeping this filter's publication baseline, so
     /// the next publication carries exactly the buckets whose word differs from what was last
     /// published, including changes still pending from before the swap.

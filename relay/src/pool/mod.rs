@@ -1,11 +1,17 @@
 //! One pool's producer state, sans-IO: exact ownership driving the cuckoo filter, and the
-//! publisher that numbers publication batches under a lease.
+//! publisher that numbers publication batches under a lease. The async pool actor (a later
+//! layer) only moves commands in and carries deltas and snapshots out.
 
 mod ownership;
+mod publisher;
 mod tables;
 
 pub use ownership::{
     ApplyError, ApplyOutcome, FailureDisposition, OwnershipCounters, PoolOwnership,
     RankReplacement, SequenceFault,
 };
-pub use tables::{OWNERS_MAX, OwnerState};
+pub use publisher::{
+    Delta, FenceReason, PublicationCadence, PublishError, PublishOutcome, Publisher, Snapshot,
+    PUBLICATION_DELAY_MS, PUBLICATION_THRESHOLD_EVENTS,
+};
+pub use tables::{OwnerState, OWNERS_MAX};

@@ -318,6 +318,11 @@ impl PoolOwnership {
         self.filter.take_publication()
     }
 
+    /// Make the current words the publication baseline without building images.
+    pub fn discard_publication(&mut self) {
+        self.filter.discard_publication();
+    }
+
     /// Apply one event. On error the state is unchanged, except that a removal meeting an
     /// invariant violation still processes its other blocks.
     pub fn apply_event(&mut self, event: &RouterEvent) -> Result<ApplyOutcome, ApplyError> {
