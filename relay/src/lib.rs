@@ -10,6 +10,7 @@ pub mod cbi1;
 pub mod ckf;
 pub mod hashing;
 pub mod identity;
+pub mod inputs;
 pub mod kv_events;
 pub mod pool;
 pub mod rng;

@@ -49,10 +49,7 @@ enum Op {
 }
 
 fn store_strategy() -> impl Strategy<Value = Store> {
-    (
-        prop::option::weighted(0.4, 0u64..24),
-        prop::collection::vec((0u64..24, 0u64..12), 0..5),
-    )
+    (prop::option::weighted(0.4, 0u64..24), prop::collection::vec((0u64..24, 0u64..12), 0..5))
         .prop_map(|(parent, blocks)| Store { parent, blocks })
 }
 
@@ -156,8 +153,9 @@ impl Harness {
 
     /// Apply a delta to the mirror after a CBI1 round trip.
     fn receive(mirror: &mut [u64], format: &CkfFormat, delta: &Delta) {
-        let frame = cbi1::encode_delta(format, DC_ID, delta.base_sequence, delta.sequence, &delta.images)
-            .expect("delta encodes");
+        let frame =
+            cbi1::encode_delta(format, DC_ID, delta.base_sequence, delta.sequence, &delta.images)
+                .expect("delta encodes");
         let decoded = cbi1::decode(&frame, format).expect("delta decodes");
         let cbi1::FrameBody::Delta(body) = decoded.body else { panic!("not a delta") };
         assert_eq!(body.base_epoch(), delta.base_sequence);

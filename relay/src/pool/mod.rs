@@ -11,7 +11,7 @@ pub use ownership::{
     RankReplacement, SequenceFault,
 };
 pub use publisher::{
-    Delta, FenceReason, PublicationCadence, PublishError, PublishOutcome, Publisher, Snapshot,
-    PUBLICATION_DELAY_MS, PUBLICATION_THRESHOLD_EVENTS,
+    Delta, FenceReason, PUBLICATION_DELAY_MS, PUBLICATION_THRESHOLD_EVENTS, PublicationCadence,
+    PublishError, PublishOutcome, Publisher, Snapshot,
 };
-pub use tables::{OwnerState, OWNERS_MAX};
+pub use tables::{OWNERS_MAX, OwnerState};

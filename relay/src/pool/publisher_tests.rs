@@ -13,7 +13,8 @@ fn lease(epoch: u64) -> LaneLease {
 }
 
 fn pool() -> PoolOwnership {
-    PoolOwnership::new(CkfFormat::v1(DEFAULT_SEED, 64), MAX_KICKS_DEFAULT, rng_from_seed(3)).unwrap()
+    PoolOwnership::new(CkfFormat::v1(DEFAULT_SEED, 64), MAX_KICKS_DEFAULT, rng_from_seed(3))
+        .unwrap()
 }
 
 fn event(data: KvCacheEventData) -> RouterEvent {
@@ -38,7 +39,8 @@ fn store(pool: &mut PoolOwnership, external: u64, tokens: u64) {
 }
 
 fn remove(pool: &mut PoolOwnership, external: u64) {
-    let data = KvCacheEventData::Removed(RemoveData { block_hashes: vec![ExternalBlockHash(external)] });
+    let data =
+        KvCacheEventData::Removed(RemoveData { block_hashes: vec![ExternalBlockHash(external)] });
     pool.apply_event(&event(data)).unwrap();
 }
 
@@ -59,7 +61,8 @@ fn publisher_owns_checked_sequence_and_snapshot_continuation() {
     let mut p = pool();
     let mut publisher = Publisher::new();
     let mut deltas = Vec::new();
-    let snapshot = publisher.snapshot_after_barrier(&mut p, lease(1), &mut collect(&mut deltas)).unwrap();
+    let snapshot =
+        publisher.snapshot_after_barrier(&mut p, lease(1), &mut collect(&mut deltas)).unwrap();
     assert_eq!(snapshot.sequence, 0);
     let mut mirror = snapshot.words.clone();
     for round in 0..5u64 {
@@ -121,11 +124,13 @@ fn without_a_lease_nothing_is_materialised_and_the_sequence_stands_still() {
     );
     assert!(!p.has_unpublished_writes());
     // A lease taken after idle eviction still starts at the unadvanced sequence.
-    let snapshot = publisher.snapshot_after_barrier(&mut p, lease(1), &mut collect(&mut deltas)).unwrap();
+    let snapshot =
+        publisher.snapshot_after_barrier(&mut p, lease(1), &mut collect(&mut deltas)).unwrap();
     assert!(publisher.retire_lease(lease(1)));
     store(&mut p, 2, 8);
     publisher.publish(&mut p, &mut collect(&mut deltas)).unwrap();
-    let again = publisher.snapshot_after_barrier(&mut p, lease(2), &mut collect(&mut deltas)).unwrap();
+    let again =
+        publisher.snapshot_after_barrier(&mut p, lease(2), &mut collect(&mut deltas)).unwrap();
     assert_eq!((snapshot.sequence, again.sequence), (0, 0));
     assert!(deltas.is_empty());
     assert_eq!(again.words, p.filter().words());
@@ -155,7 +160,8 @@ fn delivery_uncertainty_does_not_advance_and_recovers_with_new_lease_snapshot() 
         publisher.publish(&mut p, &mut collect(&mut deltas)),
         Err(PublishError::Fenced(FenceReason::DeliveryUncertain))
     );
-    let snapshot = publisher.snapshot_after_barrier(&mut p, lease(2), &mut collect(&mut deltas)).unwrap();
+    let snapshot =
+        publisher.snapshot_after_barrier(&mut p, lease(2), &mut collect(&mut deltas)).unwrap();
     assert_eq!(snapshot.sequence, 0);
     assert_eq!(snapshot.words, p.filter().words());
     assert!(deltas.is_empty(), "the uncertain tail is folded into the snapshot");
@@ -171,7 +177,8 @@ fn replacement_snapshot_emits_healthy_old_lease_tail_before_recording_sequence()
     let mut deltas = Vec::new();
     publisher.snapshot_after_barrier(&mut p, lease(1), &mut collect(&mut deltas)).unwrap();
     store(&mut p, 1, 7);
-    let snapshot = publisher.snapshot_after_barrier(&mut p, lease(2), &mut collect(&mut deltas)).unwrap();
+    let snapshot =
+        publisher.snapshot_after_barrier(&mut p, lease(2), &mut collect(&mut deltas)).unwrap();
     assert_eq!(deltas.len(), 1);
     assert_eq!((deltas[0].lease, deltas[0].sequence), (lease(1), 1));
     assert_eq!(snapshot.sequence, 1);
@@ -190,7 +197,8 @@ fn failed_old_lease_tail_requires_retry_then_snapshot_covers_it() {
         Err(PublishError::DeliveryFailed)
     );
     assert_eq!(publisher.lease(), Some(lease(1)));
-    let snapshot = publisher.snapshot_after_barrier(&mut p, lease(2), &mut collect(&mut deltas)).unwrap();
+    let snapshot =
+        publisher.snapshot_after_barrier(&mut p, lease(2), &mut collect(&mut deltas)).unwrap();
     assert_eq!(snapshot.sequence, 0);
     assert!(p.filter().contains(7));
     assert_eq!(snapshot.words, p.filter().words());
