@@ -153,13 +153,14 @@ impl Harness {
 
     /// Apply a delta to the mirror after a CBI1 round trip.
     fn receive(mirror: &mut [u64], format: &CkfFormat, delta: &Delta) {
-        let frame =
-            cbi1::encode_delta(format, DC_ID, delta.base_sequence, delta.sequence, &delta.images)
-                .expect("delta encodes");
-        let decoded = cbi1::decode(&frame, format).expect("delta decodes");
-        let cbi1::FrameBody::Delta(body) = decoded.body else { panic!("not a delta") };
+        let encoder = cbi1::FrameEncoder::new(*format, DC_ID).expect("valid format");
+        let frame = encoder
+            .encode_delta(delta.base_sequence, delta.sequence, &delta.images)
+            .expect("delta encodes");
+        let decoded = cbi1::decode_for_pool(&frame, format, DC_ID).expect("delta decodes");
+        assert_eq!(decoded.header().epoch, delta.sequence);
+        let cbi1::Frame::Delta(body) = decoded else { panic!("not a delta") };
         assert_eq!(body.base_epoch(), delta.base_sequence);
-        assert_eq!(decoded.header.epoch, delta.sequence);
         let images: Vec<_> = body.images().collect();
         assert_eq!(images, delta.images);
         for image in images {
@@ -193,18 +194,18 @@ impl Harness {
             Self::receive(&mut self.mirror, &self.format, delta);
         }
         assert_eq!(self.mirror, snapshot.words, "tail deltas bring the old mirror to the cut");
-        let mut assembler = cbi1::SnapshotAssembler::new(self.format);
+        let encoder = cbi1::FrameEncoder::new(self.format, DC_ID).expect("valid format");
+        let mut assembler = cbi1::SnapshotAssembler::new();
         let mut assembled = None;
-        for chunk in cbi1::encode_snapshot(&self.format, DC_ID, snapshot.sequence, &snapshot.words)
-            .expect("snapshot encodes")
-        {
-            let decoded = cbi1::decode(&chunk, &self.format).expect("chunk decodes");
-            assembled = assembler.push(&decoded).expect("chunk assembles");
+        for chunk in encoder.encode_snapshot(snapshot.sequence, &snapshot.words).expect("encodes") {
+            let decoded = cbi1::decode_for_pool(&chunk, &self.format, DC_ID).expect("decodes");
+            let cbi1::Frame::SnapshotChunk(chunk) = decoded else { panic!("not a chunk") };
+            assembled = assembler.accept(&chunk).expect("chunk assembles");
         }
         let assembled = assembled.expect("snapshot complete");
-        assert_eq!(assembled.epoch, snapshot.sequence);
-        assert_eq!(assembled.words, snapshot.words);
-        self.mirror = assembled.words;
+        assert_eq!(assembled.epoch(), snapshot.sequence);
+        assert_eq!(assembled.words(), &snapshot.words[..]);
+        self.mirror = assembled.into_words();
     }
 }
 
@@ -212,14 +213,18 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
-    fn pool_matches_the_naive_model(ops in prop::collection::vec(op_strategy(), 1..80), seed in any::<u64>()) {
-        // Eight buckets, 32 slots: small enough that capacity omissions happen.
-        let format = CkfFormat::v1(DEFAULT_SEED, 8);
+    fn pool_matches_the_naive_model(
+        ops in prop::collection::vec(op_strategy(), 1..80),
+        seed in any::<u64>(),
+        bucket_count in prop::sample::select(vec![2u64, 4, 8, 64]),
+    ) {
+        // Two to eight buckets (8 to 32 slots) are small enough that capacity omissions happen.
+        let format = CkfFormat::v1(DEFAULT_SEED, bucket_count);
         let mut h = Harness {
             pool: PoolOwnership::new(format, 32, rng_from_seed(seed)).unwrap(),
             publisher: Publisher::new(),
             format,
-            mirror: vec![0; 8],
+            mirror: vec![0; bucket_count as usize],
             lease_epoch: 0,
         };
         h.snapshot();
@@ -284,6 +289,7 @@ proptest! {
         }
         prop_assert!(h.pool.filter().words().iter().all(|&word| word == 0));
         prop_assert_eq!(h.pool.owned_block_count(), 0);
+        prop_assert_eq!(h.pool.omitted_block_count(), 0);
         h.publish();
         prop_assert!(h.mirror.iter().all(|&word| word == 0));
     }
