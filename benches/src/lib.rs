@@ -1,1 +1,3 @@
 //! Shared workloads for the kvrelay criterion benchmarks.
+
+pub mod ingest;
