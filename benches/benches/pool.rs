@@ -18,6 +18,7 @@ fn warmed_pool(workload: &IngestWorkload, live_blocks: usize) -> PoolOwnership {
     pool
 }
 
+#[allow(clippy::disallowed_methods, reason = "a benchmark times itself with the wall clock")]
 fn ingest(c: &mut Criterion) {
     let benchmarking = std::env::args().any(|arg| arg == "--bench");
     let sizes: &[usize] = if benchmarking { &[1 << 16, 1 << 20] } else { &[1 << 12] };
