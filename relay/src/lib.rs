@@ -12,5 +12,7 @@ pub mod hashing;
 pub mod identity;
 pub mod inputs;
 pub mod kv_events;
+pub mod load;
 pub mod pool;
+pub mod readiness;
 pub mod rng;
