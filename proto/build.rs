@@ -1,0 +1,16 @@
+//! Compile the v1 contract with protox (pure Rust, no system protoc) and keep the encoded file
+//! descriptor set for gRPC reflection.
+
+use std::path::PathBuf;
+
+use prost::Message;
+
+fn main() {
+    let proto = "proto/dynamo/kvrelay/v1/relay.proto";
+    println!("cargo:rerun-if-changed={proto}");
+    let descriptors = protox::compile([proto], ["proto"]).expect("relay.proto compiles");
+    let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    std::fs::write(out_dir.join("kvrelay_v1_descriptor.bin"), descriptors.encode_to_vec())
+        .expect("descriptor set written");
+    tonic_prost_build::configure().compile_fds(descriptors).expect("code generation succeeds");
+}
