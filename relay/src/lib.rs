@@ -8,6 +8,7 @@
 
 pub mod cbi1;
 pub mod ckf;
+pub mod discovery;
 pub mod hashing;
 pub mod identity;
 pub mod inputs;
