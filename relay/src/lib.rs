@@ -14,3 +14,4 @@ pub mod inputs;
 pub mod kv_events;
 pub mod pool;
 pub mod rng;
+pub mod sources;
