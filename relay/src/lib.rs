@@ -19,3 +19,4 @@ pub mod pool;
 pub mod readiness;
 pub mod rng;
 pub mod runtime;
+pub mod sources;
