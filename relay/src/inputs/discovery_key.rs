@@ -27,7 +27,7 @@ use std::fmt;
 
 use super::errors::{InputError, echo};
 use super::facts::CardInstanceId;
-use super::limits::SEGMENT_BYTES_MAX;
+use super::limits::{DISCOVERY_FILE_PATH_BYTES_MAX, DISCOVERY_KEY_BYTES_MAX};
 use super::wire::{
     endpoint_path, file_name_literal, parse_hex_id, percent_decode, percent_encode, subject_literal,
 };
@@ -37,9 +37,6 @@ const INSTANCES_BUCKET: &str = "instances";
 const MODELS_BUCKET: &str = "mdc";
 const EVENT_CHANNELS_BUCKET: &str = "event_channels";
 const EVENT_SOURCES_BUCKET: &str = "event_sources";
-
-/// Longest discovery key or file path accepted, in bytes (six segments at their limit plus ids).
-pub const DISCOVERY_KEY_BYTES_MAX: usize = 8 * SEGMENT_BYTES_MAX;
 
 /// An endpoint-scoped event record's key: which publisher, of which topic, on which endpoint.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -136,7 +133,7 @@ impl DiscoveryKey {
     /// Parse a file backend path `v1/{bucket}/{percent-encoded rest of the key}`.
     pub fn parse_file_path(path: &str) -> Result<DiscoveryKey, InputError> {
         let malformed = |reason| InputError::MalformedKey { key: echo(path), reason };
-        if path.len() > 3 * DISCOVERY_KEY_BYTES_MAX {
+        if path.len() > DISCOVERY_FILE_PATH_BYTES_MAX {
             return Err(malformed("longer than the key limit"));
         }
         let (bucket, name) = split_bucket(path).ok_or_else(|| malformed("not v1/{bucket}/..."))?;

@@ -29,8 +29,8 @@ use super::discovery_record::{KV_EVENTS_TOPIC, KV_METRICS_TOPIC};
 use super::errors::{InputError, echo};
 use super::facts::{KvEventBatch, LoadObservation};
 use super::limits::{
-    BLOCKS_PER_EVENT_MAX, BLOCKS_PER_MESSAGE_MAX, EVENT_ENVELOPE_BYTES_MAX, EVENTS_PER_MESSAGE_MAX,
-    SEGMENT_BYTES_MAX,
+    BLOCKS_PER_EVENT_MAX, BLOCKS_PER_MESSAGE_MAX, EVENT_ENVELOPE_BYTES_MAX,
+    EVENT_SUBJECT_BYTES_MAX, EVENTS_PER_MESSAGE_MAX,
 };
 use super::wire::{
     Bounded, SeqLen, WireHash, check_segment, check_size, endpoint_path, msgpack, percent_decode,
@@ -95,7 +95,7 @@ pub fn event_subject(endpoint: &EndpointPath, topic: &str) -> String {
 /// character outside `[A-Za-z0-9_-]` is rejected, as the publisher would have escaped it.
 pub fn parse_event_subject(subject: &str) -> Result<EventSubject, InputError> {
     let malformed = |reason| InputError::MalformedSubject { subject: echo(subject), reason };
-    if subject.len() > 8 * SEGMENT_BYTES_MAX {
+    if subject.len() > EVENT_SUBJECT_BYTES_MAX {
         return Err(malformed("longer than the subject limit"));
     }
     let mut parts = subject.split('.');
@@ -434,6 +434,7 @@ mod tests {
 
     use super::*;
     use crate::hashing::{XXH3_SEED, local_block_hash};
+    use crate::inputs::limits::SEGMENT_BYTES_MAX;
     use crate::inputs::test_fixtures::{
         BACKEND_INSTANCE, BACKEND_PUBLISHER, CAPTURED_LOAD_PAYLOAD, CAPTURED_PAYLOAD,
         captured_envelope,

@@ -43,6 +43,17 @@ pub const TEXT_BYTES_MAX: usize = 4096;
 /// in UTF-8 bytes. Real segments are a few dozen bytes.
 pub const SEGMENT_BYTES_MAX: usize = 512;
 
+/// Longest event-plane subject, in bytes: four segments at [`SEGMENT_BYTES_MAX`], each possibly
+/// tripled by `%XX` escaping, plus the fixed words.
+pub const EVENT_SUBJECT_BYTES_MAX: usize = 16 * SEGMENT_BYTES_MAX;
+
+/// Longest logical discovery key, in bytes: like a subject, four escaped segments plus fixed
+/// words and a hex id.
+pub const DISCOVERY_KEY_BYTES_MAX: usize = 16 * SEGMENT_BYTES_MAX;
+
+/// Longest file-discovery path, in bytes: a key whose every byte may be escaped again.
+pub const DISCOVERY_FILE_PATH_BYTES_MAX: usize = 3 * DISCOVERY_KEY_BYTES_MAX;
+
 /// Most aliases on one card.
 pub const ALIASES_MAX: usize = 64;
 

@@ -10,7 +10,9 @@
 //! - [`decode_card_json`] and [`normalize_legacy_prefill`]: model deployment cards;
 //! - [`decode_discovery_record`] and [`DiscoveryKey`]: discovery values and their keys;
 //! - [`decode_event_envelope`], [`decode_kv_event_batch`], [`decode_load_observation`] and the
-//!   subject helpers: the event plane.
+//!   subject helpers: the event plane;
+//! - [`encode_event_envelope`], [`encode_kv_events_payload`], [`encode_active_load`] and
+//!   [`encode_zmq_event_frame`]: the inverse, for simulated publishers.
 //!
 //! Every decoder bounds its input before allocating (see [`limits`]), returns a typed
 //! [`InputError`] instead of panicking, and leaves counting of rejections to [`InputCounters`].
@@ -18,6 +20,7 @@
 mod card;
 mod discovery_key;
 mod discovery_record;
+mod encode;
 mod errors;
 mod event_plane;
 mod facts;
@@ -30,10 +33,14 @@ mod robustness_tests;
 mod test_fixtures;
 
 pub use card::{decode_card_json, normalize_legacy_prefill, parse_model_type, parse_worker_type};
-pub use discovery_key::{DISCOVERY_KEY_BYTES_MAX, DiscoveryKey, EventRecordKey};
+pub use discovery_key::{DiscoveryKey, EventRecordKey};
 pub use discovery_record::{
     DiscoveryRecord, EndpointInstanceRecord, EventChannelRecord, EventSourceRecord, EventTransport,
     KV_EVENTS_TOPIC, KV_METRICS_TOPIC, ModelRecord, decode_discovery_record,
+};
+pub use encode::{
+    encode_active_load, encode_event_envelope, encode_kv_events_payload, encode_zmq_event_frame,
+    storage_tier_name,
 };
 pub use errors::{ERROR_ECHO_BYTES_MAX, InputCounters, InputError, InputErrorKind};
 pub use event_plane::{

@@ -17,7 +17,12 @@ use super::test_fixtures::{
 };
 use super::wire::msgpack_value_len;
 use super::*;
+use crate::hashing::{ExternalBlockHash, LocalBlockHash};
 use crate::identity::EndpointPath;
+use crate::kv_events::{
+    KvCacheEvent, KvCacheEventData, RemoveData, ResidencyDomain, RouterEvent, StorageTier,
+    StoreData, StoredBlock,
+};
 
 /// Run every JSON decoder on `bytes`; only the absence of a panic is checked.
 fn decode_all_json(bytes: &[u8]) {
@@ -98,6 +103,51 @@ fn json_value() -> impl Strategy<Value = serde_json::Value> {
                 .prop_map(|map| serde_json::Value::Object(map.into_iter().collect())),
         ]
     })
+}
+
+/// Any event the relay can represent, with small block lists.
+fn router_event() -> impl Strategy<Value = RouterEvent> {
+    let tier = prop_oneof![
+        Just(StorageTier::Device),
+        Just(StorageTier::HostPinned),
+        Just(StorageTier::Disk),
+        Just(StorageTier::External),
+    ];
+    let domain = proptest::option::of(prop_oneof![
+        Just(ResidencyDomain::Worker),
+        Just(ResidencyDomain::CacheOwner),
+        "[a-z_]{0,12}"
+            .prop_filter("not a known domain", |name| name != "worker" && name != "cache_owner")
+            .prop_map(ResidencyDomain::Unsupported),
+    ]);
+    let block = (any::<u64>(), any::<u64>()).prop_map(|(block_hash, tokens_hash)| StoredBlock {
+        block_hash: ExternalBlockHash(block_hash),
+        tokens_hash: LocalBlockHash(tokens_hash),
+    });
+    let data = prop_oneof![
+        (proptest::option::of(any::<u64>()), proptest::option::of(any::<u32>()), vec(block, 0..6))
+            .prop_map(|(parent, start_position, blocks)| {
+                KvCacheEventData::Stored(StoreData {
+                    parent_hash: parent.map(ExternalBlockHash),
+                    start_position,
+                    blocks,
+                })
+            }),
+        vec(any::<u64>(), 0..6).prop_map(|hashes| {
+            KvCacheEventData::Removed(RemoveData {
+                block_hashes: hashes.into_iter().map(ExternalBlockHash).collect(),
+            })
+        }),
+        Just(KvCacheEventData::Cleared),
+    ];
+    (any::<u64>(), tier, domain, any::<u64>(), any::<u32>(), data).prop_map(
+        |(worker_id, storage_tier, residency_domain, event_id, dp_rank, data)| RouterEvent {
+            worker_id,
+            storage_tier,
+            residency_domain,
+            event: KvCacheEvent { event_id, dp_rank, data },
+        },
+    )
 }
 
 proptest! {
@@ -191,4 +241,56 @@ proptest! {
         prop_assert_eq!(msgpack_value_len(&followed), Some(encoded.len()));
         prop_assert_eq!(msgpack_value_len(&encoded[..encoded.len() - 1]), None);
     }
+
+    #[test]
+    fn encoded_kv_events_decode_to_the_same_events(
+        events in vec(router_event(), 0..8),
+        publisher_id in any::<u64>(),
+        sequence in any::<u64>(),
+        published_at_ms in any::<u64>(),
+    ) {
+        let payload = encode_kv_events_payload(&events).unwrap();
+        prop_assert_eq!(decode_kv_events_payload(&payload), Ok(events.clone()));
+        let envelope = EventEnvelope { publisher_id, sequence, published_at_ms, topic: KV_EVENTS_TOPIC, payload: &payload };
+        let frame = encode_zmq_event_frame(&encode_event_envelope(&envelope).unwrap()).unwrap();
+        let publisher = publisher_id.to_be_bytes();
+        let sequence_bytes = sequence.to_be_bytes();
+        let frames: [&[u8]; 4] = [KV_EVENTS_TOPIC.as_bytes(), &publisher, &sequence_bytes, &frame];
+        prop_assert_eq!(decode_zmq_event_message(&frames), Ok(envelope));
+    }
+
+    #[test]
+    fn encoded_load_reports_decode_to_the_same_observation(
+        worker_id in any::<u64>(),
+        dp_rank in any::<u32>(),
+        counts in (proptest::option::of(any::<u64>()), proptest::option::of(any::<u64>()), proptest::option::of(any::<u64>())),
+    ) {
+        let observation = LoadObservation {
+            source: crate::kv_events::SourceKey { worker_id, dp_rank },
+            kv_used_blocks: counts.0,
+            active_decode_blocks: counts.1,
+            active_prefill_tokens: counts.2,
+        };
+        prop_assert_eq!(decode_active_load(&encode_active_load(&observation).unwrap()), Ok(observation));
+    }
+}
+
+#[test]
+fn longest_segments_fully_escaped_still_round_trip() {
+    use crate::inputs::limits::SEGMENT_BYTES_MAX;
+    // 'é' is two UTF-8 bytes, each escaped as `%XX`: the worst case of every encoding.
+    let longest = "é".repeat(SEGMENT_BYTES_MAX / 2);
+    let endpoint = EndpointPath::new(longest.clone(), longest.clone(), longest.clone()).unwrap();
+    let subject = event_subject(&endpoint, &longest);
+    assert_eq!(
+        parse_event_subject(&subject),
+        Ok(EventSubject { endpoint: endpoint.clone(), topic: longest.clone() })
+    );
+    let key = DiscoveryKey::EventSource(EventRecordKey {
+        scope: endpoint,
+        topic: longest,
+        publisher_id: u64::MAX,
+    });
+    assert_eq!(DiscoveryKey::parse_key_path(&key.key_path()), Ok(key.clone()));
+    assert_eq!(DiscoveryKey::parse_file_path(&key.file_path()), Ok(key));
 }
