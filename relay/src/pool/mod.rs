@@ -2,10 +2,15 @@
 //! publisher that numbers publication batches under a lease. The async pool actor (a later
 //! layer) only moves commands in and carries deltas and snapshots out.
 
+mod actor;
 mod ownership;
 mod publisher;
 mod tables;
 
+pub use actor::{
+    ActorConfig, ActorExit, ActorFault, ActorGone, ActorStats, FaultSink, PoolActorHandle,
+    SubscribeError, Subscription, spawn_pool_actor,
+};
 pub use ownership::{
     ApplyError, ApplyOutcome, FailureDisposition, OwnershipCounters, PoolOwnership,
     RankReplacement, SequenceFault,

@@ -5,4 +5,6 @@ mod clock;
 mod executor;
 
 pub use clock::{ManualWallClock, SystemWallClock, WallClock};
-pub use executor::{run_blocking, BlockingExecutor, ExecutorError, InlineExecutor, TokioBlockingExecutor};
+pub use executor::{
+    BlockingExecutor, ExecutorError, InlineExecutor, TokioBlockingExecutor, run_blocking,
+};

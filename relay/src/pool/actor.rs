@@ -1,0 +1,443 @@
+//! The pool actor: the async shell that owns one pool's ownership state and publisher.
+//!
+//! One task per pool applies commands in order. Bounds and behaviour at the bound:
+//! - the mailbox holds [`ActorConfig::mailbox_capacity`] commands; senders wait (backpressure,
+//!   never drops);
+//! - event batches additionally take block-weighted permits from a pool of
+//!   [`ActorConfig::pending_block_permits`] before admission, so a flood of large stores waits
+//!   before it queues;
+//! - deltas go to a broadcast of [`ActorConfig::delta_broadcast_capacity`]; a receiver that falls
+//!   further behind sees `Lagged` and must take a new barrier snapshot.
+//!
+//! Publication cadence: a batch is cut after `publication_threshold_events` applied events, or
+//! `publication_delay` after the first pending one, or on `flush`; never inside a command.
+//! Shutdown is graceful (publish the tail, retire the lease) unless the actor is fenced, which
+//! discards the unpublished tail.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+use thiserror::Error;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::ownership::{ApplyError, OwnershipCounters, PoolOwnership, RankReplacement};
+use super::publisher::{
+    Delta, FenceReason, PUBLICATION_DELAY_MS, PUBLICATION_THRESHOLD_EVENTS, PublicationCadence,
+    PublishError, PublishOutcome, Publisher, Snapshot,
+};
+use crate::identity::LaneLease;
+use crate::kv_events::{RouterEvent, SourceKey};
+use crate::runtime::{BlockingExecutor, run_blocking};
+
+/// Bounds and cadence of one pool actor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ActorConfig {
+    /// Commands queued before senders wait.
+    pub mailbox_capacity: usize,
+    /// Block-weighted admission permits (each batch takes `max(1, blocks)`, capped here).
+    pub pending_block_permits: u32,
+    /// Applied events that force a publication.
+    pub publication_threshold_events: u32,
+    /// Delay after the first pending event before publishing.
+    pub publication_delay: Duration,
+    /// Deltas buffered for the publication hub.
+    pub delta_broadcast_capacity: usize,
+}
+
+impl Default for ActorConfig {
+    fn default() -> Self {
+        ActorConfig {
+            mailbox_capacity: 256,
+            pending_block_permits: 65_536,
+            publication_threshold_events: PUBLICATION_THRESHOLD_EVENTS,
+            publication_delay: Duration::from_millis(PUBLICATION_DELAY_MS),
+            delta_broadcast_capacity: 64,
+        }
+    }
+}
+
+/// A fault the actor reports to its host (capacity omissions and unknown removals are counted,
+/// not reported).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActorFault {
+    /// The rank whose event failed.
+    pub source: SourceKey,
+    /// The failed event's id.
+    pub event_id: u64,
+    /// What went wrong; its disposition says what the host should do.
+    pub error: ApplyError,
+}
+
+/// Where the actor reports faults. Implementations must not block.
+pub trait FaultSink: Send + Sync + Debug + 'static {
+    /// Record one fault.
+    fn report(&self, fault: ActorFault);
+}
+
+/// The actor task has stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[error("pool actor has stopped")]
+pub struct ActorGone;
+
+/// Why a subscription barrier failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum SubscribeError {
+    /// The actor has stopped.
+    #[error(transparent)]
+    Gone(#[from] ActorGone),
+    /// The publisher refused (sequence exhausted, allocation, tail delivery).
+    #[error(transparent)]
+    Publish(#[from] PublishError),
+    /// The snapshot job died.
+    #[error("snapshot job failed")]
+    SnapshotJob,
+}
+
+/// A barrier snapshot together with the deltas that follow it.
+#[derive(Debug)]
+pub struct Subscription {
+    /// The filter at the barrier, sequence `S`.
+    pub snapshot: Snapshot,
+    /// Deltas from `S → S + 1` on.
+    pub deltas: broadcast::Receiver<Arc<Delta>>,
+}
+
+/// Point-in-time counters of an actor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ActorStats {
+    /// Ownership counters.
+    pub counters: OwnershipCounters,
+    /// Distinct owned canonical hashes.
+    pub owned_blocks: usize,
+    /// Occupied filter slots.
+    pub resident_blocks: u64,
+    /// Last published sequence.
+    pub sequence: u64,
+    /// Current lease.
+    pub lease: Option<LaneLease>,
+    /// Fence reason, if fenced.
+    pub fence: Option<FenceReason>,
+}
+
+enum Command {
+    Apply {
+        events: Vec<RouterEvent>,
+        _permit: OwnedSemaphorePermit,
+    },
+    ReplaceRanks {
+        replacements: BTreeMap<SourceKey, RankReplacement>,
+        reply: oneshot::Sender<Result<u32, ApplyError>>,
+    },
+    ResetRank {
+        source: SourceKey,
+    },
+    Flush {
+        reply: oneshot::Sender<Result<u64, PublishError>>,
+    },
+    Subscribe {
+        lease: LaneLease,
+        reply: oneshot::Sender<Result<Subscription, SubscribeError>>,
+    },
+    RetireLease {
+        lease: LaneLease,
+    },
+    Stats {
+        reply: oneshot::Sender<ActorStats>,
+    },
+    Shutdown,
+}
+
+/// How the actor ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActorExit {
+    /// Graceful shutdown published the tail and retired the lease.
+    Graceful,
+    /// Fenced: the unpublished tail was discarded.
+    Fenced,
+    /// Every handle was dropped.
+    Abandoned,
+}
+
+/// A handle to a running pool actor. Cloning shares the same actor.
+#[derive(Debug, Clone)]
+pub struct PoolActorHandle {
+    commands: mpsc::Sender<Command>,
+    permits: Arc<Semaphore>,
+    permits_max: u32,
+    fence: CancellationToken,
+}
+
+struct ActorCore {
+    pool: PoolOwnership,
+    publisher: Publisher,
+    cadence: PublicationCadence,
+    deltas: broadcast::Sender<Arc<Delta>>,
+}
+
+impl ActorCore {
+    fn publish(&mut self) -> Result<PublishOutcome, PublishError> {
+        self.cadence.reset();
+        let deltas = &self.deltas;
+        self.publisher.publish(&mut self.pool, &mut |delta| {
+            deltas.send(Arc::new(delta)).map(|_| ()).map_err(|returned| unwrap_delta(returned.0))
+        })
+    }
+
+    fn stats(&self) -> ActorStats {
+        ActorStats {
+            counters: *self.pool.counters(),
+            owned_blocks: self.pool.owned_block_count(),
+            resident_blocks: self.pool.filter().occupied_slots(),
+            sequence: self.publisher.last_sequence(),
+            lease: self.publisher.lease(),
+            fence: self.publisher.fence_reason(),
+        }
+    }
+}
+
+fn unwrap_delta(delta: Arc<Delta>) -> Delta {
+    Arc::try_unwrap(delta).unwrap_or_else(|shared| (*shared).clone())
+}
+
+/// Start an actor owning `pool`; its publisher starts at sequence 0 with no lease.
+pub fn spawn_pool_actor(
+    pool: PoolOwnership,
+    config: ActorConfig,
+    executor: Arc<dyn BlockingExecutor>,
+    faults: Arc<dyn FaultSink>,
+) -> (PoolActorHandle, JoinHandle<ActorExit>) {
+    let (commands, mailbox) = mpsc::channel(config.mailbox_capacity.max(1));
+    let permits_max = config.pending_block_permits.max(1);
+    let permits = Arc::new(Semaphore::new(permits_max as usize));
+    let fence = CancellationToken::new();
+    let (deltas, _) = broadcast::channel(config.delta_broadcast_capacity.max(1));
+    let core = ActorCore {
+        pool,
+        publisher: Publisher::new(),
+        cadence: PublicationCadence::new(config.publication_threshold_events),
+        deltas,
+    };
+    let task = tokio::spawn(run(core, mailbox, config, executor, faults, fence.clone()));
+    (PoolActorHandle { commands, permits, permits_max, fence }, task)
+}
+
+async fn run(
+    mut core: ActorCore,
+    mut mailbox: mpsc::Receiver<Command>,
+    config: ActorConfig,
+    executor: Arc<dyn BlockingExecutor>,
+    faults: Arc<dyn FaultSink>,
+    fence: CancellationToken,
+) -> ActorExit {
+    let mut deadline: Option<Instant> = None;
+    loop {
+        let command = tokio::select! {
+            biased;
+            () = fence.cancelled() => return ActorExit::Fenced,
+            () = sleep_until(deadline), if deadline.is_some() => {
+                deadline = None;
+                let _ = core.publish();
+                continue;
+            }
+            command = mailbox.recv() => command,
+        };
+        let Some(command) = command else {
+            let _ = core.publish();
+            return ActorExit::Abandoned;
+        };
+        match command {
+            Command::Apply { events, _permit } => {
+                let mut due = false;
+                for event in &events {
+                    match core.pool.apply_event(event) {
+                        Ok(outcome) if outcome.applied => due |= core.cadence.record_event(),
+                        Ok(_) => {}
+                        Err(error) => {
+                            faults.report(ActorFault {
+                                source: event.source(),
+                                event_id: event.event.event_id,
+                                error,
+                            });
+                            due |= core.cadence.record_event();
+                        }
+                    }
+                }
+                if due {
+                    deadline = None;
+                    let _ = core.publish();
+                } else if deadline.is_none() && core.pool.has_unpublished_writes() {
+                    deadline = Some(Instant::now() + config.publication_delay);
+                }
+            }
+            Command::ReplaceRanks { replacements, reply } => {
+                let result = core.pool.replace_ranks(replacements);
+                deadline = None;
+                let _ = core.publish();
+                let _ = reply.send(result);
+            }
+            Command::ResetRank { source } => {
+                if let Err(error) = core.pool.remove_rank(source) {
+                    faults.report(ActorFault { source, event_id: 0, error });
+                }
+                deadline = None;
+                let _ = core.publish();
+            }
+            Command::Flush { reply } => {
+                deadline = None;
+                let result = core.publish().map(|_| core.publisher.last_sequence());
+                let _ = reply.send(result);
+            }
+            Command::Subscribe { lease, reply } => {
+                deadline = None;
+                let (returned, result) = barrier_snapshot(core, lease, executor.as_ref()).await;
+                core = match returned {
+                    Some(core) => core,
+                    None => {
+                        let _ = reply.send(Err(SubscribeError::SnapshotJob));
+                        return ActorExit::Fenced;
+                    }
+                };
+                match result {
+                    Ok(snapshot) => {
+                        // Subscribe before the next command mutates anything: the first delta
+                        // this receiver sees is exactly S → S + 1.
+                        let subscription =
+                            Subscription { snapshot, deltas: core.deltas.subscribe() };
+                        if let Err(Ok(dropped)) = reply.send(Ok(subscription)) {
+                            core.publisher.retire_lease(dropped.snapshot.lease);
+                        }
+                    }
+                    Err(error) => {
+                        let _ = reply.send(Err(error));
+                    }
+                }
+            }
+            Command::RetireLease { lease } => {
+                core.publisher.retire_lease(lease);
+            }
+            Command::Stats { reply } => {
+                let _ = reply.send(core.stats());
+            }
+            Command::Shutdown => {
+                let _ = core.publish();
+                if let Some(lease) = core.publisher.lease() {
+                    core.publisher.retire_lease(lease);
+                }
+                return ActorExit::Graceful;
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Take the barrier snapshot through the executor seam: the state moves to the job and back.
+async fn barrier_snapshot(
+    core: ActorCore,
+    lease: LaneLease,
+    executor: &dyn BlockingExecutor,
+) -> (Option<ActorCore>, Result<Snapshot, SubscribeError>) {
+    let job = run_blocking(executor, move || {
+        let mut core = core;
+        core.cadence.reset();
+        let deltas = core.deltas.clone();
+        let result = core.publisher.snapshot_after_barrier(&mut core.pool, lease, &mut |delta| {
+            deltas.send(Arc::new(delta)).map(|_| ()).map_err(|returned| unwrap_delta(returned.0))
+        });
+        (core, result)
+    })
+    .await;
+    match job {
+        Ok((core, result)) => (Some(core), result.map_err(SubscribeError::from)),
+        Err(_) => (None, Err(SubscribeError::SnapshotJob)),
+    }
+}
+
+impl PoolActorHandle {
+    async fn send(&self, command: Command) -> Result<(), ActorGone> {
+        self.commands.send(command).await.map_err(|_| ActorGone)
+    }
+
+    /// Queue a batch of events from one publisher, after taking block-weighted permits.
+    pub async fn apply(&self, events: Vec<RouterEvent>) -> Result<(), ActorGone> {
+        let blocks: usize = events.iter().map(event_weight).sum();
+        let weight = u32::try_from(blocks).unwrap_or(u32::MAX).clamp(1, self.permits_max);
+        let permit =
+            Arc::clone(&self.permits).acquire_many_owned(weight).await.map_err(|_| ActorGone)?;
+        self.send(Command::Apply { events, _permit: permit }).await
+    }
+
+    /// Replace several ranks at once; returns the capacity omissions.
+    pub async fn replace_ranks(
+        &self,
+        replacements: BTreeMap<SourceKey, RankReplacement>,
+    ) -> Result<Result<u32, ApplyError>, ActorGone> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::ReplaceRanks { replacements, reply }).await?;
+        answer.await.map_err(|_| ActorGone)
+    }
+
+    /// Drop every block of one rank.
+    pub async fn reset_rank(&self, source: SourceKey) -> Result<(), ActorGone> {
+        self.send(Command::ResetRank { source }).await
+    }
+
+    /// Publish pending changes now; returns the last published sequence.
+    pub async fn flush(&self) -> Result<Result<u64, PublishError>, ActorGone> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Flush { reply }).await?;
+        answer.await.map_err(|_| ActorGone)
+    }
+
+    /// Take a barrier snapshot under `lease` and receive the deltas that follow it.
+    pub async fn subscribe(&self, lease: LaneLease) -> Result<Subscription, SubscribeError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Subscribe { lease, reply }).await?;
+        answer.await.map_err(|_| SubscribeError::Gone(ActorGone))?
+    }
+
+    /// Retire `lease` if it is still the current one.
+    pub async fn retire_lease(&self, lease: LaneLease) -> Result<(), ActorGone> {
+        self.send(Command::RetireLease { lease }).await
+    }
+
+    /// Current counters.
+    pub async fn stats(&self) -> Result<ActorStats, ActorGone> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Stats { reply }).await?;
+        answer.await.map_err(|_| ActorGone)
+    }
+
+    /// Graceful stop: publish the tail, retire the lease, end the task.
+    pub async fn shutdown(&self) -> Result<(), ActorGone> {
+        self.send(Command::Shutdown).await
+    }
+
+    /// Fence: stop at once and discard the unpublished tail.
+    pub fn fence(&self) {
+        self.fence.cancel();
+    }
+}
+
+fn event_weight(event: &RouterEvent) -> usize {
+    use crate::kv_events::KvCacheEventData;
+    match &event.event.data {
+        KvCacheEventData::Stored(store) => store.blocks.len().max(1),
+        KvCacheEventData::Removed(remove) => remove.block_hashes.len().max(1),
+        KvCacheEventData::Cleared => 1,
+    }
+}
+
+#[cfg(test)]
+#[path = "actor_tests.rs"]
+mod tests;
