@@ -18,3 +18,4 @@ pub mod load;
 pub mod pool;
 pub mod readiness;
 pub mod rng;
+pub mod topology;
