@@ -20,3 +20,4 @@ pub mod readiness;
 pub mod rng;
 pub mod runtime;
 pub mod sources;
+pub mod topology;
