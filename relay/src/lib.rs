@@ -17,4 +17,5 @@ pub mod kv_events;
 pub mod load;
 pub mod pool;
 pub mod readiness;
+pub mod registry;
 pub mod rng;
