@@ -17,6 +17,7 @@ pub mod kv_events;
 pub mod load;
 pub mod pool;
 pub mod readiness;
+pub mod registry;
 pub mod rng;
 pub mod runtime;
 pub mod sources;
