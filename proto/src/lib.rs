@@ -41,6 +41,13 @@ mod tests {
     }
 
     #[test]
+    fn filter_payloads_are_shared_bytes() {
+        let payload = bytes::Bytes::from_static(b"CBI1");
+        let update = FilterUpdate { payload: payload.clone(), ..FilterUpdate::default() };
+        assert_eq!(update.payload.as_ptr(), payload.as_ptr(), "no copy");
+    }
+
+    #[test]
     fn enum_names_match_the_contract() {
         assert_eq!(
             RelayErrorReason::ProducerChanged.as_str_name(),
