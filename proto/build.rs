@@ -12,5 +12,9 @@ fn main() {
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     std::fs::write(out_dir.join("kvrelay_v1_descriptor.bin"), descriptors.encode_to_vec())
         .expect("descriptor set written");
-    tonic_prost_build::configure().compile_fds(descriptors).expect("code generation succeeds");
+    // CBI1 payloads are shared by every subscriber of a pool: `Bytes` makes that a refcount.
+    tonic_prost_build::configure()
+        .bytes(".dynamo.kvrelay.v1.FilterUpdate.payload")
+        .compile_fds(descriptors)
+        .expect("code generation succeeds");
 }
