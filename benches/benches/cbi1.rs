@@ -5,13 +5,13 @@ use std::hint::black_box;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use kvrelay::cbi1::{self, FrameEncoder, SnapshotAssembler};
 use kvrelay::ckf::{CkfFormat, DEFAULT_SEED};
-use kvrelay_benches::ingest::SplitMix;
+use kvrelay_benches::SplitMix64;
 
 const BUCKETS: u64 = 524_288;
 
 fn snapshot(c: &mut Criterion) {
     let format = CkfFormat::v1(DEFAULT_SEED, BUCKETS);
-    let mut rng = SplitMix::new(3);
+    let mut rng = SplitMix64::new(3);
     let words: Vec<u64> = (0..BUCKETS).map(|_| rng.next_u64()).collect();
     let encoder = FrameEncoder::new(format, 0x04f1_10c9_8b1b_fc48).expect("format");
     let frames = encoder.encode_snapshot(1, &words).expect("encodes");

@@ -20,8 +20,8 @@ fn warmed_pool(workload: &IngestWorkload, live_blocks: usize) -> PoolOwnership {
 
 #[allow(clippy::disallowed_methods, reason = "a benchmark times itself with the wall clock")]
 fn ingest(c: &mut Criterion) {
-    let benchmarking = std::env::args().any(|arg| arg == "--bench");
-    let sizes: &[usize] = if benchmarking { &[1 << 16, 1 << 20] } else { &[1 << 12] };
+    let sizes: &[usize] =
+        if kvrelay_benches::is_bench_mode() { &[1 << 16, 1 << 20] } else { &[1 << 12] };
     let mut group = c.benchmark_group("pool_ingest");
     group.sample_size(10).measurement_time(Duration::from_secs(5));
     for &live_blocks in sizes {

@@ -7,6 +7,7 @@
 
 use std::collections::VecDeque;
 
+use crate::SplitMix64;
 use kvrelay::hashing::{ExternalBlockHash, LocalBlockHash};
 use kvrelay::kv_events::{
     KvCacheEvent, KvCacheEventData, RemoveData, RouterEvent, SourceKey, StorageTier, StoreData,
@@ -15,27 +16,6 @@ use kvrelay::kv_events::{
 
 /// Blocks per stored event.
 pub const BLOCKS_PER_STORE: usize = 4;
-
-/// A small deterministic generator (SplitMix64) so workloads are identical on every run.
-#[derive(Debug, Clone)]
-pub struct SplitMix(u64);
-
-impl SplitMix {
-    /// A generator from a seed.
-    #[must_use]
-    pub fn new(seed: u64) -> Self {
-        SplitMix(seed)
-    }
-
-    /// The next 64-bit value.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
 
 /// A pre-generated event stream.
 #[derive(Debug, Clone)]
@@ -66,7 +46,7 @@ pub fn generate(
     live_blocks: usize,
     steady_stores: usize,
 ) -> IngestWorkload {
-    let mut rng = SplitMix::new(seed);
+    let mut rng = SplitMix64::new(seed);
     let ranks: Vec<SourceKey> =
         (0..sources).map(|w| SourceKey { worker_id: u64::from(w) + 1, dp_rank: 0 }).collect();
     // Live chains per rank: each chain is its engine block ids, oldest chain first.
@@ -78,7 +58,7 @@ pub fn generate(
     let mut steady_stored_blocks = 0u64;
     let mut stores_done = 0usize;
     while stores_done < steady_stores {
-        let rank = (rng.next_u64() % ranks.len() as u64) as usize;
+        let rank = rng.below(ranks.len());
         let source = ranks[rank];
         let extend = rng.next_u64() & 1 == 0 && !chains[rank].is_empty();
         let blocks: Vec<StoredBlock> = (0..BLOCKS_PER_STORE)
@@ -89,7 +69,7 @@ pub fn generate(
             .collect();
         let ids: Vec<u64> = blocks.iter().map(|b| b.block_hash.0).collect();
         let parent_hash = if extend {
-            let pick = (rng.next_u64() % chains[rank].len() as u64) as usize;
+            let pick = rng.below(chains[rank].len());
             let chain = &mut chains[rank][pick];
             let parent = *chain.last().expect("chains are never empty");
             chain.extend_from_slice(&ids);
@@ -109,7 +89,7 @@ pub fn generate(
             steady_stored_blocks += BLOCKS_PER_STORE as u64;
             stores_done += 1;
             while live > live_blocks {
-                let victim = (rng.next_u64() % ranks.len() as u64) as usize;
+                let victim = rng.below(ranks.len());
                 let Some(chain) = chains[victim].pop_front() else { continue };
                 live -= chain.len();
                 let block_hashes = chain.into_iter().map(ExternalBlockHash).collect();

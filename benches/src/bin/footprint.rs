@@ -9,13 +9,13 @@ use kvrelay::kv_events::{
 };
 use kvrelay::pool::PoolOwnership;
 use kvrelay::rng::rng_from_seed;
-use kvrelay_benches::ingest::SplitMix;
+use kvrelay_benches::SplitMix64;
 
 /// Store `blocks` distinct root blocks, each owned by `owners` workers.
 fn footprint(blocks: usize, owners: u64) -> (usize, usize) {
     let format = CkfFormat::for_expected_blocks(blocks as u64).expect("sizing");
     let mut pool = PoolOwnership::new(format, MAX_KICKS_DEFAULT, rng_from_seed(1)).expect("pool");
-    let mut rng = SplitMix::new(11);
+    let mut rng = SplitMix64::new(11);
     let tokens: Vec<u64> = (0..blocks).map(|_| rng.next_u64()).collect();
     for worker_id in 1..=owners {
         for chunk in tokens.chunks(64) {

@@ -45,13 +45,21 @@ impl Addressing {
     #[must_use]
     #[inline]
     pub fn probe(&self, hash: u64) -> Probe {
+        let (fingerprint, bucket_a) = self.home(hash);
+        Probe { fingerprint, bucket_a, bucket_b: self.alternate(bucket_a, fingerprint) }
+    }
+
+    /// Fingerprint and home bucket only: the [`Probe`] without its alternate bucket, for callers
+    /// that look at the home bucket first and need the alternate only when it does not settle.
+    #[must_use]
+    #[inline]
+    pub(crate) fn home(&self, hash: u64) -> (u16, u32) {
         let mixed = xxh3_64_with_seed(&hash.to_le_bytes(), self.seed);
         let fingerprint = match mixed as u16 {
             0 => 1,
             fp => fp,
         };
-        let bucket_a = ((mixed >> 16) & self.mask) as u32;
-        Probe { fingerprint, bucket_a, bucket_b: self.alternate(bucket_a, fingerprint) }
+        (fingerprint, ((mixed >> 16) & self.mask) as u32)
     }
 
     /// The other candidate bucket of `fingerprint` when it sits in `bucket`. An involution.
@@ -82,25 +90,53 @@ pub(crate) fn with_slot(word: u64, slot: usize, fingerprint: u16) -> u64 {
     (word & !(0xFFFF_u64 << shift)) | (u64::from(fingerprint) << shift)
 }
 
+/// `1` in the lowest bit of every 16-bit slot lane.
+const LANES_LOW_BIT: u64 = 0x0001_0001_0001_0001;
+/// `1` in the highest bit of every 16-bit slot lane.
+const LANES_HIGH_BIT: u64 = 0x8000_8000_8000_8000;
+
+/// SWAR zero test of the four 16-bit lanes: nonzero iff some lane of `word` is zero, and then
+/// its lowest set bit is the high bit of the lowest zero lane. (Higher flags may be spurious:
+/// a borrow only propagates upwards, so the lowest one is always exact.)
+#[must_use]
+#[inline]
+fn zero_lanes(word: u64) -> u64 {
+    word.wrapping_sub(LANES_LOW_BIT) & !word & LANES_HIGH_BIT
+}
+
+/// Index of the lowest lane flagged by [`zero_lanes`].
+#[must_use]
+#[inline]
+fn lowest_lane(flags: u64) -> Option<usize> {
+    if flags == 0 { None } else { Some(flags.trailing_zeros() as usize / 16) }
+}
+
+/// `fingerprint` copied into all four lanes.
+#[must_use]
+#[inline]
+fn broadcast(fingerprint: u16) -> u64 {
+    u64::from(fingerprint).wrapping_mul(LANES_LOW_BIT)
+}
+
 /// Index of the first empty slot of a word.
 #[must_use]
 #[inline]
 pub(crate) fn first_empty_slot(word: u64) -> Option<usize> {
-    (0..4).find(|&slot| slot_of(word, slot) == 0)
+    lowest_lane(zero_lanes(word))
 }
 
 /// Index of the first slot holding `fingerprint`.
 #[must_use]
 #[inline]
 pub(crate) fn find_slot(word: u64, fingerprint: u16) -> Option<usize> {
-    (0..4).find(|&slot| slot_of(word, slot) == fingerprint)
+    lowest_lane(zero_lanes(word ^ broadcast(fingerprint)))
 }
 
 /// Whether a word holds `fingerprint` in any slot.
 #[must_use]
 #[inline]
 pub fn word_contains(word: u64, fingerprint: u16) -> bool {
-    find_slot(word, fingerprint).is_some()
+    zero_lanes(word ^ broadcast(fingerprint)) != 0
 }
 
 #[cfg(test)]
@@ -140,5 +176,43 @@ mod tests {
         assert_eq!(first_empty_slot(word), Some(1));
         assert_eq!(with_slot(word, 1, 7), word | (7 << 16));
         assert_eq!(find_slot(word, 0xabcd), Some(2));
+    }
+
+    #[test]
+    fn lane_matching_agrees_with_a_slot_by_slot_scan() {
+        let naive_find =
+            |word: u64, fingerprint: u16| (0..4).find(|&slot| slot_of(word, slot) == fingerprint);
+        // Words built from a few lane values, so zeros, matches, borrows (0x0001, 0x8000,
+        // 0xffff) and their neighbours all occur in every arrangement.
+        let lanes = [0x0000, 0x0001, 0x0002, 0x7fff, 0x8000, 0x8001, 0xfffe, 0xffff, 0x1234];
+        let mut words = Vec::new();
+        for a in lanes {
+            for b in lanes {
+                for c in lanes {
+                    for d in lanes {
+                        words.push(u64::from_le_bytes(
+                            [a, b, c, d].map(u16::to_le_bytes).concat().try_into().unwrap(),
+                        ));
+                    }
+                }
+            }
+        }
+        let mut state = 0x1234_5678_u64;
+        for _ in 0..20_000 {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            words.push(state);
+        }
+        for &word in &words {
+            assert_eq!(first_empty_slot(word), naive_find(word, 0), "{word:#018x}");
+            for fingerprint in lanes.into_iter().chain([slot_of(word, 3), slot_of(word, 1)]) {
+                assert_eq!(find_slot(word, fingerprint), naive_find(word, fingerprint));
+                assert_eq!(
+                    word_contains(word, fingerprint),
+                    naive_find(word, fingerprint).is_some()
+                );
+            }
+        }
     }
 }
