@@ -16,6 +16,7 @@ pub mod inputs;
 pub mod kv_events;
 pub mod load;
 pub mod pool;
+pub mod publication;
 pub mod readiness;
 pub mod registry;
 pub mod rng;

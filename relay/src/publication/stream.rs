@@ -1,0 +1,155 @@
+//! One subscriber's stream: the hub's mirror as snapshot chunks, then contiguous deltas.
+//!
+//! A bootstrap task encodes one chunk at a time into a channel of one frame; if the subscriber
+//! does not take a chunk within the progress timeout, the bootstrap gives up and the stream ends
+//! with [`PublicationError::SnapshotProgressTimeout`], releasing its share of the mirror. After
+//! the last chunk the stream reads the subscriber's delta queue, returning each frame's bytes to
+//! the queue budget as it goes.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+
+use tokio::sync::mpsc;
+
+use super::hub::{FrameKind, Hub, HubFrame, MirrorSnapshot, SubscriberQueue};
+use super::{FRAME_OVERHEAD_BYTES, PublicationError};
+use crate::runtime::{BlockingExecutor, run_blocking};
+
+/// What a pool stream yields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamItem {
+    /// A snapshot chunk or delta to send.
+    Frame(Arc<HubFrame>),
+}
+
+/// Words of a shared mirror, borrowed by the snapshot encoder.
+#[derive(Debug, Clone)]
+struct SharedWords(Arc<MirrorSnapshot>);
+
+impl AsRef<[u64]> for SharedWords {
+    fn as_ref(&self) -> &[u64] {
+        &self.0.words
+    }
+}
+
+/// A subscriber's ordered frames.
+#[derive(Debug)]
+pub struct PoolStream {
+    hub: Arc<Hub>,
+    bootstrap: Option<mpsc::Receiver<Arc<HubFrame>>>,
+    bootstrap_failure: Arc<OnceLock<PublicationError>>,
+    chunk_count: u32,
+    chunks_received: u32,
+    queue: SubscriberQueue,
+    sequence: u64,
+}
+
+impl PoolStream {
+    /// Subscribe to `hub`.
+    pub(crate) fn open(
+        hub: Arc<Hub>,
+        executor: Arc<dyn BlockingExecutor>,
+    ) -> Result<PoolStream, PublicationError> {
+        let (mirror, queue) = hub.add_subscriber()?;
+        let sequence = mirror.sequence;
+        let snapshot = hub
+            .encoder()
+            .snapshot(sequence, SharedWords(mirror))
+            .map_err(|_| PublicationError::InvalidPublication)?;
+        let chunk_count = snapshot.chunk_count();
+        let (chunks, bootstrap) = mpsc::channel(1);
+        let failure = Arc::new(OnceLock::new());
+        let timeout = hub.config().snapshot_progress_timeout;
+        let bootstrap_failure = Arc::clone(&failure);
+        tokio::spawn(async move {
+            let snapshot = Arc::new(snapshot);
+            for index in 0..chunk_count {
+                let encoder = Arc::clone(&snapshot);
+                let encoded =
+                    run_blocking(executor.as_ref(), move || encoder.encode_chunk(index)).await;
+                let Ok(Ok(payload)) = encoded else {
+                    let _ = failure.set(PublicationError::Internal);
+                    return;
+                };
+                let frame = Arc::new(HubFrame {
+                    kind: FrameKind::SnapshotChunk,
+                    base_sequence: sequence,
+                    sequence,
+                    payload: payload.into(),
+                });
+                match tokio::time::timeout(timeout, chunks.send(frame)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return,
+                    Err(_) => {
+                        let _ = failure.set(PublicationError::SnapshotProgressTimeout);
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(PoolStream {
+            hub,
+            bootstrap: Some(bootstrap),
+            bootstrap_failure,
+            chunk_count,
+            chunks_received: 0,
+            queue,
+            sequence,
+        })
+    }
+
+    /// The producer generation's hub.
+    #[must_use]
+    pub fn hub(&self) -> &Arc<Hub> {
+        &self.hub
+    }
+
+    /// Whether every snapshot chunk has been yielded.
+    #[must_use]
+    pub fn snapshot_complete(&self) -> bool {
+        self.bootstrap.is_none()
+    }
+
+    /// The sequence of the last yielded frame (the snapshot sequence until a delta went out).
+    #[must_use]
+    pub fn sequence(&self) -> u64 {
+        self.sequence
+    }
+
+    /// The next frame, or the error that ends the stream. Cancel-safe.
+    pub async fn next(&mut self) -> Result<StreamItem, PublicationError> {
+        if let Some(bootstrap) = &mut self.bootstrap {
+            match bootstrap.recv().await {
+                Some(frame) => {
+                    self.chunks_received += 1;
+                    if self.chunks_received == self.chunk_count {
+                        self.bootstrap = None;
+                    }
+                    return Ok(StreamItem::Frame(frame));
+                }
+                None => {
+                    return Err(self
+                        .bootstrap_failure
+                        .get()
+                        .copied()
+                        .unwrap_or(PublicationError::Internal));
+                }
+            }
+        }
+        match self.queue.frames.recv().await {
+            Some(frame) => {
+                self.queue
+                    .queued_bytes
+                    .fetch_sub(frame.payload.len() + FRAME_OVERHEAD_BYTES, Ordering::AcqRel);
+                if frame.base_sequence != self.sequence || frame.sequence != self.sequence + 1 {
+                    return Err(PublicationError::InvalidPublication);
+                }
+                self.sequence = frame.sequence;
+                Ok(StreamItem::Frame(frame))
+            }
+            None => {
+                Err(self.queue.terminal.get().copied().unwrap_or(PublicationError::Unavailable))
+            }
+        }
+    }
+}
