@@ -8,6 +8,7 @@
 
 pub mod cbi1;
 pub mod ckf;
+pub mod config;
 pub mod consumer;
 pub mod discovery;
 pub mod hashing;
