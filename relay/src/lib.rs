@@ -24,3 +24,4 @@ pub mod rng;
 pub mod runtime;
 pub mod sources;
 pub mod topology;
+pub mod wire;
