@@ -24,4 +24,5 @@ pub mod rng;
 pub mod runtime;
 pub mod sources;
 pub mod topology;
+pub mod wan;
 pub mod wire;

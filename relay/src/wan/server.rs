@@ -1,0 +1,60 @@
+//! Serving the relay over any stream of connections (real TCP in production, the simulator's
+//! network in tests), with reflection and the standard health service.
+
+use std::future::Future;
+
+use futures::Stream;
+use kvrelay_proto::v1::kv_event_relay_server::KvEventRelayServer;
+use thiserror::Error;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tonic::transport::Server;
+use tonic::transport::server::Connected;
+use tonic_health::ServingStatus;
+
+use super::service::RelayService;
+use crate::config::WanTuning;
+
+/// The listener failed.
+#[derive(Debug, Error)]
+pub enum ServeError {
+    /// The transport failed.
+    #[error("gRPC transport failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// Reflection could not be built from the descriptor set.
+    #[error("gRPC reflection setup failed: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+}
+
+/// Serve `service` on `incoming` until `shutdown` resolves. Plaintext HTTP/2 with the
+/// configured keepalive and message limits; reflection (v1) and `grpc.health.v1` report the
+/// relay service and `""` as SERVING.
+pub async fn serve<I, IO, IE>(
+    service: RelayService,
+    incoming: I,
+    tuning: &WanTuning,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError>
+where
+    I: Stream<Item = Result<IO, IE>>,
+    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter.set_service_status("", ServingStatus::Serving).await;
+    health_reporter.set_service_status(kvrelay_proto::SERVICE_NAME, ServingStatus::Serving).await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(kvrelay_proto::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let relay = KvEventRelayServer::new(service)
+        .max_decoding_message_size(tuning.max_message_bytes)
+        .max_encoding_message_size(tuning.max_message_bytes);
+    Server::builder()
+        .http2_keepalive_interval(Some(tuning.keepalive_interval))
+        .http2_keepalive_timeout(Some(tuning.keepalive_timeout))
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(relay)
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await?;
+    Ok(())
+}

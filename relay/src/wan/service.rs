@@ -1,0 +1,281 @@
+//! The `KvEventRelay` implementation: request validation, admission, and the five RPCs.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use kvrelay_proto::v1 as proto;
+use kvrelay_proto::v1::kv_event_relay_server::KvEventRelay;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, mpsc};
+use tokio::time::{Instant, sleep_until};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use super::channels::WanViews;
+use crate::config::WanTuning;
+use crate::identity::RelayIdentity;
+use crate::publication::{FrameKind, PoolPublications, PublicationError, StreamItem};
+use crate::runtime::WallClock;
+use crate::wire::encode;
+use crate::wire::{self, FilterEncoder, RelayErrorReason, RelayStatus};
+
+type Streamed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// Frames buffered between a stream task and tonic.
+const STREAM_BUFFER: usize = 2;
+
+#[derive(Debug)]
+struct Limits {
+    catalog: Arc<Semaphore>,
+    pools: Arc<Semaphore>,
+    readiness: Arc<Semaphore>,
+    load: Arc<Semaphore>,
+}
+
+/// The relay's gRPC service. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct RelayService {
+    relay: RelayIdentity,
+    views: WanViews,
+    publications: Arc<PoolPublications>,
+    clock: Arc<dyn WallClock>,
+    tuning: WanTuning,
+    limits: Arc<Limits>,
+}
+
+impl RelayService {
+    /// A service answering for `relay` from the host's `views` and the pools' `publications`.
+    #[must_use]
+    pub fn new(
+        relay: RelayIdentity,
+        views: WanViews,
+        publications: Arc<PoolPublications>,
+        clock: Arc<dyn WallClock>,
+        tuning: WanTuning,
+    ) -> Self {
+        let limits = Limits {
+            catalog: Arc::new(Semaphore::new(tuning.max_catalog_subscribers)),
+            pools: Arc::new(Semaphore::new(tuning.max_pool_streams_total)),
+            readiness: Arc::new(Semaphore::new(tuning.max_readiness_subscribers)),
+            load: Arc::new(Semaphore::new(tuning.max_load_subscribers)),
+        };
+        RelayService { relay, views, publications, clock, tuning, limits: Arc::new(limits) }
+    }
+}
+
+fn admit(semaphore: &Arc<Semaphore>, what: &str) -> Result<OwnedSemaphorePermit, Status> {
+    Arc::clone(semaphore).try_acquire_owned().map_err(|_| {
+        RelayStatus::new(
+            RelayErrorReason::ResourceLimit,
+            format!("Relay {what} stream limit reached"),
+        )
+        .into_status()
+    })
+}
+
+/// The status that ends a pool stream or refuses a subscription.
+fn publication_status(error: PublicationError) -> Status {
+    let reason = match error {
+        PublicationError::NotFound => RelayErrorReason::PoolNotFound,
+        PublicationError::ProducerChanged => RelayErrorReason::ProducerChanged,
+        PublicationError::Unavailable => RelayErrorReason::PublicationUnavailable,
+        PublicationError::SubscriberLimit | PublicationError::InitializedHubLimit => {
+            RelayErrorReason::ResourceLimit
+        }
+        PublicationError::SubscriberLagged => RelayErrorReason::SubscriberLagged,
+        PublicationError::SnapshotProgressTimeout => RelayErrorReason::SnapshotProgressTimeout,
+        PublicationError::InvalidPublication => RelayErrorReason::InvalidPublication,
+        PublicationError::Internal => RelayErrorReason::Internal,
+    };
+    RelayStatus::new(reason, error.to_string()).into_status()
+}
+
+fn unavailable(message: &str) -> Status {
+    RelayStatus::new(RelayErrorReason::PublicationUnavailable, message).into_status()
+}
+
+/// Follow a watched value: send it now, on every change, and again after `heartbeat` of quiet.
+fn follow_watch<T: Clone + Send + Sync + 'static>(
+    mut updates: tokio::sync::watch::Receiver<Arc<T>>,
+    heartbeat: std::time::Duration,
+    permit: OwnedSemaphorePermit,
+) -> Streamed<T> {
+    let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
+    tokio::spawn(async move {
+        let _permit = permit;
+        loop {
+            let current = (**updates.borrow_and_update()).clone();
+            if sender.send(Ok(current)).await.is_err() {
+                return;
+            }
+            let deadline = Instant::now() + heartbeat;
+            tokio::select! {
+                biased;
+                () = sender.closed() => return,
+                changed = updates.changed() => {
+                    if changed.is_err() {
+                        let _ = sender.send(Err(unavailable("relay is shutting down"))).await;
+                        return;
+                    }
+                }
+                () = sleep_until(deadline) => {}
+            }
+        }
+    });
+    Box::pin(ReceiverStream::new(receiver))
+}
+
+#[tonic::async_trait]
+impl KvEventRelay for RelayService {
+    async fn get_relay_info(
+        &self,
+        request: Request<proto::RelayInfoRequest>,
+    ) -> Result<Response<proto::RelayInfo>, Status> {
+        wire::validate_relay_info_request(request.get_ref()).map_err(RelayStatus::into_status)?;
+        Ok(Response::new(encode::relay_info(&self.relay)))
+    }
+
+    type WatchKvPoolCatalogStream = Streamed<proto::KvPoolCatalogUpdate>;
+
+    async fn watch_kv_pool_catalog(
+        &self,
+        request: Request<proto::WatchKvPoolCatalogRequest>,
+    ) -> Result<Response<Self::WatchKvPoolCatalogStream>, Status> {
+        wire::validate_catalog_request(request.get_ref()).map_err(RelayStatus::into_status)?;
+        let permit = admit(&self.limits.catalog, "catalog")?;
+        Ok(Response::new(follow_watch(
+            self.views.catalog.clone(),
+            self.tuning.catalog_heartbeat_interval,
+            permit,
+        )))
+    }
+
+    type SubscribeServingReadinessStream = Streamed<proto::ServingReadinessUpdate>;
+
+    async fn subscribe_serving_readiness(
+        &self,
+        request: Request<proto::SubscribeServingReadinessRequest>,
+    ) -> Result<Response<Self::SubscribeServingReadinessStream>, Status> {
+        wire::validate_readiness_request(request.get_ref()).map_err(RelayStatus::into_status)?;
+        let permit = admit(&self.limits.readiness, "readiness")?;
+        Ok(Response::new(follow_watch(
+            self.views.readiness.clone(),
+            self.tuning.readiness_heartbeat_interval,
+            permit,
+        )))
+    }
+
+    type SubscribeKvPoolLoadStream = Streamed<proto::KvPoolLoadUpdate>;
+
+    async fn subscribe_kv_pool_load(
+        &self,
+        request: Request<proto::SubscribeKvPoolLoadRequest>,
+    ) -> Result<Response<Self::SubscribeKvPoolLoadStream>, Status> {
+        wire::validate_load_request(request.get_ref()).map_err(RelayStatus::into_status)?;
+        let permit = admit(&self.limits.load, "load")?;
+        let mut windows = self.views.load.subscribe();
+        let current = Arc::clone(&self.views.load_current.borrow());
+        let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
+        tokio::spawn(async move {
+            let _permit = permit;
+            let mut last = current.window_sequence;
+            if sender.send(Ok((*current).clone())).await.is_err() {
+                return;
+            }
+            loop {
+                let received = tokio::select! {
+                    biased;
+                    () = sender.closed() => return,
+                    received = windows.recv() => received,
+                };
+                let outcome = match received {
+                    Ok(window) if window.window_sequence <= last => continue,
+                    Ok(window) => {
+                        last = window.window_sequence;
+                        Ok((*window).clone())
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => Err(RelayStatus::new(
+                        RelayErrorReason::SubscriberLagged,
+                        "load stream lagged",
+                    )
+                    .into_status()),
+                    Err(broadcast::error::RecvError::Closed) => {
+                        Err(unavailable("load publisher stopped"))
+                    }
+                };
+                let terminal = outcome.is_err();
+                if sender.send(outcome).await.is_err() || terminal {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+    }
+
+    type SubscribeKvPoolStream = Streamed<proto::FilterUpdate>;
+
+    async fn subscribe_kv_pool(
+        &self,
+        request: Request<proto::SubscribeKvPoolRequest>,
+    ) -> Result<Response<Self::SubscribeKvPoolStream>, Status> {
+        let subscription =
+            wire::validate_pool_request(request.get_ref()).map_err(RelayStatus::into_status)?;
+        let permit = admit(&self.limits.pools, "total pool")?;
+        let mut stream = self
+            .publications
+            .subscribe(&subscription.expected_producer)
+            .await
+            .map_err(publication_status)?;
+        let encoder = FilterEncoder::new(&self.relay, &subscription.expected_producer);
+        let clock = Arc::clone(&self.clock);
+        let heartbeat = self.tuning.pool_heartbeat_interval;
+        let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
+        tokio::spawn(async move {
+            let _permit = permit;
+            let mut next_heartbeat = Instant::now() + heartbeat;
+            loop {
+                let complete = stream.snapshot_complete();
+                let item = tokio::select! {
+                    biased;
+                    () = sender.closed() => return,
+                    item = stream.next() => item,
+                    () = sleep_until(next_heartbeat), if complete => {
+                        let beat = encoder.heartbeat(stream.sequence(), clock.now_unix_us());
+                        if sender.send(Ok(beat)).await.is_err() {
+                            return;
+                        }
+                        next_heartbeat = Instant::now() + heartbeat;
+                        continue;
+                    }
+                };
+                let update = match item {
+                    Ok(StreamItem::Frame(frame)) => {
+                        let now_us = clock.now_unix_us();
+                        match frame.kind {
+                            FrameKind::SnapshotChunk => encoder.snapshot_chunk(
+                                frame.sequence,
+                                now_us,
+                                frame.payload.clone(),
+                            ),
+                            FrameKind::Delta => encoder.delta(
+                                frame.base_sequence,
+                                frame.sequence,
+                                now_us,
+                                frame.payload.clone(),
+                            ),
+                        }
+                    }
+                    Err(error) => {
+                        let _ = sender.send(Err(publication_status(error))).await;
+                        return;
+                    }
+                };
+                if sender.send(Ok(update)).await.is_err() {
+                    return;
+                }
+                next_heartbeat = Instant::now() + heartbeat;
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+    }
+}
