@@ -26,3 +26,4 @@ pub mod sources;
 pub mod topology;
 pub mod wan;
 pub mod wire;
+pub mod workload;

@@ -1,0 +1,13 @@
+//! A workload model of a Dynamo deployment: workers that serve prefix-sharing requests, keep an
+//! LRU KV cache per data-parallel rank and publish exactly the facts a real deployment would —
+//! endpoint instances, cards, KV event-source adverts, contiguous KV events per publisher
+//! incarnation, and occupancy reports.
+//!
+//! One model serves the `demo` command's in-process DC and the simulator's workers. It is pure:
+//! every step takes a seeded RNG and returns [`DcInput`](crate::inputs::DcInput) facts.
+
+mod traffic;
+mod worker;
+
+pub use traffic::{Request, Traffic, TrafficConfig};
+pub use worker::{RankCache, SimWorker, WorkerSpec};

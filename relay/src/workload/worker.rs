@@ -1,0 +1,486 @@
+//! One simulated worker: its cards, its per-rank KV event publishers and their LRU caches.
+//!
+//! Invariants per rank: event ids are contiguous from 1 within one publisher incarnation; a
+//! stored chain's parent is a block the rank still holds; the cache is closed under prefixes
+//! (only leaves are evicted), so a replay-ordered dump lists parents before children.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use rand_core::Rng;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use crate::hashing::{
+    ExternalBlockHash, HashFormat, block_hash_seed, local_block_hashes, sequence_hashes,
+};
+use crate::identity::EndpointPath;
+use crate::inputs::{
+    CardInstanceId, DcInput, KvEventSourceAdvert, LoadObservation, LoraInfo, ModelCard, ModelInput,
+    ModelTypeFlags, RecoveryTarget, RequestPlaneTransport, RuntimeConfig, WorkerType,
+};
+use crate::kv_events::{
+    KvCacheEvent, KvCacheEventData, RemoveData, RouterEvent, SourceKey, StorageTier, StoreData,
+    StoredBlock,
+};
+use crate::rng::RelayRng;
+
+/// Events a rank keeps for range recovery.
+pub const EVENT_HISTORY_MAX: usize = 1024;
+
+/// How a worker is deployed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerSpec {
+    /// The serving endpoint.
+    pub endpoint: EndpointPath,
+    /// Served model name (also its source path).
+    pub model: String,
+    /// Extra served names.
+    pub aliases: Vec<String>,
+    /// Stage; `None` for a legacy card.
+    pub worker_type: Option<WorkerType>,
+    /// Peer roles needed.
+    pub needs: Vec<Vec<WorkerType>>,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// Data-parallel ranks.
+    pub data_parallel_size: u32,
+    /// Blocks each rank can hold.
+    pub capacity_blocks_per_rank: usize,
+    /// Whether the worker answers recovery queries.
+    pub enable_local_indexer: bool,
+    /// Eagle hash windows.
+    pub eagle: bool,
+    /// Loaded LoRA adapters (runtime names).
+    pub adapters: Vec<String>,
+    /// Whether the worker publishes KV events at all (encode workers do not).
+    pub publishes_kv: bool,
+}
+
+impl WorkerSpec {
+    /// An aggregated worker of `model` on `endpoint`.
+    #[must_use]
+    pub fn aggregated(endpoint: EndpointPath, model: &str) -> Self {
+        WorkerSpec {
+            endpoint,
+            model: model.to_owned(),
+            aliases: Vec::new(),
+            worker_type: Some(WorkerType::Aggregated),
+            needs: Vec::new(),
+            block_size: 16,
+            data_parallel_size: 1,
+            capacity_blocks_per_rank: 4096,
+            enable_local_indexer: true,
+            eagle: false,
+            adapters: Vec::new(),
+            publishes_kv: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CachedBlock {
+    external: u64,
+    local: u64,
+    parent: Option<u64>,
+    last_used: u64,
+    inserted: u64,
+    children: u32,
+}
+
+/// One rank's publisher incarnation and cache.
+#[derive(Debug, Clone)]
+pub struct RankCache {
+    publisher_id: u64,
+    next_event_id: u64,
+    clock: u64,
+    blocks: BTreeMap<u64, CachedBlock>,
+    history: VecDeque<RouterEvent>,
+}
+
+impl RankCache {
+    fn new(publisher_id: u64) -> Self {
+        RankCache {
+            publisher_id,
+            next_event_id: 1,
+            clock: 0,
+            blocks: BTreeMap::new(),
+            history: VecDeque::new(),
+        }
+    }
+
+    /// The publisher incarnation.
+    #[must_use]
+    pub fn publisher_id(&self) -> u64 {
+        self.publisher_id
+    }
+
+    /// Blocks held.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Whether the rank holds nothing.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    /// The canonical hashes held.
+    pub fn canonical_hashes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.blocks.keys().copied()
+    }
+}
+
+/// A simulated worker process.
+#[derive(Debug, Clone)]
+pub struct SimWorker {
+    spec: WorkerSpec,
+    worker_id: u64,
+    ranks: Vec<RankCache>,
+}
+
+fn worker_event(
+    worker_id: u64,
+    dp_rank: u32,
+    event_id: u64,
+    data: KvCacheEventData,
+) -> RouterEvent {
+    RouterEvent {
+        worker_id,
+        storage_tier: StorageTier::Device,
+        residency_domain: None,
+        event: KvCacheEvent { event_id, dp_rank, data },
+    }
+}
+
+impl SimWorker {
+    /// Start a worker: every rank gets a fresh publisher incarnation.
+    pub fn start(spec: WorkerSpec, worker_id: u64, rng: &mut RelayRng) -> Self {
+        let ranks = (0..spec.data_parallel_size.max(1))
+            .map(|_| RankCache::new(rng.next_u64() & ((1 << 53) - 1)))
+            .collect();
+        SimWorker { spec, worker_id, ranks }
+    }
+
+    /// Restart the process: new publisher incarnations, empty caches, event ids from 1.
+    pub fn restart(&mut self, worker_id: u64, rng: &mut RelayRng) {
+        *self = SimWorker::start(self.spec.clone(), worker_id, rng);
+    }
+
+    /// The worker's deployment.
+    #[must_use]
+    pub fn spec(&self) -> &WorkerSpec {
+        &self.spec
+    }
+
+    /// The worker (instance) id.
+    #[must_use]
+    pub fn worker_id(&self) -> u64 {
+        self.worker_id
+    }
+
+    /// The ranks' caches.
+    #[must_use]
+    pub fn ranks(&self) -> &[RankCache] {
+        &self.ranks
+    }
+
+    fn hash_format(&self) -> HashFormat {
+        if self.spec.eagle { HashFormat::EagleV1 } else { HashFormat::StandardV1 }
+    }
+
+    /// The base card.
+    #[must_use]
+    pub fn card(&self) -> ModelCard {
+        ModelCard {
+            display_name: self.spec.model.clone(),
+            aliases: self.spec.aliases.clone(),
+            source_path: Some(self.spec.model.clone()),
+            model_type: ModelTypeFlags(match self.spec.worker_type {
+                Some(WorkerType::Prefill) => ModelTypeFlags::PREFILL,
+                Some(WorkerType::Encode) => 0,
+                _ => ModelTypeFlags::CHAT | ModelTypeFlags::COMPLETIONS,
+            }),
+            model_input: Some(ModelInput::Tokens),
+            kv_cache_block_size: self.spec.block_size,
+            worker_type: self.spec.worker_type,
+            needs: self.spec.needs.clone(),
+            lora: None,
+            indexer_identity: None,
+            runtime_config: RuntimeConfig {
+                total_kv_blocks: Some(self.spec.capacity_blocks_per_rank as u64),
+                data_parallel_start_rank: 0,
+                data_parallel_size: self.spec.data_parallel_size.max(1),
+                enable_local_indexer: self.spec.enable_local_indexer,
+                enable_eagle: self.spec.eagle,
+                ..RuntimeConfig::default()
+            },
+        }
+    }
+
+    /// Discovery facts of this worker: base card, adapter cards, and one KV source advert per
+    /// rank (instance sets are per endpoint and come from the DC).
+    #[must_use]
+    pub fn discovery_facts(&self) -> Vec<DcInput> {
+        let mut facts = vec![DcInput::CardUpserted {
+            id: CardInstanceId {
+                endpoint: self.spec.endpoint.clone(),
+                instance_id: self.worker_id,
+                model_suffix: None,
+            },
+            card: Box::new(self.card()),
+        }];
+        for adapter in &self.spec.adapters {
+            let mut card = self.card();
+            card.display_name = adapter.clone();
+            card.aliases = Vec::new();
+            card.lora = Some(LoraInfo { name: adapter.clone(), max_gpu_lora_count: Some(4) });
+            card.runtime_config.total_kv_blocks = None;
+            facts.push(DcInput::CardUpserted {
+                id: CardInstanceId {
+                    endpoint: self.spec.endpoint.clone(),
+                    instance_id: self.worker_id,
+                    model_suffix: Some(crate::discovery::slugify(adapter)),
+                },
+                card: Box::new(card),
+            });
+        }
+        if self.spec.publishes_kv {
+            for (rank, cache) in self.ranks.iter().enumerate() {
+                facts.push(DcInput::SourceAdvertised(self.advert(rank as u32, cache)));
+            }
+        }
+        facts
+    }
+
+    fn advert(&self, rank: u32, cache: &RankCache) -> KvEventSourceAdvert {
+        let recovery_target = self.spec.enable_local_indexer.then(|| RecoveryTarget {
+            endpoint: EndpointPath::new(
+                self.spec.endpoint.namespace(),
+                self.spec.endpoint.component(),
+                &format!("worker_kv_query_source_{:x}", cache.publisher_id),
+            )
+            .expect("derived from a valid endpoint"),
+            instance_id: self.worker_id,
+            transport: RequestPlaneTransport::Tcp(format!("sim-worker-{:x}:0", self.worker_id)),
+        });
+        KvEventSourceAdvert {
+            kv_state_endpoint: self.spec.endpoint.clone(),
+            source: SourceKey { worker_id: self.worker_id, dp_rank: rank },
+            publisher_id: cache.publisher_id,
+            recovery_target,
+        }
+    }
+
+    /// Withdrawals of every advert (the worker is going away).
+    #[must_use]
+    pub fn withdrawal_facts(&self) -> Vec<DcInput> {
+        let mut facts: Vec<DcInput> = self
+            .ranks
+            .iter()
+            .filter(|_| self.spec.publishes_kv)
+            .map(|cache| DcInput::SourceWithdrawn {
+                kv_state_endpoint: self.spec.endpoint.clone(),
+                publisher_id: cache.publisher_id,
+            })
+            .collect();
+        facts.push(DcInput::CardRemoved {
+            id: CardInstanceId {
+                endpoint: self.spec.endpoint.clone(),
+                instance_id: self.worker_id,
+                model_suffix: None,
+            },
+        });
+        for adapter in &self.spec.adapters {
+            facts.push(DcInput::CardRemoved {
+                id: CardInstanceId {
+                    endpoint: self.spec.endpoint.clone(),
+                    instance_id: self.worker_id,
+                    model_suffix: Some(crate::discovery::slugify(adapter)),
+                },
+            });
+        }
+        facts
+    }
+
+    /// The engine's own id for a block: sequence-aware and engine-specific.
+    fn external_id(&self, canonical: u64) -> u64 {
+        xxh3_64_with_seed(&canonical.to_le_bytes(), self.worker_id)
+    }
+
+    /// Serve one request on `rank`: reuse the longest cached prefix, store the rest as one chain
+    /// continuing it, evict least-recently-used leaves beyond capacity. Returns the KV events.
+    pub fn serve(&mut self, rank: u32, tokens: &[u32], adapter: Option<&str>) -> Vec<RouterEvent> {
+        if !self.spec.publishes_kv || self.ranks.is_empty() {
+            return Vec::new();
+        }
+        let rank_index = (rank as usize) % self.ranks.len();
+        let seed = block_hash_seed(adapter, None);
+        let locals =
+            local_block_hashes(tokens, self.spec.block_size as usize, self.hash_format(), seed);
+        let sequence = sequence_hashes(&locals);
+        let externals: Vec<u64> = sequence.iter().map(|hash| self.external_id(hash.0)).collect();
+        let worker_id = self.worker_id;
+        let capacity = self.spec.capacity_blocks_per_rank.max(1);
+        let cache = &mut self.ranks[rank_index];
+        cache.clock += 1;
+        let now = cache.clock;
+        let mut hit = 0;
+        while hit < sequence.len() {
+            match cache.blocks.get_mut(&sequence[hit].0) {
+                Some(block) => {
+                    block.last_used = now;
+                    hit += 1;
+                }
+                None => break,
+            }
+        }
+        let mut events = Vec::new();
+        if hit < sequence.len() {
+            let parent = (hit > 0).then(|| externals[hit - 1]);
+            let mut previous = parent.map(|_| sequence[hit - 1].0);
+            let mut blocks = Vec::new();
+            for index in hit..sequence.len() {
+                let canonical = sequence[index].0;
+                if let Some(parent) = previous.and_then(|p| cache.blocks.get_mut(&p)) {
+                    parent.children += 1;
+                }
+                cache.blocks.insert(
+                    canonical,
+                    CachedBlock {
+                        external: externals[index],
+                        local: locals[index].0,
+                        parent: previous,
+                        last_used: now,
+                        inserted: now * 1_000_000 + index as u64,
+                        children: 0,
+                    },
+                );
+                blocks.push(StoredBlock {
+                    block_hash: ExternalBlockHash(externals[index]),
+                    tokens_hash: locals[index],
+                });
+                previous = Some(canonical);
+            }
+            let data = KvCacheEventData::Stored(StoreData {
+                parent_hash: parent.map(ExternalBlockHash),
+                start_position: None,
+                blocks,
+            });
+            events.push(Self::emit(cache, worker_id, rank_index as u32, data));
+        }
+        let mut evicted = Vec::new();
+        while cache.blocks.len() > capacity {
+            let victim = cache
+                .blocks
+                .iter()
+                .filter(|(_, block)| block.children == 0)
+                .min_by_key(|(canonical, block)| (block.last_used, **canonical))
+                .map(|(canonical, _)| *canonical);
+            let Some(victim) = victim else { break };
+            let block = cache.blocks.remove(&victim).expect("victim is cached");
+            if let Some(parent) = block.parent.and_then(|p| cache.blocks.get_mut(&p)) {
+                parent.children -= 1;
+            }
+            evicted.push(ExternalBlockHash(block.external));
+        }
+        if !evicted.is_empty() {
+            let data = KvCacheEventData::Removed(RemoveData { block_hashes: evicted });
+            events.push(Self::emit(cache, worker_id, rank_index as u32, data));
+        }
+        events
+    }
+
+    /// Drop every block of `rank` (an engine cache reset): one `Cleared` event.
+    pub fn clear(&mut self, rank: u32) -> Vec<RouterEvent> {
+        if !self.spec.publishes_kv || self.ranks.is_empty() {
+            return Vec::new();
+        }
+        let rank_index = (rank as usize) % self.ranks.len();
+        let worker_id = self.worker_id;
+        let cache = &mut self.ranks[rank_index];
+        cache.blocks.clear();
+        vec![Self::emit(cache, worker_id, rank_index as u32, KvCacheEventData::Cleared)]
+    }
+
+    fn emit(
+        cache: &mut RankCache,
+        worker_id: u64,
+        rank: u32,
+        data: KvCacheEventData,
+    ) -> RouterEvent {
+        let event = worker_event(worker_id, rank, cache.next_event_id, data);
+        cache.next_event_id += 1;
+        if cache.history.len() == EVENT_HISTORY_MAX {
+            cache.history.pop_front();
+        }
+        cache.history.push_back(event.clone());
+        event
+    }
+
+    /// A replay-ordered dump of `rank` (parents before children, synthetic ids from 0) and the
+    /// last event id it covers.
+    #[must_use]
+    pub fn tree_dump(&self, rank: u32) -> (Vec<RouterEvent>, u64) {
+        let Some(cache) = self.ranks.get(rank as usize) else { return (Vec::new(), 0) };
+        let mut blocks: Vec<&CachedBlock> = cache.blocks.values().collect();
+        blocks.sort_by_key(|block| block.inserted);
+        let external_of = |canonical: u64| cache.blocks.get(&canonical).map(|b| b.external);
+        let events = blocks
+            .iter()
+            .enumerate()
+            .map(|(index, block)| {
+                let data = KvCacheEventData::Stored(StoreData {
+                    parent_hash: block.parent.and_then(external_of).map(ExternalBlockHash),
+                    start_position: None,
+                    blocks: vec![StoredBlock {
+                        block_hash: ExternalBlockHash(block.external),
+                        tokens_hash: crate::hashing::LocalBlockHash(block.local),
+                    }],
+                });
+                worker_event(self.worker_id, rank, index as u64, data)
+            })
+            .collect();
+        (events, cache.next_event_id - 1)
+    }
+
+    /// Events `start..=end` of `rank` if the history still holds them all.
+    #[must_use]
+    pub fn event_range(&self, rank: u32, start: u64, end: u64) -> Option<Vec<RouterEvent>> {
+        let cache = self.ranks.get(rank as usize)?;
+        let first = cache.history.front()?.event.event_id;
+        if start < first || end >= cache.next_event_id || start > end {
+            return None;
+        }
+        Some(
+            cache
+                .history
+                .iter()
+                .filter(|e| (start..=end).contains(&e.event.event_id))
+                .cloned()
+                .collect(),
+        )
+    }
+
+    /// One occupancy report per rank.
+    #[must_use]
+    pub fn load_facts(&self) -> Vec<DcInput> {
+        self.ranks
+            .iter()
+            .enumerate()
+            .map(|(rank, cache)| DcInput::Load {
+                endpoint: self.spec.endpoint.clone(),
+                observation: LoadObservation {
+                    source: SourceKey { worker_id: self.worker_id, dp_rank: rank as u32 },
+                    kv_used_blocks: Some(cache.blocks.len() as u64),
+                    active_decode_blocks: None,
+                    active_prefill_tokens: None,
+                },
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+#[path = "worker_tests.rs"]
+mod tests;

@@ -1,0 +1,129 @@
+//! The simulated worker emits events a real relay pool accepts, with the exact block hashes.
+
+use super::*;
+use crate::ckf::{CkfFormat, DEFAULT_SEED, MAX_KICKS_DEFAULT};
+use crate::hashing::{LocalBlockHash, SequenceHash, XXH3_SEED};
+use crate::pool::{PoolOwnership, RankReplacement};
+use crate::rng::rng_from_seed;
+
+fn worker(capacity: usize) -> SimWorker {
+    let mut spec = WorkerSpec::aggregated("dynamo/backend/generate".parse().unwrap(), "tiny-llm");
+    spec.block_size = 4;
+    spec.capacity_blocks_per_rank = capacity;
+    SimWorker::start(spec, 7, &mut rng_from_seed(1))
+}
+
+fn pool() -> PoolOwnership {
+    PoolOwnership::new(CkfFormat::v1(DEFAULT_SEED, 1024), MAX_KICKS_DEFAULT, rng_from_seed(2))
+        .unwrap()
+}
+
+#[test]
+fn served_prefixes_become_canonical_blocks_in_a_pool() {
+    let mut w = worker(64);
+    let mut p = pool();
+    let tokens: Vec<u32> = (1..=12).collect();
+    for event in w.serve(0, &tokens, None) {
+        p.apply_event(&event).unwrap();
+    }
+    // Dynamo's chain for blocks [1..4], [5..8], [9..12].
+    for expected in [14643705804678351452u64, 4945711292740353085, 12583592247330656132] {
+        assert!(p.owner_state(SequenceHash(expected)).is_some(), "{expected}");
+    }
+    // A second request sharing the first two blocks stores only its new block, chained.
+    let mut shared: Vec<u32> = (1..=8).collect();
+    shared.extend([100, 101, 102, 103]);
+    let events = w.serve(0, &shared, None);
+    assert_eq!(events.len(), 1);
+    let KvCacheEventData::Stored(store) = &events[0].event.data else { panic!("a store") };
+    assert_eq!(store.blocks.len(), 1);
+    assert!(store.parent_hash.is_some());
+    assert_eq!(events[0].event.event_id, 2);
+    p.apply_event(&events[0]).unwrap();
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn eviction_removes_leaves_and_the_pool_follows() {
+    let mut w = worker(6);
+    let mut p = pool();
+    for start in 0..10u32 {
+        let tokens: Vec<u32> = (start * 100..start * 100 + 8).collect();
+        for event in w.serve(0, &tokens, None) {
+            p.apply_event(&event).unwrap();
+        }
+    }
+    assert!(w.ranks()[0].len() <= 6);
+    let pool_hashes: Vec<u64> = p.owned_blocks().into_iter().map(|(h, _)| h.0).collect();
+    let mut cached: Vec<u64> = w.ranks()[0].canonical_hashes().collect();
+    cached.sort_unstable();
+    assert_eq!(pool_hashes, cached, "the pool owns exactly what the worker caches");
+}
+
+#[test]
+fn lora_requests_are_salted_by_the_adapter_name() {
+    let mut w = worker(64);
+    let tokens: Vec<u32> = (1..=4).collect();
+    let events = w.serve(0, &tokens, Some("adapter-a"));
+    let KvCacheEventData::Stored(store) = &events[0].event.data else { panic!("a store") };
+    assert_eq!(store.blocks[0].tokens_hash, LocalBlockHash(11_381_080_598_872_079_209));
+    let base = w.serve(0, &tokens, None);
+    let KvCacheEventData::Stored(store) = &base[0].event.data else { panic!("a store") };
+    assert_eq!(
+        store.blocks[0].tokens_hash,
+        crate::hashing::local_block_hash(&tokens, &[], XXH3_SEED)
+    );
+}
+
+#[test]
+fn tree_dump_rebuilds_the_same_ownership() {
+    let mut w = worker(20);
+    let mut live = pool();
+    for start in 0..8u32 {
+        let tokens: Vec<u32> = (0..4).chain(start * 10..start * 10 + 8).collect();
+        for event in w.serve(0, &tokens, None) {
+            live.apply_event(&event).unwrap();
+        }
+    }
+    let (dump, last) = w.tree_dump(0);
+    assert_eq!(last, w.ranks()[0].next_event_id - 1);
+    let mut replacement = RankReplacement::new();
+    for event in &dump {
+        replacement.push_event(event).unwrap();
+    }
+    let mut recovered = pool();
+    recovered
+        .replace_ranks([(SourceKey { worker_id: 7, dp_rank: 0 }, replacement)].into())
+        .unwrap();
+    assert_eq!(recovered.owned_blocks(), live.owned_blocks());
+}
+
+#[test]
+fn restart_begins_a_new_incarnation_with_event_ids_from_one() {
+    let mut w = worker(20);
+    let before = w.ranks()[0].publisher_id();
+    let _ = w.serve(0, &(0..8).collect::<Vec<u32>>(), None);
+    w.restart(8, &mut rng_from_seed(9));
+    assert_ne!(w.ranks()[0].publisher_id(), before);
+    assert_eq!(w.worker_id(), 8);
+    let events = w.serve(0, &(0..8).collect::<Vec<u32>>(), None);
+    assert_eq!(events[0].event.event_id, 1);
+    assert_eq!(events[0].worker_id, 8);
+}
+
+#[test]
+fn history_answers_ranges_it_still_holds() {
+    let mut w = worker(8);
+    for start in 0..5u32 {
+        let _ = w.serve(0, &(start * 10..start * 10 + 4).collect::<Vec<u32>>(), None);
+    }
+    let range = w.event_range(0, 2, 4).unwrap();
+    assert_eq!(range.iter().map(|e| e.event.event_id).collect::<Vec<_>>(), vec![2, 3, 4]);
+    assert!(w.event_range(0, 3, 99).is_none());
+    let facts = w.discovery_facts();
+    assert!(
+        facts
+            .iter()
+            .any(|f| matches!(f, DcInput::SourceAdvertised(a) if a.recovery_target.is_some()))
+    );
+}
