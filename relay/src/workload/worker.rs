@@ -258,7 +258,7 @@ impl SimWorker {
             endpoint: EndpointPath::new(
                 self.spec.endpoint.namespace(),
                 self.spec.endpoint.component(),
-                &format!("worker_kv_query_source_{:x}", cache.publisher_id),
+                format!("worker_kv_query_source_{:x}", cache.publisher_id),
             )
             .expect("derived from a valid endpoint"),
             instance_id: self.worker_id,
