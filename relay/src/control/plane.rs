@@ -25,7 +25,12 @@
 //!
 //! Within one call the host's commands come first, in the host's order (withdrawals and catalog
 //! publication, then teardown and release, then starts), then source commands in endpoint order,
-//! then at most one topology publication.
+//! then at most one topology publication; [`ControlPlane::handle_timeout`] appends the trackers'
+//! timer commands last.
+//!
+//! A generation's tracker starts when its start succeeded and it entered the catalog: KV event
+//! batches arriving while it is still starting reach no tracker (counted as unrouted). Its
+//! ranks are cold-reset at activation anyway, and recoverable ranks are rebuilt from a tree dump.
 //!
 //! # Invariants
 //!
@@ -197,7 +202,9 @@ pub enum ShellReport {
         /// What the transport said.
         reason: String,
     },
-    /// The pool refused a `Source` command for a rank.
+    /// The pool refused a `Source` command for a rank. This reaches only the rank's tracker;
+    /// the actor's own fault report (a producer fence in particular) goes to the host as
+    /// [`ShellReport::ActorFault`].
     ApplyFailed {
         /// The endpoint of the command.
         endpoint: EndpointPath,
@@ -353,6 +360,27 @@ struct ActivePool {
     capacity_configs: BTreeMap<u64, RuntimeConfig>,
 }
 
+/// What the endpoint watch last said about one endpoint.
+///
+/// A failed watch (`None` listing) makes the endpoint non-authoritative for readiness (UNKNOWN)
+/// but leaves the last known live set in force for KV source membership: not knowing is not a
+/// departure, and dematerializing every pool on a transient watch error would churn producer
+/// generations for nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct InstanceListing {
+    /// The latest listing succeeded.
+    authoritative: bool,
+    /// The last successfully listed live workers (empty before the first listing).
+    live_workers: BTreeSet<u64>,
+}
+
+impl InstanceListing {
+    /// What the availability store holds for this listing.
+    fn availability(&self) -> Option<BTreeSet<u64>> {
+        self.authoritative.then(|| self.live_workers.clone())
+    }
+}
+
 /// A generation between `StartPool` and its outcome.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct StartingGeneration {
@@ -377,8 +405,8 @@ struct Dirty {
 pub struct ControlPlane {
     relay: RelayIdentity,
     view: DiscoveryView,
-    /// Latest instance listing per endpoint (`None`: not yet authoritative).
-    instances: BTreeMap<EndpointPath, Option<BTreeSet<u64>>>,
+    /// Instance listings per endpoint.
+    instances: BTreeMap<EndpointPath, InstanceListing>,
     adverts: AdvertTable,
     /// Per discovered serving endpoint: its KV source membership; same keys as the memberships.
     sources: BTreeMap<EndpointPath, EndpointSources>,
@@ -788,29 +816,33 @@ impl ControlPlane {
 
     fn on_instances(&mut self, listing: EndpointInstances) -> Dirty {
         let EndpointInstances { endpoint, live_workers } = listing;
-        match self.instances.get(&endpoint) {
-            Some(held) if *held == live_workers => {
-                self.counters.instance_listings_unchanged =
-                    self.counters.instance_listings_unchanged.saturating_add(1);
-                return Dirty::default();
-            }
-            None if self.instances.len() >= INSTANCE_LISTINGS_MAX => {
-                self.counters.instance_listings_refused =
-                    self.counters.instance_listings_refused.saturating_add(1);
-                return Dirty::default();
-            }
-            _ => {}
+        let held = self.instances.get(&endpoint);
+        if held.is_none() && self.instances.len() >= INSTANCE_LISTINGS_MAX {
+            self.counters.instance_listings_refused =
+                self.counters.instance_listings_refused.saturating_add(1);
+            return Dirty::default();
+        }
+        let previous = held.cloned().unwrap_or_default();
+        let next = match live_workers {
+            Some(live_workers) => InstanceListing { authoritative: true, live_workers },
+            None => InstanceListing { authoritative: false, ..previous.clone() },
+        };
+        if held == Some(&next) {
+            self.counters.instance_listings_unchanged =
+                self.counters.instance_listings_unchanged.saturating_add(1);
+            return Dirty::default();
         }
         let mut dirty = Dirty {
             memberships: false,
-            sources: self.view.membership(&endpoint).is_some(),
+            sources: next.live_workers != previous.live_workers
+                && self.view.membership(&endpoint).is_some(),
             availability: false,
         };
         if let Some(owner) = self.availability_owners.get(&endpoint) {
             dirty.availability =
-                self.availability.replace(&endpoint, *owner, live_workers.clone()).changed();
+                self.availability.replace(&endpoint, *owner, next.availability()).changed();
         }
-        self.instances.insert(endpoint, live_workers);
+        self.instances.insert(endpoint, next);
         dirty
     }
 
@@ -954,7 +986,7 @@ impl ControlPlane {
         let no_workers = BTreeSet::new();
         for (endpoint, membership) in memberships {
             let live_workers =
-                self.instances.get(endpoint).and_then(Option::as_ref).unwrap_or(&no_workers);
+                self.instances.get(endpoint).map_or(&no_workers, |listing| &listing.live_workers);
             match self.sources.get_mut(endpoint) {
                 Some(sources) => {
                     let view = sources.membership.project(
@@ -1134,7 +1166,7 @@ impl ControlPlane {
                 continue;
             };
             if let ClaimOutcome::Claimed { .. } = self.availability.claim(&endpoint, slot) {
-                let listing = self.instances.get(&endpoint).cloned().flatten();
+                let listing = self.instances.get(&endpoint).and_then(InstanceListing::availability);
                 let _ = self.availability.replace(&endpoint, slot, listing);
                 self.availability_owners.insert(endpoint, slot);
                 changed = true;

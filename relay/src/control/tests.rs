@@ -11,13 +11,16 @@ use std::time::Duration;
 use super::*;
 use crate::discovery::DiscoveryScope;
 use crate::hashing::HashFormat;
+use crate::hashing::{ExternalBlockHash, LocalBlockHash};
 use crate::identity::{EndpointPath, RelayIdentity, resolve_indexer_domain, stable_dc_id};
 use crate::inputs::{
     CardInstanceId, DcInput, EndpointInstances, KvEventBatch, KvEventSourceAdvert, LoadObservation,
     ModelCard, ModelInput, ModelTypeFlags, RecoveryTarget, RequestPlaneTransport, RuntimeConfig,
     WorkerType,
 };
-use crate::kv_events::{KvCacheEvent, KvCacheEventData, RouterEvent, SourceKey, StorageTier};
+use crate::kv_events::{
+    KvCacheEvent, KvCacheEventData, RouterEvent, SourceKey, StorageTier, StoreData, StoredBlock,
+};
 use crate::readiness::ReadinessState;
 use crate::registry::{HostCommand, RetireReason, SlotLifecycle};
 use crate::rng::{RelayRng, rng_from_seed};
@@ -89,6 +92,26 @@ fn cleared(worker_id: u64, event_id: u64) -> RouterEvent {
         storage_tier: StorageTier::Device,
         residency_domain: None,
         event: KvCacheEvent { event_id, dp_rank: 0, data: KvCacheEventData::Cleared },
+    }
+}
+
+fn stored(worker_id: u64, event_id: u64, block: u64) -> RouterEvent {
+    RouterEvent {
+        worker_id,
+        storage_tier: StorageTier::Device,
+        residency_domain: None,
+        event: KvCacheEvent {
+            event_id,
+            dp_rank: 0,
+            data: KvCacheEventData::Stored(StoreData {
+                parent_hash: None,
+                start_position: None,
+                blocks: vec![StoredBlock {
+                    block_hash: ExternalBlockHash(block),
+                    tokens_hash: LocalBlockHash(block ^ 0x5555),
+                }],
+            }),
+        },
     }
 }
 
@@ -532,4 +555,237 @@ fn ignored_inputs_are_counted() {
     assert_eq!(counters.instance_listings_unchanged, 1);
     assert_eq!(counters.shell_reports_stale, 1);
     assert_eq!(counters.inputs, 4);
+}
+
+#[test]
+fn events_published_under_a_mapped_kv_state_endpoint_reach_every_pool_mapped_to_it() {
+    const KV_STATE: &str = "dynamo/kvstate/generate";
+    let mut shell = Shell::new();
+    for (path, worker, publisher, worker_type, needs) in [
+        (BACKEND, WORKER, PUBLISHER, WorkerType::Decode, WorkerType::Prefill),
+        (PREFILL, PREFILL_WORKER, PREFILL_PUBLISHER, WorkerType::Prefill, WorkerType::Decode),
+    ] {
+        let mut mapped = card(worker_type, vec![vec![needs]]);
+        mapped.runtime_config.kv_state_endpoint = Some(endpoint(KV_STATE));
+        shell.input(instances(path, &[worker]));
+        shell.input(card_input(path, worker, mapped));
+        // The advertisement is scoped to the KV-state endpoint, not the serving endpoint.
+        shell.input(advert(KV_STATE, worker, publisher, false));
+    }
+    assert_eq!(shell.plane.catalog_snapshot().pools.len(), 2);
+
+    // A batch scoped to the serving endpoint is not where these workers publish.
+    assert!(shell.input(events(BACKEND, PUBLISHER, vec![cleared(WORKER, 1)])).is_empty());
+    assert_eq!(shell.plane.counters().kv_batches_unrouted, 1);
+
+    // A batch under the KV-state endpoint reaches both trackers; only the pool whose rank the
+    // publisher is active for acts on it.
+    let commands =
+        shell.input(events(KV_STATE, PREFILL_PUBLISHER, vec![cleared(PREFILL_WORKER, 1)]));
+    let acted: Vec<&EndpointPath> = commands
+        .iter()
+        .filter_map(|c| match c {
+            ControlCommand::Source { endpoint, .. } => Some(endpoint),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(acted, [&endpoint(PREFILL)]);
+    let backend = shell.plane.tracker(&endpoint(BACKEND)).unwrap().counters();
+    assert_eq!(backend.events_dropped_inactive_publisher, 1);
+}
+
+/// Inputs drawn from a small vocabulary (3 endpoints, 3 workers, 2 models, every card shape,
+/// overlapping publishers, mappings, failures), with the shell answering at random: no input
+/// sequence may panic or break an invariant, and the same seed gives the same commands.
+#[test]
+fn random_input_sequences_keep_every_invariant_and_are_deterministic() {
+    let mut log = Vec::new();
+    for seed in 0..24 {
+        let first = random_run(seed);
+        assert_eq!(first, random_run(seed), "seed {seed} is not deterministic");
+        log.extend(first);
+    }
+    // The vocabulary reaches every interesting path: pools start, publish and retire, ranks
+    // recover and apply events, and the topology moves.
+    for needle in [
+        "StartPool",
+        "PublishCatalog",
+        "WithdrawPool",
+        "StopActor",
+        "RequestRecovery",
+        "ReplaceRanks",
+        "ApplyEvents",
+        "ResetRank",
+        "PublishTopology",
+    ] {
+        let count = log.iter().filter(|line| line.contains(needle)).count();
+        assert!(count > 0, "no {needle} in any run");
+    }
+}
+
+fn random_run(seed: u64) -> Vec<String> {
+    use rand_core::Rng;
+
+    const PATHS: [&str; 3] = [BACKEND, PREFILL, "dynamo/encode/generate"];
+    const WORKERS: [u64; 3] = [WORKER, PREFILL_WORKER, 0x77];
+    let mut draw = rng_from_seed(seed ^ 0xd1ce);
+    let mut pick = |bound: u64| draw.next_u64() % bound;
+    let mut shell = Shell::with_config(ControlConfig::new(
+        relay(),
+        stable_dc_id("dc-a").unwrap(),
+        DiscoveryScope::watch_all(Vec::new()).unwrap(),
+    ));
+    let mut pending_recoveries = Vec::new();
+
+    for _ in 0..160 {
+        let path = PATHS[pick(3) as usize];
+        let worker = WORKERS[pick(3) as usize];
+        let publisher = 0x100 + pick(4);
+        shell.fail_starts = pick(5) == 0;
+        let input = match pick(12) {
+            0..=2 => {
+                let worker_type = [
+                    WorkerType::Aggregated,
+                    WorkerType::Aggregated,
+                    WorkerType::Prefill,
+                    WorkerType::Decode,
+                    WorkerType::Encode,
+                ][pick(5) as usize];
+                let mut random = card(worker_type, vec![vec![WorkerType::Decode]]);
+                if pick(4) == 0 {
+                    random.display_name = "other-llm".to_owned();
+                }
+                if pick(8) == 0 {
+                    random.kv_cache_block_size = 0;
+                }
+                random.runtime_config.enable_eagle = pick(10) == 0;
+                random.runtime_config.data_parallel_size = [1, 1, 2, 0][pick(4) as usize];
+                random.runtime_config.enable_local_indexer = pick(2) == 0;
+                if pick(8) == 0 {
+                    random.worker_type = None;
+                }
+                if pick(10) == 0 {
+                    random.runtime_config.kv_state_endpoint =
+                        Some(endpoint(PATHS[pick(3) as usize]));
+                }
+                card_input(path, worker, random)
+            }
+            3 => DcInput::CardRemoved {
+                id: CardInstanceId {
+                    endpoint: endpoint(path),
+                    instance_id: worker,
+                    model_suffix: None,
+                },
+            },
+            4 => {
+                let live: Vec<u64> = WORKERS.iter().copied().filter(|_| pick(4) != 0).collect();
+                if pick(6) == 0 {
+                    // A failed watch.
+                    DcInput::Instances(EndpointInstances {
+                        endpoint: endpoint(path),
+                        live_workers: None,
+                    })
+                } else {
+                    instances(path, &live)
+                }
+            }
+            5 => {
+                let mut offered = advert(path, worker, publisher, pick(2) == 0);
+                if let DcInput::SourceAdvertised(advert) = &mut offered {
+                    advert.source.dp_rank = pick(2) as u32;
+                }
+                offered
+            }
+            6 => DcInput::SourceWithdrawn {
+                kv_state_endpoint: endpoint(path),
+                publisher_id: publisher,
+            },
+            7 | 8 => {
+                let event_id = 1 + pick(6);
+                let event = if pick(4) == 0 {
+                    cleared(worker, event_id)
+                } else {
+                    stored(worker, event_id, pick(64))
+                };
+                events(path, publisher, vec![event])
+            }
+            9 => load(path, worker, (pick(3) != 0).then(|| pick(1_000))),
+            _ => {
+                shell.now += Duration::from_millis(pick(400));
+                let commands = shell.timeout();
+                collect_recoveries(&commands, &mut pending_recoveries);
+                continue;
+            }
+        };
+        let commands = shell.input(input);
+        collect_recoveries(&commands, &mut pending_recoveries);
+        if !pending_recoveries.is_empty() && pick(2) == 0 {
+            let (path, generation, request_id) = pending_recoveries.remove(0);
+            let response = match pick(4) {
+                0 | 1 => RecoveryResponse::TreeDump {
+                    events: Vec::new(),
+                    last_event_id: pick(5),
+                    reset_scope: TreeDumpScope::Rank,
+                },
+                2 => RecoveryResponse::Error("unavailable".to_owned()),
+                _ => RecoveryResponse::TreeDumpFailed {
+                    last_event_id: None,
+                    message: "busy".to_owned(),
+                },
+            };
+            let commands = shell.plane.recovery_answered(
+                &path,
+                generation,
+                request_id,
+                response,
+                shell.now,
+                &mut shell.rng,
+            );
+            let commands = shell.execute(commands);
+            collect_recoveries(&commands, &mut pending_recoveries);
+        }
+        assert_eq!(shell.plane.health().control_last_error, None, "seed {seed}");
+    }
+    let commands = shell.plane.begin_shutdown(shell.now, &mut shell.rng);
+    shell.execute(commands);
+    assert!(shell.plane.catalog_snapshot().pools.is_empty());
+    shell.log.iter().map(|command| format!("{command:?}")).collect()
+}
+
+fn collect_recoveries(
+    commands: &[ControlCommand],
+    pending: &mut Vec<(EndpointPath, u64, crate::sources::RecoveryRequestId)>,
+) {
+    for command in commands {
+        if let ControlCommand::Source {
+            endpoint,
+            layout_generation,
+            command: SourceCommand::RequestRecovery(call),
+            ..
+        } = command
+        {
+            pending.push((endpoint.clone(), *layout_generation, call.request_id));
+        }
+    }
+}
+
+#[test]
+fn a_failed_instance_watch_is_unknown_for_readiness_but_keeps_the_pool() {
+    let mut shell = Shell::new();
+    shell.aggregated_up();
+    let producer = shell.producer(BACKEND);
+    let commands = shell.input(DcInput::Instances(EndpointInstances {
+        endpoint: endpoint(BACKEND),
+        live_workers: None,
+    }));
+    // Only the topology moves: no withdrawal, no source command.
+    assert!(matches!(commands.as_slice(), [ControlCommand::PublishTopology { .. }]));
+    assert_eq!(shell.plane.topology_snapshot().entries[0].state, ReadinessState::Unknown);
+    assert_eq!(shell.producer(BACKEND), producer);
+
+    // The watch recovers with the same workers: READY again under the same producer.
+    let commands = shell.input(instances(BACKEND, &[WORKER]));
+    assert!(matches!(commands.as_slice(), [ControlCommand::PublishTopology { .. }]));
+    assert_eq!(shell.plane.topology_snapshot().entries[0].state, ReadinessState::Ready);
+    assert_eq!(shell.producer(BACKEND), producer);
 }
