@@ -31,13 +31,17 @@
 //! [`PoolLinks`]: crate::topology::PoolLinks
 //! [`TopologyState`]: crate::topology::TopologyState
 
+mod config;
 mod plane;
+mod protocol;
 pub mod wire;
 
 #[cfg(test)]
 mod tests;
 
-pub use plane::{
-    ControlCommand, ControlConfig, ControlCounters, ControlError, ControlHealth, ControlPlane,
-    EXPECTED_UNIQUE_BLOCKS_DEFAULT, INSTANCE_LISTINGS_MAX, LOAD_WINDOW_MS_DEFAULT, ShellReport,
+pub use config::{
+    ControlConfig, ControlError, EXPECTED_UNIQUE_BLOCKS_DEFAULT, INSTANCE_LISTINGS_MAX,
+    LOAD_WINDOW_MS_DEFAULT,
 };
+pub use plane::ControlPlane;
+pub use protocol::{ControlCommand, ControlCounters, ControlHealth, ShellReport};

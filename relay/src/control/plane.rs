@@ -63,281 +63,30 @@
 //! event batches and load reports touch only the pools they are routed to.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::num::NonZeroU64;
 use std::time::Duration;
 
-use serde::Serialize;
-use thiserror::Error;
-
-use crate::ckf::CkfFormatError;
-use crate::discovery::{CardChange, DiscoveryScope, DiscoveryView, ModelTarget};
-use crate::identity::{DcId, EndpointPath, PoolId, ProducerIdentity, RelayIdentity};
+use super::config::{ControlConfig, ControlError, INSTANCE_LISTINGS_MAX};
+use super::protocol::{ControlCommand, ControlCounters, ControlHealth, ShellReport};
+use crate::discovery::{CardChange, DiscoveryView, ModelTarget};
+use crate::identity::{EndpointPath, ProducerIdentity, RelayIdentity};
 use crate::inputs::{
     DcInput, EndpointInstances, KvEventBatch, KvEventSourceAdvert, LoadObservation, RuntimeConfig,
 };
-use crate::kv_events::SourceKey;
 use crate::load::{
     LoadWindow, LoadWindowError, LoadWindows, ObserveOutcome, PoolLoadSnapshot, PoolLoadState,
 };
-use crate::pool::FailureDisposition;
-use crate::readiness::AmbiguityPolicy;
 use crate::registry::{
-    ActorFault, CatalogSnapshot, EndpointHost, HostCommand, HostConfig, HostHealth, RegistryError,
-    SlotLifecycle, SourceBinding, TargetDisposition,
+    CatalogSnapshot, EndpointHost, HostCommand, HostConfig, SlotLifecycle, SourceBinding,
 };
 use crate::rng::RelayRng;
 use crate::sources::{
-    AdvertChange, AdvertTable, KvSourceMembership, RankFence, RecoveryRequestId, RecoveryResponse,
-    SourceCommand, SourceConfigError, SourceInput, SourceTracker, SourceTrackerConfig, SourceView,
+    AdvertChange, AdvertTable, KvSourceMembership, RecoveryRequestId, RecoveryResponse,
+    SourceCommand, SourceInput, SourceTracker, SourceView,
 };
 use crate::topology::{
     AvailabilityStore, ClaimOutcome, PoolLinks, SlotIncarnation, TopologyOutcome, TopologySnapshot,
     TopologyState,
 };
-
-/// CKF sizing per pool when the operator sets none (`--expected-unique-blocks`).
-pub const EXPECTED_UNIQUE_BLOCKS_DEFAULT: u64 = 1_048_576;
-
-/// Load window interval when the operator sets none (`DYN_RELAY_LOAD_WINDOW_MS`).
-pub const LOAD_WINDOW_MS_DEFAULT: u64 = 1_000;
-
-/// Most endpoints whose latest instance listing is kept. A listing for a further endpoint is
-/// refused and counted ([`ControlCounters::instance_listings_refused`]); the endpoint then
-/// stays non-authoritative (UNKNOWN) and expects no rank, which is fail-closed.
-pub const INSTANCE_LISTINGS_MAX: usize = 65_536;
-
-/// Relay-level settings of a [`ControlPlane`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ControlConfig {
-    /// This relay start; its incarnation is every producer's incarnation.
-    pub relay: RelayIdentity,
-    /// The data center every pool id carries.
-    pub dc_id: DcId,
-    /// CKF sizing per pool; decides every producer's bucket count.
-    pub expected_unique_blocks: u64,
-    /// Which endpoints are watched; cards outside it are ignored.
-    pub scope: DiscoveryScope,
-    /// Whether duplicated PREFILL / DECODE declarations make a topology entry UNAVAILABLE.
-    pub ambiguity_policy: AmbiguityPolicy,
-    /// Recovery bounds and timers of every pool's source tracker.
-    pub source_tracker: SourceTrackerConfig,
-    /// The load window interval carried in every window.
-    pub load_window_ms: NonZeroU64,
-}
-
-impl ControlConfig {
-    /// The reference defaults for `relay` in data center `dc_id` watching `scope`:
-    /// [`EXPECTED_UNIQUE_BLOCKS_DEFAULT`], [`AmbiguityPolicy::Report`], the default tracker
-    /// bounds and [`LOAD_WINDOW_MS_DEFAULT`].
-    #[must_use]
-    pub fn new(relay: RelayIdentity, dc_id: DcId, scope: DiscoveryScope) -> Self {
-        ControlConfig {
-            relay,
-            dc_id,
-            expected_unique_blocks: EXPECTED_UNIQUE_BLOCKS_DEFAULT,
-            scope,
-            ambiguity_policy: AmbiguityPolicy::Report,
-            source_tracker: SourceTrackerConfig::default(),
-            load_window_ms: NonZeroU64::new(LOAD_WINDOW_MS_DEFAULT).unwrap_or(NonZeroU64::MIN),
-        }
-    }
-}
-
-/// Why a [`ControlPlane`] cannot be built from a configuration.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum ControlError {
-    /// `expected_unique_blocks` sizes no executable CKF.
-    #[error("CKF sizing: {0}")]
-    CkfFormat(#[source] CkfFormatError),
-    /// The pool registry refused the configuration (boxed: the registry's errors carry pool
-    /// ids and endpoint paths).
-    #[error("pool registry: {0}")]
-    Registry(#[source] Box<RegistryError>),
-    /// The source tracker bounds cannot work.
-    #[error("source tracker configuration: {0}")]
-    SourceTracker(#[source] SourceConfigError),
-    /// The load window sequencer could not start.
-    #[error("load windows: {0}")]
-    LoadWindow(#[source] LoadWindowError),
-}
-
-/// An outcome the async shell reports back: the result of a command it carried out, or a fact
-/// about the processes it runs. Reports naming a generation that is no longer starting or
-/// active are ignored (and counted in [`ControlCounters::shell_reports_stale`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ShellReport {
-    /// A `StartPool` finished: the generation's actor runs.
-    StartSucceeded {
-        /// The endpoint.
-        endpoint: EndpointPath,
-        /// The started generation.
-        layout_generation: u64,
-    },
-    /// A `StartPool` failed: nothing of the generation runs.
-    StartFailed {
-        /// The endpoint.
-        endpoint: EndpointPath,
-        /// The failed generation.
-        layout_generation: u64,
-    },
-    /// A recovery query of a `Source` command was answered.
-    RecoveryAnswered {
-        /// The endpoint of the command.
-        endpoint: EndpointPath,
-        /// The generation of the command.
-        layout_generation: u64,
-        /// The call's correlation id.
-        request_id: RecoveryRequestId,
-        /// The worker's answer.
-        response: RecoveryResponse,
-    },
-    /// A recovery query could not be delivered, or its call failed in transport.
-    RecoveryUnreachable {
-        /// The endpoint of the command.
-        endpoint: EndpointPath,
-        /// The generation of the command.
-        layout_generation: u64,
-        /// The call's correlation id.
-        request_id: RecoveryRequestId,
-        /// What the transport said.
-        reason: String,
-    },
-    /// The pool refused a `Source` command for a rank. This reaches only the rank's tracker;
-    /// the actor's own fault report (a producer fence in particular) goes to the host as
-    /// [`ShellReport::ActorFault`].
-    ApplyFailed {
-        /// The endpoint of the command.
-        endpoint: EndpointPath,
-        /// The generation of the command.
-        layout_generation: u64,
-        /// The rank.
-        source: SourceKey,
-        /// The fence the failed command carried.
-        fence: RankFence,
-        /// What the pool says should happen.
-        disposition: FailureDisposition,
-    },
-    /// The generation's actor reported a fault for the host to coalesce.
-    ActorFault {
-        /// The endpoint.
-        endpoint: EndpointPath,
-        /// The generation.
-        layout_generation: u64,
-        /// The fault.
-        fault: ActorFault,
-    },
-    /// A host `RecoverSource` call finished.
-    SourceRecoveryFinished {
-        /// The endpoint.
-        endpoint: EndpointPath,
-        /// The generation.
-        layout_generation: u64,
-        /// What the recovery client answered.
-        disposition: TargetDisposition,
-    },
-    /// A terminal publication failure of a generation.
-    GenerationFenced {
-        /// The pool.
-        pool_id: PoolId,
-        /// The generation.
-        layout_generation: u64,
-    },
-    /// The generation's `kv_metrics` subscription errored or closed: after the gap, the old
-    /// occupancy values prove nothing and are dropped.
-    LoadStreamInterrupted {
-        /// The serving endpoint.
-        endpoint: EndpointPath,
-        /// The generation whose load collector saw the interruption.
-        layout_generation: u64,
-    },
-}
-
-/// A command for the shell. Execute in order, each finished before the next.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ControlCommand {
-    /// A command of the endpoint host (see [`HostCommand`]).
-    Host(HostCommand),
-    /// A source command for one active pool generation (see [`SourceCommand`]).
-    Source {
-        /// The serving endpoint of the pool.
-        endpoint: EndpointPath,
-        /// The pool.
-        pool_id: PoolId,
-        /// The generation whose actor the command is for.
-        layout_generation: u64,
-        /// The command.
-        command: SourceCommand,
-    },
-    /// Publish the readiness topology at `revision` ([`ControlPlane::topology_snapshot`]).
-    PublishTopology {
-        /// The new topology revision.
-        revision: u64,
-    },
-}
-
-/// Running totals of inputs that changed nothing, were refused or could not be routed, and of
-/// routed traffic. Every field only grows (saturating).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-pub struct ControlCounters {
-    /// Every `DcInput` handled.
-    pub inputs: u64,
-    /// Card inputs that changed nothing: out of scope, unknown id, or identical to what is held.
-    pub card_inputs_without_effect: u64,
-    /// Instance listings identical to the endpoint's latest one.
-    pub instance_listings_unchanged: u64,
-    /// Instance listings refused at [`INSTANCE_LISTINGS_MAX`].
-    pub instance_listings_refused: u64,
-    /// Advertisements of a new publisher incarnation.
-    pub adverts_added: u64,
-    /// Advertisements identical to one already held.
-    pub adverts_repeated: u64,
-    /// Advertisements reusing a publisher id with another descriptor (the ranks they name
-    /// become ambiguous).
-    pub adverts_conflicting: u64,
-    /// Advertisements refused because the table is full.
-    pub adverts_refused: u64,
-    /// Withdrawals of an advertisement that is not held.
-    pub withdrawals_unknown: u64,
-    /// KV event batches handed to at least one tracker.
-    pub kv_batches_routed: u64,
-    /// KV event batches whose endpoint scope is no active pool's KV-state endpoint.
-    pub kv_batches_unrouted: u64,
-    /// Load reports recorded as a rank's latest occupancy.
-    pub load_reports_recorded: u64,
-    /// Load reports without `kv_used_blocks` (router scheduler reports): accepted, ignored.
-    pub load_reports_advisory: u64,
-    /// Load reports for a rank the pool does not expect.
-    pub load_reports_unknown_rank: u64,
-    /// Load reports for an endpoint without an active pool.
-    pub load_reports_unrouted: u64,
-    /// Capacity updates the load projection rejected (the pool's load is then degraded).
-    pub capacity_updates_rejected: u64,
-    /// Shell reports naming a generation that is no longer starting or active.
-    pub shell_reports_stale: u64,
-    /// `kv_metrics` interruptions that dropped a pool's observations.
-    pub load_streams_interrupted: u64,
-}
-
-/// The plane's health summary (relay-facts §13, host part plus the plane's own checks).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ControlHealth {
-    /// The host is healthy and no plane invariant failed.
-    pub healthy: bool,
-    /// The endpoint host's summary.
-    pub host: HostHealth,
-    /// The last invariant failure of the plane, if any (a bug; it keeps the plane unhealthy).
-    pub control_last_error: Option<String>,
-    /// Current catalog revision.
-    pub catalog_revision: u64,
-    /// Current topology revision.
-    pub topology_revision: u64,
-    /// Active (cataloged) pools.
-    pub pool_count: usize,
-    /// Active pools whose load coverage is degraded.
-    pub degraded_load_coverage_pool_count: usize,
-    /// Input counters.
-    pub counters: ControlCounters,
-}
 
 /// The KV source membership of one serving endpoint and its latest view.
 #[derive(Debug, Clone)]
