@@ -10,6 +10,7 @@ pub mod cbi1;
 pub mod ckf;
 pub mod config;
 pub mod consumer;
+pub mod control;
 pub mod discovery;
 pub mod hashing;
 pub mod identity;
