@@ -6,8 +6,10 @@
 //! One model serves the `demo` command's in-process DC and the simulator's workers. It is pure:
 //! every step takes a seeded RNG and returns [`DcInput`](crate::inputs::DcInput) facts.
 
+mod dc;
 mod traffic;
 mod worker;
 
+pub use dc::{Deployment, SimulatedDc};
 pub use traffic::{Request, Traffic, TrafficConfig};
 pub use worker::{RankCache, SimWorker, WorkerSpec};
