@@ -10,6 +10,7 @@ pub mod cbi1;
 pub mod ckf;
 pub mod consumer;
 pub mod discovery;
+pub mod discovery_plane;
 pub mod hashing;
 pub mod identity;
 pub mod inputs;
