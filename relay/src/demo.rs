@@ -9,12 +9,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::control::ControlConfig;
 use crate::discovery::DiscoveryScope;
-use crate::identity::{stable_dc_id, RelayIdentity};
+use crate::identity::{RelayIdentity, stable_dc_id};
 use crate::inputs::{DcInput, RecoveryTarget};
-use crate::node::{start_node, NodeConfig, NodeHandle, RecoveryTransport};
+use crate::node::{NodeConfig, NodeHandle, RecoveryTransport, start_node};
 use crate::pool::ActorConfig;
 use crate::publication::HubConfig;
-use crate::rng::{derive_seed, rng_from_seed, RelayRng};
+use crate::rng::{RelayRng, derive_seed, rng_from_seed};
 use crate::runtime::{BlockingExecutor, WallClock};
 use crate::sources::{RecoveryRequest, RecoveryResponse};
 use crate::workload::{Deployment, SimulatedDc, TrafficConfig};
@@ -57,7 +57,12 @@ pub struct DemoOptions {
 
 impl Default for DemoOptions {
     fn default() -> Self {
-        DemoOptions { seed: 1, requests_per_tick: 8, tick: Duration::from_millis(50), expected_unique_blocks: 65_536 }
+        DemoOptions {
+            seed: 1,
+            requests_per_tick: 8,
+            tick: Duration::from_millis(50),
+            expected_unique_blocks: 65_536,
+        }
     }
 }
 
@@ -82,7 +87,8 @@ impl Demo {
         let mut rng = rng_from_seed(derive_seed(options.seed, "demo/relay"));
         let relay = RelayIdentity::start(0x00de_0000_0000_0001, &mut rng);
         let scope = DiscoveryScope::new(Vec::new(), Vec::new(), true).expect("watch-all is valid");
-        let mut control = ControlConfig::new(relay, stable_dc_id("demo-dc").expect("valid name"), scope);
+        let mut control =
+            ControlConfig::new(relay, stable_dc_id("demo-dc").expect("valid name"), scope);
         control.expected_unique_blocks = options.expected_unique_blocks;
         let config = NodeConfig {
             control,
@@ -102,7 +108,8 @@ impl Demo {
         ))));
         let node = start_node(config, executor, clock, Arc::new(dc.clone()))?;
         let stop = CancellationToken::new();
-        let driver = tokio::spawn(drive(dc.clone(), node.inputs.clone(), options, dc_rng, stop.clone()));
+        let driver =
+            tokio::spawn(drive(dc.clone(), node.inputs.clone(), options, dc_rng, stop.clone()));
         Ok(Demo { node, dc, stop, driver })
     }
 

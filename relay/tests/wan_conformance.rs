@@ -435,3 +435,25 @@ async fn readiness_and_load_follow_updates() {
     assert_eq!(first.pools[0].kv_used_blocks, 600);
     assert_eq!(load.message().await.unwrap().unwrap().window_sequence, 2);
 }
+
+#[tokio::test]
+async fn shutdown_force_closes_open_streams() {
+    let Harness { mut client, _shutdown: shutdown, .. } = harness(WanTuning::default(), 1024).await;
+    let mut catalog = client
+        .watch_kv_pool_catalog(proto::WatchKvPoolCatalogRequest {
+            subscriber_id: "t".into(),
+            contract_marker: CONTRACT_MARKER,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    catalog.message().await.unwrap().unwrap();
+    let _ = shutdown.send(());
+    let ended =
+        tokio::time::timeout(Duration::from_secs(5), catalog.message()).await.expect("stream ends");
+    let status = ended.unwrap_err();
+    assert_eq!(
+        (status.code(), reason(&status)),
+        (Code::Unavailable, Some(RelayErrorReason::PublicationUnavailable))
+    );
+}

@@ -437,7 +437,7 @@ impl Node {
             }
             SourceCommand::RequestRecovery(call) => {
                 let timeout = call.deadline.saturating_sub(now).max(Duration::from_millis(1));
-                let query = self.recovery.query(call.target.clone(), call.request.clone(), timeout);
+                let query = self.recovery.query(call.target.clone(), call.request, timeout);
                 let reports = self.reports.clone();
                 let request_id = call.request_id;
                 let task = tokio::spawn(async move {

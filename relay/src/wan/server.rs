@@ -25,7 +25,8 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
 }
 
-/// Serve `service` on `incoming` until `shutdown` resolves. Plaintext HTTP/2 with the
+/// Serve `service` on `incoming` until `shutdown` resolves, then end every open stream with
+/// UNAVAILABLE and drain the connections. Plaintext HTTP/2 with the
 /// configured keepalive and message limits; reflection (v1) and `grpc.health.v1` report the
 /// relay service and `""` as SERVING.
 pub async fn serve<I, IO, IE>(
@@ -45,6 +46,12 @@ where
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(kvrelay_proto::FILE_DESCRIPTOR_SET)
         .build_v1()?;
+    let streams = service.clone();
+    let shutdown = async move {
+        shutdown.await;
+        // Open streams never end by themselves: close them so the graceful drain completes.
+        streams.close_streams();
+    };
     let relay = KvEventRelayServer::new(service)
         .max_decoding_message_size(tuning.max_message_bytes)
         .max_encoding_message_size(tuning.max_message_bytes);

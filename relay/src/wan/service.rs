@@ -9,6 +9,7 @@ use kvrelay_proto::v1::kv_event_relay_server::KvEventRelay;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, mpsc};
 use tokio::time::{Instant, sleep_until};
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::channels::WanViews;
@@ -41,6 +42,7 @@ pub struct RelayService {
     clock: Arc<dyn WallClock>,
     tuning: WanTuning,
     limits: Arc<Limits>,
+    stop: CancellationToken,
 }
 
 impl RelayService {
@@ -59,8 +61,25 @@ impl RelayService {
             readiness: Arc::new(Semaphore::new(tuning.max_readiness_subscribers)),
             load: Arc::new(Semaphore::new(tuning.max_load_subscribers)),
         };
-        RelayService { relay, views, publications, clock, tuning, limits: Arc::new(limits) }
+        RelayService {
+            relay,
+            views,
+            publications,
+            clock,
+            tuning,
+            limits: Arc::new(limits),
+            stop: CancellationToken::new(),
+        }
     }
+
+    /// End every open stream with UNAVAILABLE / PUBLICATION_UNAVAILABLE (relay shutdown).
+    pub fn close_streams(&self) {
+        self.stop.cancel();
+    }
+}
+
+fn shutting_down() -> Status {
+    unavailable("relay is shutting down")
 }
 
 fn admit(semaphore: &Arc<Semaphore>, what: &str) -> Result<OwnedSemaphorePermit, Status> {
@@ -99,6 +118,7 @@ fn follow_watch<T: Clone + Send + Sync + 'static>(
     mut updates: tokio::sync::watch::Receiver<Arc<T>>,
     heartbeat: std::time::Duration,
     permit: OwnedSemaphorePermit,
+    stop: CancellationToken,
 ) -> Streamed<T> {
     let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
     tokio::spawn(async move {
@@ -112,6 +132,10 @@ fn follow_watch<T: Clone + Send + Sync + 'static>(
             tokio::select! {
                 biased;
                 () = sender.closed() => return,
+                () = stop.cancelled() => {
+                    let _ = sender.send(Err(shutting_down())).await;
+                    return;
+                }
                 changed = updates.changed() => {
                     if changed.is_err() {
                         let _ = sender.send(Err(unavailable("relay is shutting down"))).await;
@@ -147,6 +171,7 @@ impl KvEventRelay for RelayService {
             self.views.catalog.clone(),
             self.tuning.catalog_heartbeat_interval,
             permit,
+            self.stop.clone(),
         )))
     }
 
@@ -162,6 +187,7 @@ impl KvEventRelay for RelayService {
             self.views.readiness.clone(),
             self.tuning.readiness_heartbeat_interval,
             permit,
+            self.stop.clone(),
         )))
     }
 
@@ -176,6 +202,7 @@ impl KvEventRelay for RelayService {
         let mut windows = self.views.load.subscribe();
         let current = Arc::clone(&self.views.load_current.borrow());
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
+        let stop = self.stop.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let mut last = current.window_sequence;
@@ -186,6 +213,10 @@ impl KvEventRelay for RelayService {
                 let received = tokio::select! {
                     biased;
                     () = sender.closed() => return,
+                    () = stop.cancelled() => {
+                        let _ = sender.send(Err(shutting_down())).await;
+                        return;
+                    }
                     received = windows.recv() => received,
                 };
                 let outcome = match received {
@@ -230,6 +261,7 @@ impl KvEventRelay for RelayService {
         let clock = Arc::clone(&self.clock);
         let heartbeat = self.tuning.pool_heartbeat_interval;
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
+        let stop = self.stop.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let mut next_heartbeat = Instant::now() + heartbeat;
@@ -238,6 +270,10 @@ impl KvEventRelay for RelayService {
                 let item = tokio::select! {
                     biased;
                     () = sender.closed() => return,
+                    () = stop.cancelled() => {
+                        let _ = sender.send(Err(shutting_down())).await;
+                        return;
+                    }
                     item = stream.next() => item,
                     () = sleep_until(next_heartbeat), if complete => {
                         let beat = encoder.heartbeat(stream.sequence(), clock.now_unix_us());
