@@ -207,7 +207,7 @@ async fn file_backend_follows_registration_refresh_expiry_and_removal() {
     assert_eq!((advert.source.worker_id, advert.publisher_id), (INSTANCE, PUBLISHER));
     assert!(matches!(
         outputs.last(),
-        Some(DiscoveryOutput::Channel(ChannelChange::Upserted(channel))) if channel.publisher_id == PUBLISHER
+        Some(DiscoveryOutput::Channel(ChannelChange::Upsert(channel))) if channel.publisher_id == PUBLISHER
     ));
 
     // The owner refreshes every ~3.3 s: nothing changes.
@@ -274,7 +274,7 @@ async fn file_backend_follows_registration_refresh_expiry_and_removal() {
     assert_eq!(facts(&outputs), vec![withdrawn(PUBLISHER)]);
     assert!(matches!(
         outputs.last(),
-        Some(DiscoveryOutput::Channel(ChannelChange::Removed(key))) if key.publisher_id == PUBLISHER
+        Some(DiscoveryOutput::Channel(ChannelChange::Remove(key))) if key.publisher_id == PUBLISHER
     ));
 
     // A missing root fails the poll as a whole and changes nothing.
@@ -309,7 +309,7 @@ async fn file_discovery_loop_delivers_facts_and_expires_a_dead_worker() {
     assert_eq!(first[1], live(&[INSTANCE]));
     let channel = channels_rx.recv().await.unwrap();
     assert!(
-        matches!(channel, ChannelChange::Upserted(ref record) if record.publisher_id == PUBLISHER)
+        matches!(channel, ChannelChange::Upsert(ref record) if record.publisher_id == PUBLISHER)
     );
 
     // The worker is killed: nobody refreshes its files, and 10 s later they are expired.
@@ -326,7 +326,7 @@ async fn file_discovery_loop_delivers_facts_and_expires_a_dead_worker() {
             withdrawn(PUBLISHER),
         ]
     );
-    assert!(matches!(channels_rx.recv().await, Some(ChannelChange::Removed(_))));
+    assert!(matches!(channels_rx.recv().await, Some(ChannelChange::Remove(_))));
     assert!(stats_rx.borrow().listings >= 2);
 
     cancel.cancel();
@@ -540,7 +540,7 @@ async fn etcd_backend_lists_watches_leases_and_rewatches_across_a_restart() {
     assert_eq!(listed[1], live(&[first]));
     assert!(matches!(&listed[2], DcInput::SourceAdvertised(advert)
         if advert.source.worker_id == first && advert.publisher_id == PUBLISHER));
-    assert!(matches!(relay.channels.recv().await, Some(ChannelChange::Upserted(_))));
+    assert!(matches!(relay.channels.recv().await, Some(ChannelChange::Upsert(_))));
 
     // A second worker registers; the watch reports it.
     let second = register_worker(&mut client, PUBLISHER + 1).await;

@@ -12,7 +12,7 @@
 //! | `v1/mdc/...` (Model) | `CardUpserted`, `CardTaintsUpdated` (only the taints changed), `CardRemoved`; `CardsListed` for the first listing and for a relist that changed any card |
 //! | `v1/instances/...` (Endpoint) | `Instances{endpoint, Some(set)}` for every endpoint whose live set changed, from the first complete listing on; `Some(empty)` when its last instance went |
 //! | `v1/event_sources/...` (EventSource, topic `kv-events`) | `SourceAdvertised`; `SourceWithdrawn{kv_state_endpoint, publisher_id}` when it goes or changes |
-//! | `v1/event_channels/...` (EventChannel, any topic) | [`ChannelChange::Upserted`] / [`ChannelChange::Removed`] |
+//! | `v1/event_channels/...` (EventChannel, any topic) | [`ChannelChange::Upsert`] / [`ChannelChange::Remove`] |
 //!
 //! Invariants:
 //!
@@ -52,8 +52,8 @@ use xxhash_rust::xxh3::xxh3_128;
 use crate::discovery::{DiscoveryScope, NamespaceSelection};
 use crate::identity::EndpointPath;
 use crate::inputs::{
-    CardInstanceId, DcInput, DiscoveryKey, DiscoveryRecord, EndpointInstances, EventChannelRecord,
-    EventRecordKey, InputCounters, InputError, ModelCard, decode_discovery_record,
+    CardInstanceId, DcInput, DiscoveryKey, DiscoveryRecord, EndpointInstances, EventRecordKey,
+    InputCounters, InputError, ModelCard, decode_discovery_record,
 };
 
 /// The buckets (`v1/{bucket}/...`) that hold discovery records.
@@ -116,14 +116,9 @@ impl ListingEntry {
     }
 }
 
-/// A change of one publisher's event channel, for the event-plane transport.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ChannelChange {
-    /// A channel appeared or its descriptor changed (replaces what was known under its key).
-    Upserted(EventChannelRecord),
-    /// The channel under this key is gone.
-    Removed(EventRecordKey),
-}
+/// A change of one publisher's event channel, for the event-plane transport (the type the ZMQ
+/// event plane consumes).
+pub use crate::event_plane::ChannelChange;
 
 /// One output of the differ.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -571,14 +566,12 @@ fn channel_transition(
     match (channel(old), channel(new)) {
         (None, None) => {}
         (Some(old), Some(new)) if old == new => {}
-        (_, Some(new)) => changes.channels_upserted.push(ChannelChange::Upserted(new)),
-        (Some(old), None) => {
-            changes.channels_removed.push(ChannelChange::Removed(EventRecordKey {
-                scope: old.scope,
-                topic: old.topic,
-                publisher_id: old.publisher_id,
-            }))
-        }
+        (_, Some(new)) => changes.channels_upserted.push(ChannelChange::Upsert(new)),
+        (Some(old), None) => changes.channels_removed.push(ChannelChange::Remove(EventRecordKey {
+            scope: old.scope,
+            topic: old.topic,
+            publisher_id: old.publisher_id,
+        })),
     }
 }
 

@@ -205,10 +205,10 @@ fn summary(outputs: &[DiscoveryOutput]) -> Vec<String> {
             DiscoveryOutput::Fact(DcInput::SourceWithdrawn { kv_state_endpoint, publisher_id }) => {
                 format!("withdraw {kv_state_endpoint} {publisher_id:x}")
             }
-            DiscoveryOutput::Channel(ChannelChange::Upserted(channel)) => {
+            DiscoveryOutput::Channel(ChannelChange::Upsert(channel)) => {
                 format!("channel+ {} {} {:x}", channel.scope, channel.topic, channel.publisher_id)
             }
-            DiscoveryOutput::Channel(ChannelChange::Removed(key)) => {
+            DiscoveryOutput::Channel(ChannelChange::Remove(key)) => {
                 format!("channel- {} {} {:x}", key.scope, key.topic, key.publisher_id)
             }
             other => format!("{other:?}"),
@@ -593,7 +593,7 @@ fn channel_removal_names_the_channel_key() {
     let removed = differ.apply_delete(&channel_key(&backend(), "kv_metrics", PUBLISHER_A));
     assert_eq!(
         removed,
-        vec![DiscoveryOutput::Channel(ChannelChange::Removed(EventRecordKey {
+        vec![DiscoveryOutput::Channel(ChannelChange::Remove(EventRecordKey {
             scope: backend(),
             topic: "kv_metrics".into(),
             publisher_id: PUBLISHER_A,
