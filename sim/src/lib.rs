@@ -13,7 +13,8 @@
 //!   caches is found in `consumer-a`'s replica of that pool;
 //! - **catalog-and-readiness-converge**: every demo pool is catalogued with an installed replica
 //!   and every demo model is READY;
-//! - scenario-specific checks (a partitioned consumer must have resubscribed).
+//! - scenario-specific checks (a partitioned consumer must have resubscribed; a stalled one
+//!   must not have had to).
 //!
 //! Everything random derives from the one seed (turmoil's, tokio's, the relay's, the DC's and
 //! the consumers'), so a run's [`Outcome::digest`] is a function of seed and scenario.
@@ -340,6 +341,8 @@ async fn run_checker(world: World, scenario: Scenario) -> HostResult {
             Step::RestartWorker(index) => lock(&world.control).restarts.push(index),
             Step::PartitionConsumer => turmoil::partition(RELAY_HOST, CONSUMER_HOST),
             Step::RepairConsumer => turmoil::repair(RELAY_HOST, CONSUMER_HOST),
+            Step::HoldConsumer => turmoil::hold(RELAY_HOST, CONSUMER_HOST),
+            Step::ReleaseConsumer => turmoil::release(RELAY_HOST, CONSUMER_HOST),
         }
     }
     lock(&world.control).traffic_off = true;

@@ -18,6 +18,10 @@ pub enum Step {
     PartitionConsumer,
     /// Restore it.
     RepairConsumer,
+    /// Hold (queue, not drop) every message between the relay and the long-lived consumer.
+    HoldConsumer,
+    /// Deliver the held messages and stop holding.
+    ReleaseConsumer,
 }
 
 /// A named scenario.
@@ -30,11 +34,23 @@ pub enum Scenario {
     /// The WAN between relay and consumer is partitioned long enough for keepalive to notice,
     /// then repaired; the consumer must resubscribe and converge.
     Partition,
+    /// Two workers restart while the consumer is partitioned away; after the repair the
+    /// consumer must catch up with pools whose filters changed under it.
+    RestartDuringPartition,
+    /// The WAN to the consumer stalls (messages queue) for less than the keepalive timeout,
+    /// then delivers the burst; the streams must survive without a resubscription.
+    WanStall,
 }
 
 impl Scenario {
     /// Every scenario, in sweep order.
-    pub const ALL: [Scenario; 3] = [Scenario::Steady, Scenario::WorkerRestart, Scenario::Partition];
+    pub const ALL: [Scenario; 5] = [
+        Scenario::Steady,
+        Scenario::WorkerRestart,
+        Scenario::Partition,
+        Scenario::RestartDuringPartition,
+        Scenario::WanStall,
+    ];
 
     /// The scenario's command-line name.
     #[must_use]
@@ -43,6 +59,8 @@ impl Scenario {
             Scenario::Steady => "steady",
             Scenario::WorkerRestart => "worker-restart",
             Scenario::Partition => "partition",
+            Scenario::RestartDuringPartition => "restart-during-partition",
+            Scenario::WanStall => "wan-stall",
         }
     }
 
@@ -68,6 +86,23 @@ impl Scenario {
                 Step::RepairConsumer,
                 Step::Run(seconds(2)),
             ],
+            Scenario::RestartDuringPartition => vec![
+                Step::Run(seconds(2)),
+                Step::PartitionConsumer,
+                Step::Run(seconds(5)),
+                Step::RestartWorker(0),
+                Step::RestartWorker(4),
+                Step::Run(seconds(35)),
+                Step::RepairConsumer,
+                Step::Run(seconds(2)),
+            ],
+            Scenario::WanStall => vec![
+                Step::Run(seconds(2)),
+                Step::HoldConsumer,
+                Step::Run(seconds(5)),
+                Step::ReleaseConsumer,
+                Step::Run(seconds(2)),
+            ],
         }
     }
 
@@ -76,7 +111,7 @@ impl Scenario {
     pub fn extra_checks(self, snapshot: &ConsumerSnapshot) -> Vec<Check> {
         match self {
             Scenario::Steady | Scenario::WorkerRestart => Vec::new(),
-            Scenario::Partition => {
+            Scenario::Partition | Scenario::RestartDuringPartition => {
                 // After the partition the catalog is lost, replicas are dropped and every pool is
                 // subscribed afresh: more subscriptions and installs than pools.
                 let counters = &snapshot.counters;
@@ -90,6 +125,31 @@ impl Scenario {
                     ),
                 }]
             }
+            Scenario::WanStall => {
+                let counters = &snapshot.counters;
+                let pools = crate::DEMO_POOL_COUNT as u64;
+                vec![Check {
+                    name: "streams-survive-stall",
+                    passed: counters.subscriptions == pools && counters.replicas_dropped == 0,
+                    detail: format!(
+                        "{} subscriptions, {} replicas dropped",
+                        counters.subscriptions, counters.replicas_dropped
+                    ),
+                }]
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scenario_is_found_by_its_name() {
+        for scenario in Scenario::ALL {
+            assert_eq!(Scenario::parse(scenario.name()), Some(scenario));
+        }
+        assert_eq!(Scenario::parse("no-such-scenario"), None);
     }
 }

@@ -43,3 +43,13 @@ fn different_seeds_yield_different_digests() {
     let two = Sim::new(2).run(Scenario::Steady);
     assert_ne!(one.digest, two.digest);
 }
+
+#[test]
+fn workers_restarting_behind_a_partition_are_caught_up_after_repair() {
+    assert_passes(Scenario::RestartDuringPartition);
+}
+
+#[test]
+fn a_wan_stall_shorter_than_keepalive_keeps_every_stream() {
+    assert_passes(Scenario::WanStall);
+}
