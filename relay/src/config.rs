@@ -15,6 +15,7 @@ use thiserror::Error;
 
 use crate::ckf::{CkfFormat, bucket_count_for_expected_blocks};
 use crate::discovery::{DiscoveryScope, ScopeError};
+use crate::discovery_plane::{DiscoveryBackend, DiscoveryPlaneError};
 use crate::identity::{DcId, stable_dc_id};
 
 /// Default CKF sizing per pool.
@@ -77,21 +78,6 @@ pub enum ConfigError {
     /// The discovery scope is invalid.
     #[error("discovery scope: {0}")]
     Scope(#[from] ScopeError),
-}
-
-/// Where discovery facts come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DiscoveryBackend {
-    /// Dynamo's file-backed store (`DYN_FILE_KV`).
-    File {
-        /// The store's directory.
-        directory: PathBuf,
-    },
-    /// etcd v3 (`ETCD_ENDPOINTS`).
-    Etcd {
-        /// Endpoint URLs.
-        endpoints: Vec<String>,
-    },
 }
 
 /// Which event plane carries `kv-events` and `kv_metrics`.
@@ -474,28 +460,23 @@ fn resolve_wan(env: &Env<'_>, listening: bool) -> Result<WanTuning, ConfigError>
     })
 }
 
+/// The discovery transport's own reading of `DYN_DISCOVERY_BACKEND`, `DYN_FILE_KV` and
+/// `ETCD_ENDPOINTS`, with its errors named as settings.
 fn resolve_discovery(env: &Env<'_>) -> Result<DiscoveryBackend, ConfigError> {
-    match env.get("DYN_DISCOVERY_BACKEND").map(|v| v.trim().to_ascii_lowercase()).as_deref() {
-        Some("file") => match env.get("DYN_FILE_KV") {
-            Some(directory) => {
-                Ok(DiscoveryBackend::File { directory: PathBuf::from(directory.trim()) })
+    DiscoveryBackend::from_lookup(|name| env.get(name).map(str::to_owned)).map_err(|error| {
+        match error {
+            DiscoveryPlaneError::MissingSetting { variable, .. } => {
+                ConfigError::Missing { setting: variable }
             }
-            None => {
-                Err(ConfigError::Missing { setting: "DYN_FILE_KV (DYN_DISCOVERY_BACKEND=file)" })
+            DiscoveryPlaneError::UnsupportedBackend { name } => {
+                invalid("DYN_DISCOVERY_BACKEND", &name, "supported backends are file and etcd")
             }
-        },
-        None | Some("etcd") => {
-            let endpoints = env
-                .get("ETCD_ENDPOINTS")
-                .map(|v| comma_list("ETCD_ENDPOINTS", v))
-                .transpose()?
-                .unwrap_or_else(|| vec!["http://localhost:2379".to_owned()]);
-            Ok(DiscoveryBackend::Etcd { endpoints })
+            DiscoveryPlaneError::InvalidEtcdEndpoint { endpoint, reason } => {
+                invalid("ETCD_ENDPOINTS", &endpoint, reason)
+            }
+            other => invalid("DYN_DISCOVERY_BACKEND", "", other.to_string()),
         }
-        Some(other) => {
-            Err(invalid("DYN_DISCOVERY_BACKEND", other, "supported backends are file and etcd"))
-        }
-    }
+    })
 }
 
 fn resolve_event_plane(env: &Env<'_>) -> Result<EventPlane, ConfigError> {
@@ -512,6 +493,7 @@ fn resolve_event_plane(env: &Env<'_>) -> Result<EventPlane, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::discovery_plane::{EtcdDiscoveryConfig, FileDiscoveryConfig};
 
     fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
@@ -533,7 +515,7 @@ mod tests {
         assert_eq!(config.wan, WanTuning::default());
         assert_eq!(
             config.discovery,
-            DiscoveryBackend::Etcd { endpoints: vec!["http://localhost:2379".into()] }
+            DiscoveryBackend::Etcd(EtcdDiscoveryConfig::new(vec!["http://localhost:2379".into()]))
         );
         assert_eq!(config.event_plane, EventPlane::Nats { url: "nats://localhost:4222".into() });
     }
@@ -654,7 +636,7 @@ mod tests {
             ("DYN_EVENT_PLANE", "zmq"),
         ]);
         let config = resolve(&cli_dc(), &file).unwrap();
-        assert_eq!(config.discovery, DiscoveryBackend::File { directory: "/tmp/kv".into() });
+        assert_eq!(config.discovery, DiscoveryBackend::File(FileDiscoveryConfig::new("/tmp/kv")));
         assert_eq!(config.event_plane, EventPlane::Zmq);
         let no_dir = env(&[("DYN_DISCOVERY_BACKEND", "file")]);
         assert!(resolve(&cli_dc(), &no_dir).unwrap_err().to_string().contains("DYN_FILE_KV"));
@@ -670,9 +652,10 @@ mod tests {
         let config = resolve(&cli_dc(), &etcd).unwrap();
         assert_eq!(
             config.discovery,
-            DiscoveryBackend::Etcd {
-                endpoints: vec!["http://127.0.0.1:2379".into(), "http://127.0.0.1:2380".into()]
-            }
+            DiscoveryBackend::Etcd(EtcdDiscoveryConfig::new(vec![
+                "http://127.0.0.1:2379".into(),
+                "http://127.0.0.1:2380".into()
+            ]))
         );
         assert_eq!(config.event_plane, EventPlane::Nats { url: "nats://127.0.0.1:4333".into() });
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use futures::future::BoxFuture;
-use kvrelay::config::{self, CliValues, DiscoveryBackend, EventPlane, RelayConfig};
+use kvrelay::config::{self, CliValues, EventPlane, RelayConfig};
 use kvrelay::consumer::{self, ConsumerConfig, RelayConsumer, render};
 use kvrelay::control::ControlConfig;
 use kvrelay::demo::{Demo, DemoOptions};
@@ -263,14 +263,7 @@ async fn serve_command(args: ServeArgs) -> Result<()> {
     tracing::info!(dc = %config.dc_name, dc_id = %config.dc_id, incarnation = relay.relay_incarnation, "relay started");
     let cancel = CancellationToken::new();
     let (channels_tx, channels_rx) = tokio::sync::mpsc::channel(1024);
-    let backend = match &config.discovery {
-        DiscoveryBackend::File { directory } => discovery_plane::DiscoveryBackend::File(
-            discovery_plane::FileDiscoveryConfig::new(directory.clone()),
-        ),
-        DiscoveryBackend::Etcd { endpoints } => discovery_plane::DiscoveryBackend::Etcd(
-            discovery_plane::EtcdDiscoveryConfig::new(endpoints.clone()),
-        ),
-    };
+    let backend = config.discovery.clone();
     let sink = DiscoverySink::new(node.inputs.clone()).with_channels(channels_tx);
     let discovery = tokio::spawn(discovery_plane::run_discovery(
         backend,
