@@ -140,6 +140,53 @@ pub struct RemoveData {
     pub block_hashes: Vec<ExternalBlockHash>,
 }
 
+/// The storage tier a wire name denotes; absent means device. `None` for an unknown name.
+#[must_use]
+pub fn storage_tier_from_wire(name: Option<&str>) -> Option<StorageTier> {
+    match name {
+        None | Some("device") => Some(StorageTier::Device),
+        Some("host_pinned") => Some(StorageTier::HostPinned),
+        Some("disk") => Some(StorageTier::Disk),
+        Some("external") => Some(StorageTier::External),
+        Some(_) => None,
+    }
+}
+
+/// A store's start position does not fit the `u32` the relay keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("start_position {0} exceeds u32")]
+pub struct StartPositionTooLarge(pub u64);
+
+/// A `stored` event from its wire parts: parent id, start position and
+/// `(block_hash, tokens_hash)` pairs as raw 64-bit values.
+pub fn stored_from_wire(
+    parent_hash: Option<u64>,
+    start_position: Option<u64>,
+    blocks: impl IntoIterator<Item = (u64, u64)>,
+) -> Result<KvCacheEventData, StartPositionTooLarge> {
+    let start_position = start_position
+        .map(|position| u32::try_from(position).map_err(|_| StartPositionTooLarge(position)))
+        .transpose()?;
+    Ok(KvCacheEventData::Stored(StoreData {
+        parent_hash: parent_hash.map(ExternalBlockHash),
+        start_position,
+        blocks: blocks
+            .into_iter()
+            .map(|(block_hash, tokens_hash)| StoredBlock {
+                block_hash: ExternalBlockHash(block_hash),
+                tokens_hash: LocalBlockHash(tokens_hash),
+            })
+            .collect(),
+    }))
+}
+
+/// A `removed` event from raw 64-bit engine block ids.
+pub fn removed_from_wire(block_hashes: impl IntoIterator<Item = u64>) -> KvCacheEventData {
+    KvCacheEventData::Removed(RemoveData {
+        block_hashes: block_hashes.into_iter().map(ExternalBlockHash).collect(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

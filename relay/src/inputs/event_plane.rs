@@ -36,12 +36,8 @@ use super::wire::{
     Bounded, SeqLen, WireHash, check_segment, check_size, endpoint_path, msgpack, percent_decode,
     percent_encode, subject_literal,
 };
-use crate::hashing::{ExternalBlockHash, LocalBlockHash};
 use crate::identity::EndpointPath;
-use crate::kv_events::{
-    KvCacheEvent, KvCacheEventData, RemoveData, ResidencyDomain, RouterEvent, SourceKey,
-    StorageTier, StoreData, StoredBlock,
-};
+use crate::kv_events::{KvCacheEvent, KvCacheEventData, ResidencyDomain, RouterEvent, SourceKey};
 
 /// Version byte of a ZMQ event frame.
 pub const ZMQ_EVENT_FRAME_VERSION: u8 = 0x01;
@@ -368,13 +364,12 @@ struct WireActiveLoad {
 
 impl WireRouterEvent<'_> {
     fn into_router_event(self) -> Result<RouterEvent, InputError> {
-        let storage_tier = match self.storage_tier {
-            None | Some("device") => StorageTier::Device,
-            Some("host_pinned") => StorageTier::HostPinned,
-            Some("disk") => StorageTier::Disk,
-            Some("external") => StorageTier::External,
-            Some(other) => return Err(InputError::UnknownStorageTier { value: echo(other) }),
-        };
+        let storage_tier =
+            crate::kv_events::storage_tier_from_wire(self.storage_tier).ok_or_else(|| {
+                InputError::UnknownStorageTier {
+                    value: echo(self.storage_tier.unwrap_or_default()),
+                }
+            })?;
         let residency_domain = match self.residency_domain {
             None => None,
             Some("worker") => Some(ResidencyDomain::Worker),
@@ -385,33 +380,18 @@ impl WireRouterEvent<'_> {
             }
         };
         let data = match self.event.data {
-            WireEventData::Stored(stored) => KvCacheEventData::Stored(StoreData {
-                parent_hash: stored.parent_hash.map(|hash| ExternalBlockHash(hash.0)),
-                start_position: stored
-                    .start_position
-                    .map(|position| {
-                        u32::try_from(position).map_err(|_| InputError::InvalidField {
-                            field: "start_position",
-                            reason: "exceeds u32",
-                        })
-                    })
-                    .transpose()?,
-                blocks: stored
-                    .blocks
-                    .into_iter()
-                    .map(|block| StoredBlock {
-                        block_hash: ExternalBlockHash(block.block_hash.0),
-                        tokens_hash: LocalBlockHash(block.tokens_hash.0),
-                    })
-                    .collect(),
-            }),
-            WireEventData::Removed(removed) => KvCacheEventData::Removed(RemoveData {
-                block_hashes: removed
-                    .block_hashes
-                    .into_iter()
-                    .map(|hash| ExternalBlockHash(hash.0))
-                    .collect(),
-            }),
+            WireEventData::Stored(stored) => crate::kv_events::stored_from_wire(
+                stored.parent_hash.map(|hash| hash.0),
+                stored.start_position,
+                stored.blocks.into_iter().map(|block| (block.block_hash.0, block.tokens_hash.0)),
+            )
+            .map_err(|_| InputError::InvalidField {
+                field: "start_position",
+                reason: "exceeds u32",
+            })?,
+            WireEventData::Removed(removed) => crate::kv_events::removed_from_wire(
+                removed.block_hashes.into_iter().map(|hash| hash.0),
+            ),
             WireEventData::Cleared => KvCacheEventData::Cleared,
         };
         Ok(RouterEvent {
@@ -429,6 +409,8 @@ impl WireRouterEvent<'_> {
 
 #[cfg(test)]
 mod tests {
+    use crate::hashing::{ExternalBlockHash, LocalBlockHash};
+    use crate::kv_events::{RemoveData, StorageTier, StoreData, StoredBlock};
     use serde::Serialize;
     use serde_json::json;
 

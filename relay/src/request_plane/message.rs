@@ -16,11 +16,7 @@ use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
 use super::RecoveryError;
-use crate::hashing::{ExternalBlockHash, LocalBlockHash};
-use crate::kv_events::{
-    KvCacheEvent, KvCacheEventData, RemoveData, ResidencyDomain, RouterEvent, StorageTier,
-    StoreData, StoredBlock,
-};
+use crate::kv_events::{KvCacheEvent, KvCacheEventData, ResidencyDomain, RouterEvent};
 use crate::sources::{RecoveryQueryKind, RecoveryRequest, RecoveryResponse, TreeDumpScope};
 
 /// Deepest MessagePack nesting accepted in a response item (real items nest about 10 levels).
@@ -498,18 +494,13 @@ fn convert_events(events: Vec<WireRouterEvent>) -> Result<Vec<RouterEvent>, Reco
 
 impl WireRouterEvent {
     fn into_router_event(self) -> Result<RouterEvent, RecoveryError> {
-        let storage_tier = match self.storage_tier.as_deref() {
-            None | Some("device") => StorageTier::Device,
-            Some("host_pinned") => StorageTier::HostPinned,
-            Some("disk") => StorageTier::Disk,
-            Some("external") => StorageTier::External,
-            Some(other) => {
-                return Err(RecoveryError::Decode(format!(
-                    "unknown storage tier {:?}",
-                    cut(other)
-                )));
-            }
-        };
+        let storage_tier = crate::kv_events::storage_tier_from_wire(self.storage_tier.as_deref())
+            .ok_or_else(|| {
+            RecoveryError::Decode(format!(
+                "unknown storage tier {:?}",
+                cut(self.storage_tier.as_deref().unwrap_or_default())
+            ))
+        })?;
         let residency_domain = match self.residency_domain.as_deref() {
             None => None,
             Some("worker") => Some(ResidencyDomain::Worker),
@@ -517,32 +508,15 @@ impl WireRouterEvent {
             Some(other) => Some(ResidencyDomain::Unsupported(cut(other))),
         };
         let data = match self.event.data {
-            WireEventData::Stored(stored) => KvCacheEventData::Stored(StoreData {
-                parent_hash: stored.parent_hash.map(|hash| ExternalBlockHash(hash.0)),
-                start_position: stored
-                    .start_position
-                    .map(|position| {
-                        u32::try_from(position).map_err(|_| {
-                            RecoveryError::Decode("start_position exceeds u32".to_owned())
-                        })
-                    })
-                    .transpose()?,
-                blocks: stored
-                    .blocks
-                    .into_iter()
-                    .map(|block| StoredBlock {
-                        block_hash: ExternalBlockHash(block.block_hash.0),
-                        tokens_hash: LocalBlockHash(block.tokens_hash.0),
-                    })
-                    .collect(),
-            }),
-            WireEventData::Removed(removed) => KvCacheEventData::Removed(RemoveData {
-                block_hashes: removed
-                    .block_hashes
-                    .into_iter()
-                    .map(|hash| ExternalBlockHash(hash.0))
-                    .collect(),
-            }),
+            WireEventData::Stored(stored) => crate::kv_events::stored_from_wire(
+                stored.parent_hash.map(|hash| hash.0),
+                stored.start_position,
+                stored.blocks.into_iter().map(|block| (block.block_hash.0, block.tokens_hash.0)),
+            )
+            .map_err(|error| RecoveryError::Decode(error.to_string()))?,
+            WireEventData::Removed(removed) => crate::kv_events::removed_from_wire(
+                removed.block_hashes.into_iter().map(|hash| hash.0),
+            ),
             WireEventData::Cleared => KvCacheEventData::Cleared,
         };
         Ok(RouterEvent {
@@ -560,6 +534,8 @@ impl WireRouterEvent {
 
 #[cfg(test)]
 mod tests {
+    use crate::hashing::ExternalBlockHash;
+    use crate::kv_events::RemoveData;
     use serde_json::json;
 
     use super::*;
