@@ -124,6 +124,12 @@ async fn bounded<F: std::future::Future>(test: F) -> F::Output {
 }
 
 /// Receive the next input that is not a probe, failing after `wait`.
+/// Waits until redundant sends have surely landed, then discards every pending input.
+async fn settle_and_drain(inputs: &mut mpsc::Receiver<DcInput>) {
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    while inputs.try_recv().is_ok() {}
+}
+
 async fn next_input(inputs: &mut mpsc::Receiver<DcInput>, wait: Duration) -> DcInput {
     tokio::time::timeout(wait, async {
         loop {
@@ -419,6 +425,7 @@ async fn zmq_plane_decodes_the_captured_frames_per_channel() {
         assert_eq!(batch.endpoint, scope);
         assert_eq!((batch.publisher_id, batch.sequence), (BACKEND_PUBLISHER, 0));
         assert_eq!(batch.events, captured_events());
+        settle_and_drain(&mut inputs).await;
 
         // The captured `kv_metrics` message: a 177-byte event frame (`01 000000ac`).
         let frame =
@@ -441,9 +448,13 @@ async fn zmq_plane_decodes_the_captured_frames_per_channel() {
         assert_eq!(observation.source, SourceKey { worker_id: BACKEND_INSTANCE, dp_rank: 0 });
         assert_eq!(observation.kv_used_blocks, Some(3));
 
+        // `publish_until_received` re-sends every 50 ms, so copies may still be in flight: let
+        // them land and drain them before counting.
+        settle_and_drain(&mut inputs).await;
+
         // On the kv-events channel: a kv_metrics frame is filtered by the PUB (prefix
         // subscription), a bad event frame and a foreign publisher are counted, then a valid
-        // message shows all of them were processed in order.
+        // message (its own envelope sequence marks it) shows all of them were processed in order.
         let before = counters.snapshot();
         events_pub.send(metrics.clone()).await.unwrap();
         let mut bad_frame = vec![0x02, 0x00, 0x00, 0x01, 0x18];
@@ -463,11 +474,32 @@ async fn zmq_plane_decodes_the_captured_frames_per_channel() {
         .unwrap();
         let foreign = encode_zmq_event_frame(&foreign).unwrap();
         events_pub.send(zmq_message(KV_EVENTS_TOPIC, 5, 2, foreign)).await.unwrap();
-        events_pub.send(captured_zmq_message()).await.unwrap();
-        let DcInput::KvEvents(_) = next_input(&mut inputs, Duration::from_secs(5)).await else {
+        let marker = encode_event_envelope(&EventEnvelope {
+            publisher_id: BACKEND_PUBLISHER,
+            sequence: 9,
+            published_at_ms: 1,
+            topic: KV_EVENTS_TOPIC,
+            payload: &payload,
+        })
+        .unwrap();
+        let marker = encode_zmq_event_frame(&marker).unwrap();
+        events_pub.send(zmq_message(KV_EVENTS_TOPIC, BACKEND_PUBLISHER, 9, marker)).await.unwrap();
+        let DcInput::KvEvents(batch) = next_input(&mut inputs, Duration::from_secs(5)).await else {
             panic!("expected a KV event batch");
         };
-        let after = counters.snapshot();
+        assert_eq!(batch.sequence, 9, "the marker is the only input after the drain");
+        // `delivered` is counted once the sink accepted the input, just after we can see it.
+        let after = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                let after = counters.snapshot();
+                if after.delivered > before.delivered {
+                    return after;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the marker was never counted as delivered");
         assert_eq!(
             after.decode.rejected(InputErrorKind::MalformedEventFrame),
             before.decode.rejected(InputErrorKind::MalformedEventFrame) + 1
@@ -539,8 +571,7 @@ async fn zmq_plane_waits_for_a_late_publisher_and_stops_on_removal() {
             .await
             .unwrap();
         // Drain what was in flight, then nothing more arrives.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        while inputs.try_recv().is_ok() {}
+        settle_and_drain(&mut inputs).await;
         for _ in 0..10 {
             publisher.send(captured_zmq_message()).await.unwrap();
         }
