@@ -32,6 +32,7 @@
 #   TOPOLOGY_PUBLISH_SECS=8  how long the topology workers publish
 #   COMPARE_TIMEOUT_SECS=60  how long a comparison may take to converge
 #   MAX_LIVE_BLOCKS=0        >0: the rate worker also evicts (removed events) above this many blocks
+#   IDLE_SECS=15             idle CPU baseline window (subtracted for the marginal µs/event)
 #   DYNLIVE=/tmp/dynlive     venv + model (install.sh);   SBS_DIR=/tmp/kvrelay-sbs  state + logs
 #   DYNAMO_BIND=127.0.0.1:5561  KVRELAY_BIND=127.0.0.1:5562  NATS_PORT=4222
 #   KVRELAY_BIN, COMPARE_BIN  default target/release/{kvrelay,kvrelay-compare}
@@ -47,6 +48,7 @@ WARMUP_SECS="${WARMUP_SECS:-5}"
 TOPOLOGY_PUBLISH_SECS="${TOPOLOGY_PUBLISH_SECS:-8}"
 COMPARE_TIMEOUT_SECS="${COMPARE_TIMEOUT_SECS:-60}"
 MAX_LIVE_BLOCKS="${MAX_LIVE_BLOCKS:-0}"
+IDLE_SECS="${IDLE_SECS:-15}"
 DYNAMO_BIND="${DYNAMO_BIND:-127.0.0.1:5561}"
 KVRELAY_BIND="${KVRELAY_BIND:-127.0.0.1:5562}"
 NATS_PORT="${NATS_PORT:-4222}"
@@ -181,6 +183,54 @@ done
 compare_now topology "$POOLS"
 TOPO_DYNAMO_RSS="$(status_kib "$DYNAMO_PID" VmRSS)"; TOPO_KVRELAY_RSS="$(status_kib "$KVRELAY_PID" VmRSS)"
 
+# `kvrelay query` against both relays: prompts taken from the aggregated worker's trace (the
+# newest live root chain of the base model and of adapter-a, and the oldest, evicted chain);
+# the answers must be equal once the relay-specific producer labels are removed.
+echo
+echo "== kvrelay query against both relays (prompts from the aggregated worker's trace)"
+QUERY_OK=1
+while read -r model tokens; do
+  for side in dynamo kvrelay; do
+    bind="$DYNAMO_BIND"; [[ $side == kvrelay ]] && bind="$KVRELAY_BIND"
+    "$KVRELAY_BIN" query --relay "$bind" --model "$model" --tokens "$tokens" --settle-secs 3 2>/dev/null \
+      | sed -E 's/ gen=[0-9]+ incarnation=[0-9a-f]+//' >"$LOGS/query-$side.txt" || true
+  done
+  agg_answer="$(grep -o 'endpoint=dynamo/backend/generate .*' "$LOGS/query-dynamo.txt" | grep -o 'matched=[^ ]*' || echo 'no answer')"
+  echo "   $model (tokens ${tokens%%,*}..): $(wc -l <"$LOGS/query-dynamo.txt") pools answer; dynamo/backend/generate $agg_answer"
+  if ! diff -q "$LOGS/query-dynamo.txt" "$LOGS/query-kvrelay.txt" >/dev/null || [[ ! -s "$LOGS/query-dynamo.txt" ]]; then
+    QUERY_OK=0
+    echo "   DIFF: dynamo vs kvrelay"; diff "$LOGS/query-dynamo.txt" "$LOGS/query-kvrelay.txt" | sed 's/^/     /' || true
+  fi
+done < <("$PY" - "$SBS_DIR/traces/agg.jsonl" <<'PYEOF'
+import json, sys
+events = [json.loads(line) for line in open(sys.argv[1])]
+removed = {h for e in events if e["type"] == "removed" for h in e["block_hashes"]}
+roots = [e for e in events if e["type"] == "stored" and e["parent_hash"] is None]
+def pick(events, live, lora):
+    return [e for e in events if (not set(e["block_hashes"]) & removed) == live and e["lora_name"] == lora]
+for model, event in [("tiny-llm", pick(roots, True, None)[-1:]), ("tiny-alias", pick(roots, True, None)[-1:]),
+                     ("adapter-a", pick(roots, True, "adapter-a")[-1:]), ("tiny-llm", pick(roots, False, None)[:1])]:
+    for e in event:
+        print(model, ",".join(map(str, e["token_ids"])))
+PYEOF
+)
+if [[ $QUERY_OK == 1 ]]; then COMPARE_RESULTS+=("query: RESULT: MATCH (kvrelay query answers equal)")
+else COMPARE_RESULTS+=("query: RESULT: DIFF (see above)"); OVERALL=1; fi
+
+# Idle baseline: every topology worker still registered, nothing published, one subscriber.
+echo
+echo "== idle baseline: ${IDLE_SECS}s with every pool subscribed and no events"
+start compare-idle "$LOGS/compare-idle-follow.txt" "$COMPARE_BIN" --left "$DYNAMO_BIND" \
+  --right "$KVRELAY_BIND" --min-pools "$POOLS" --stable-checks 1000000 --interval-ms 5000 \
+  --timeout-secs $((IDLE_SECS + 30))
+sleep 5
+d0="$(cpu_ticks "$DYNAMO_PID")"; k0="$(cpu_ticks "$KVRELAY_PID")"
+sleep "$IDLE_SECS"
+IDLE_DYNAMO_TICKS=$(( $(cpu_ticks "$DYNAMO_PID") - d0 )); IDLE_KVRELAY_TICKS=$(( $(cpu_ticks "$KVRELAY_PID") - k0 ))
+stop_one compare-idle
+idle_pct() { awk -v t="$1" -v hz="$CLK_TCK" -v w="$IDLE_SECS" 'BEGIN { printf "%.2f", t / hz / w * 100 }'; }
+echo "   idle CPU: dynamo $(idle_pct "$IDLE_DYNAMO_TICKS")% kvrelay $(idle_pct "$IDLE_KVRELAY_TICKS")% of one core"
+
 # ---- phases: measured rates ----------------------------------------------------------------------
 for rate in $RATES; do
   echo
@@ -209,13 +259,17 @@ for rate in $RATES; do
   d_rss="$(status_kib "$DYNAMO_PID" VmRSS)"; d_hwm="$(status_kib "$DYNAMO_PID" VmHWM)"
   k_rss="$(status_kib "$KVRELAY_PID" VmRSS)"; k_hwm="$(status_kib "$KVRELAY_PID" VmHWM)"
   row="$(awk -v r="$rate" -v a="$achieved" -v n="$events" -v hz="$CLK_TCK" -v w="$MEASURE_SECS" \
-    -v d="$((d1 - d0))" -v k="$((k1 - k0))" -v dr="$d_rss" -v dh="$d_hwm" -v kr="$k_rss" -v kh="$k_hwm" '
+    -v d="$((d1 - d0))" -v k="$((k1 - k0))" -v dr="$d_rss" -v dh="$d_hwm" -v kr="$k_rss" -v kh="$k_hwm" \
+    -v di="$IDLE_DYNAMO_TICKS" -v ki="$IDLE_KVRELAY_TICKS" -v iw="$IDLE_SECS" '
     BEGIN {
       dcpu = d / hz; kcpu = k / hz
       dper = n > 0 ? dcpu / n * 1e6 : 0; kper = n > 0 ? kcpu / n * 1e6 : 0
-      printf "%6d %8d | %6.1f%% %8.2f %8.1f %8.1f | %6.1f%% %8.2f %8.1f %8.1f | %6s %6s",
-        r, a, dcpu / w * 100, dper, dr / 1024, dh / 1024, kcpu / w * 100, kper, kr / 1024, kh / 1024,
-        (dper > 0 ? sprintf("%.3f", kper / dper) : "-"), sprintf("%.3f", kr / dr)
+      # marginal: minus the idle baseline scaled to the window
+      dm = n > 0 ? (dcpu - di / hz / iw * w) / n * 1e6 : 0; km = n > 0 ? (kcpu - ki / hz / iw * w) / n * 1e6 : 0
+      printf "%6d %8d | %6.1f%% %7.2f %7.2f %7.1f %7.1f | %6.1f%% %7.2f %7.2f %7.1f %7.1f | %6s %6s %6s",
+        r, a, dcpu / w * 100, dper, dm, dr / 1024, dh / 1024, kcpu / w * 100, kper, km, kr / 1024, kh / 1024,
+        (dper > 0 ? sprintf("%.3f", kper / dper) : "-"), (dm > 0 ? sprintf("%.3f", km / dm) : "-"),
+        sprintf("%.3f", kr / dr)
     }')"
   ROWS+=("$row")
   echo "   measured: $row"
@@ -232,10 +286,12 @@ echo "RSS idle after start-up: dynamo $(mib "$IDLE_DYNAMO_RSS") MiB, kvrelay $(m
   "after the topology phase ($((POOLS - $(wc -w <<<"$RATES"))) pools): dynamo $(mib "$TOPO_DYNAMO_RSS") MiB, kvrelay $(mib "$TOPO_KVRELAY_RSS") MiB"
 for result in "${COMPARE_RESULTS[@]}"; do echo "compare $result"; done
 echo
-echo "CPU = user+sys of the relay process over the ${MEASURE_SECS}s window (% of one core, and µs per event);"
-echo "events = stored+removed events the rate worker published in the window; RSS/HWM in MiB at the window's end."
-printf '%6s %8s | %7s %8s %8s %8s | %7s %8s %8s %8s | %6s %6s\n' \
-  rate achieved "dyn cpu" "dyn µs/ev" "dyn RSS" "dyn HWM" "kvr cpu" "kvr µs/ev" "kvr RSS" "kvr HWM" "cpu x" "rss x"
+echo "CPU = user+sys of the relay process over the ${MEASURE_SECS}s window: % of one core, µs per event (µs/ev), and"
+echo "marginal µs per event after subtracting the idle baseline (marg; idle: dynamo $(idle_pct "$IDLE_DYNAMO_TICKS")%, kvrelay $(idle_pct "$IDLE_KVRELAY_TICKS")%);"
+echo "events = stored+removed events the rate worker published in the window; RSS/HWM in MiB at the window's end;"
+echo "one subscriber (kvrelay-compare) follows every pool of both relays throughout."
+printf '%6s %8s | %7s %7s %7s %7s %7s | %7s %7s %7s %7s %7s | %6s %6s %6s\n' \
+  rate achieved "dyn cpu" "µs/ev" "marg" "RSS" "HWM" "kvr cpu" "µs/ev" "marg" "RSS" "HWM" "cpu x" "marg x" "rss x"
 for row in "${ROWS[@]}"; do echo "$row"; done
 echo "goal: cpu x <= 0.300 and rss x <= 0.500 (kvrelay / dynamo); $(nproc) CPUs, load average now: $(cut -d' ' -f1-3 /proc/loadavg)"
 exit "$OVERALL"
