@@ -347,7 +347,7 @@ fn load_text(load: Option<&PoolLoad>) -> [String; 4] {
 
 fn compare_load(left: &ConsumerSnapshot, right: &ConsumerSnapshot, out: &mut Vec<Difference>) {
     let by_pool = |snapshot: &ConsumerSnapshot| -> BTreeMap<PoolId, PoolLoad> {
-        snapshot.load.iter().map(|load| (load.producer.pool_id(), load.clone())).collect()
+        snapshot.load.iter().map(|load| (load.producer.pool_id(), *load)).collect()
     };
     let (left_loads, right_loads) = (by_pool(left), by_pool(right));
     let keys: BTreeSet<PoolId> = left_loads.keys().chain(right_loads.keys()).copied().collect();
