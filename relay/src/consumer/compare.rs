@@ -28,15 +28,12 @@ use std::fmt;
 
 use super::render::{hash_format_name, registration, role_name, state_name};
 use super::state::{ConsumerSnapshot, FilterCopy, FilterStatus};
-use crate::ckf::{Addressing, CkfFormat};
+use crate::ckf::{Addressing, CkfFormat, FINGERPRINT_BITS, SLOTS_PER_BUCKET};
 use crate::discovery::WorkerRole;
 use crate::identity::PoolId;
 use crate::registry::PoolDescriptor;
 use crate::topology::{TopologyEntry, TopologyMember};
 use crate::wire::PoolLoad;
-
-/// Fingerprint slots per bucket word.
-const SLOTS_PER_WORD: usize = 4;
 
 /// What part of the relays' output a difference is in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -374,8 +371,8 @@ pub fn canonical_items(format: &CkfFormat, words: &[u64]) -> Option<Vec<(u32, u1
     let mut items = Vec::new();
     for (bucket, &word) in words.iter().enumerate() {
         let bucket = u32::try_from(bucket).ok()?;
-        for slot in 0..SLOTS_PER_WORD {
-            let fingerprint = (word >> (16 * slot)) as u16;
+        for slot in 0..SLOTS_PER_BUCKET {
+            let fingerprint = (word >> (FINGERPRINT_BITS * slot)) as u16;
             if fingerprint != 0 {
                 let alternate = addressing.alternate(bucket, fingerprint);
                 items.push((bucket.min(alternate), fingerprint));
