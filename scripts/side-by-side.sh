@@ -12,13 +12,18 @@
 #      pair, a DP=2 worker, an Eagle worker and a prefill without its decode; they publish KV
 #      events for $TOPOLOGY_PUBLISH_SECS s and stay registered; then `kvrelay-compare` follows
 #      both relays and requires catalog, readiness, load and filter membership to agree;
-#   3. phase "rate R" for each R in $RATES: one more worker publishes R stored events/s
+#   3. idle baseline: $IDLE_SECS s of relay CPU with every pool subscribed and no events;
+#   4. phase "rate R" for each R in $RATES: one more worker publishes R stored events/s
 #      (1 block each) for $WARMUP_SECS + $MEASURE_SECS s while `kvrelay-compare` subscribes to
 #      every pool of both relays; CPU (user+sys from /proc/PID/stat) of both relays is sampled
 #      over the last $MEASURE_SECS s and divided by the events published in that window (from
-#      the worker's own counters); RSS is read from /proc/PID/status (VmRSS, VmHWM); after the
-#      worker stops publishing the comparison must agree again;
-#   4. prints a summary table and exits 0 when every comparison matched, 1 otherwise.
+#      the worker's own counters), also net of the idle baseline; RSS is read from
+#      /proc/PID/status (VmRSS, VmHWM); after the worker stops publishing the comparison must
+#      agree again;
+#   5. `kvrelay query` on both relays with prompts from the aggregated worker's trace (live
+#      base-model, alias and LoRA chains, and an evicted chain): the answers must be equal;
+#   6. prints a summary table and exits 0 when every comparison matched, 1 otherwise (2 when a
+#      prerequisite is missing or the stack did not start).
 #
 # Prerequisites (checked; the script says what is missing):
 #   - ../shared/tools/dynamo-live/install.sh has run: $DYNLIVE/venv with ai-dynamo 1.6.1,
@@ -183,40 +188,6 @@ done
 compare_now topology "$POOLS"
 TOPO_DYNAMO_RSS="$(status_kib "$DYNAMO_PID" VmRSS)"; TOPO_KVRELAY_RSS="$(status_kib "$KVRELAY_PID" VmRSS)"
 
-# `kvrelay query` against both relays: prompts taken from the aggregated worker's trace (the
-# newest live root chain of the base model and of adapter-a, and the oldest, evicted chain);
-# the answers must be equal once the relay-specific producer labels are removed.
-echo
-echo "== kvrelay query against both relays (prompts from the aggregated worker's trace)"
-QUERY_OK=1
-while read -r model tokens; do
-  for side in dynamo kvrelay; do
-    bind="$DYNAMO_BIND"; [[ $side == kvrelay ]] && bind="$KVRELAY_BIND"
-    "$KVRELAY_BIN" query --relay "$bind" --model "$model" --tokens "$tokens" --settle-secs 3 2>/dev/null \
-      | sed -E 's/ gen=[0-9]+ incarnation=[0-9a-f]+//' >"$LOGS/query-$side.txt" || true
-  done
-  agg_answer="$(grep -o 'endpoint=dynamo/backend/generate .*' "$LOGS/query-dynamo.txt" | grep -o 'matched=[^ ]*' || echo 'no answer')"
-  echo "   $model (tokens ${tokens%%,*}..): $(wc -l <"$LOGS/query-dynamo.txt") pools answer; dynamo/backend/generate $agg_answer"
-  if ! diff -q "$LOGS/query-dynamo.txt" "$LOGS/query-kvrelay.txt" >/dev/null || [[ ! -s "$LOGS/query-dynamo.txt" ]]; then
-    QUERY_OK=0
-    echo "   DIFF: dynamo vs kvrelay"; diff "$LOGS/query-dynamo.txt" "$LOGS/query-kvrelay.txt" | sed 's/^/     /' || true
-  fi
-done < <("$PY" - "$SBS_DIR/traces/agg.jsonl" <<'PYEOF'
-import json, sys
-events = [json.loads(line) for line in open(sys.argv[1])]
-removed = {h for e in events if e["type"] == "removed" for h in e["block_hashes"]}
-roots = [e for e in events if e["type"] == "stored" and e["parent_hash"] is None]
-def pick(events, live, lora):
-    return [e for e in events if (not set(e["block_hashes"]) & removed) == live and e["lora_name"] == lora]
-for model, event in [("tiny-llm", pick(roots, True, None)[-1:]), ("tiny-alias", pick(roots, True, None)[-1:]),
-                     ("adapter-a", pick(roots, True, "adapter-a")[-1:]), ("tiny-llm", pick(roots, False, None)[:1])]:
-    for e in event:
-        print(model, ",".join(map(str, e["token_ids"])))
-PYEOF
-)
-if [[ $QUERY_OK == 1 ]]; then COMPARE_RESULTS+=("query: RESULT: MATCH (kvrelay query answers equal)")
-else COMPARE_RESULTS+=("query: RESULT: DIFF (see above)"); OVERALL=1; fi
-
 # Idle baseline: every topology worker still registered, nothing published, one subscriber.
 echo
 echo "== idle baseline: ${IDLE_SECS}s with every pool subscribed and no events"
@@ -279,9 +250,48 @@ for rate in $RATES; do
   compare_now "$name" "$POOLS"
 done
 
+# ---- kvrelay query ----------------------------------------------------------------------------
+# (last: every query process is one more subscriber, and each new subscriber's snapshots cost
+# the relays memory that is not returned to the OS, which would skew the RSS of the rate phases)
+# `kvrelay query` against both relays: prompts taken from the aggregated worker's trace (the
+# newest live root chain of the base model and of adapter-a, and the oldest, evicted chain);
+# the answers must be equal once the relay-specific producer labels are removed.
+echo
+echo "== kvrelay query against both relays (prompts from the aggregated worker's trace)"
+QUERY_OK=1
+while read -r model tokens; do
+  for side in dynamo kvrelay; do
+    bind="$DYNAMO_BIND"; [[ $side == kvrelay ]] && bind="$KVRELAY_BIND"
+    "$KVRELAY_BIN" query --relay "$bind" --model "$model" --tokens "$tokens" --settle-secs 3 2>/dev/null \
+      | sed -E 's/ gen=[0-9]+ incarnation=[0-9a-f]+//' >"$LOGS/query-$side.txt" || true
+  done
+  agg_answer="$(grep -o 'endpoint=dynamo/backend/generate .*' "$LOGS/query-dynamo.txt" | grep -o 'matched=[^ ]*' || echo 'no answer')"
+  echo "   $model (tokens ${tokens%%,*}..): $(wc -l <"$LOGS/query-dynamo.txt") pools answer; dynamo/backend/generate $agg_answer"
+  if ! diff -q "$LOGS/query-dynamo.txt" "$LOGS/query-kvrelay.txt" >/dev/null || [[ ! -s "$LOGS/query-dynamo.txt" ]]; then
+    QUERY_OK=0
+    echo "   DIFF: dynamo vs kvrelay"; diff "$LOGS/query-dynamo.txt" "$LOGS/query-kvrelay.txt" | sed 's/^/     /' || true
+  fi
+done < <("$PY" - "$SBS_DIR/traces/agg.jsonl" <<'PYEOF'
+import json, sys
+events = [json.loads(line) for line in open(sys.argv[1])]
+removed = {h for e in events if e["type"] == "removed" for h in e["block_hashes"]}
+roots = [e for e in events if e["type"] == "stored" and e["parent_hash"] is None]
+def pick(events, live, lora):
+    return [e for e in events if (not set(e["block_hashes"]) & removed) == live and e["lora_name"] == lora]
+for model, event in [("tiny-llm", pick(roots, True, None)[-1:]), ("tiny-alias", pick(roots, True, None)[-1:]),
+                     ("adapter-a", pick(roots, True, "adapter-a")[-1:]), ("tiny-llm", pick(roots, False, None)[:1])]:
+    for e in event:
+        print(model, ",".join(map(str, e["token_ids"])))
+PYEOF
+)
+if [[ $QUERY_OK == 1 ]]; then COMPARE_RESULTS+=("query: RESULT: MATCH (kvrelay query answers equal)")
+else COMPARE_RESULTS+=("query: RESULT: DIFF (see above)"); OVERALL=1; fi
+
+
 # ---- summary ---------------------------------------------------------------------------------------
 echo
 echo "== side-by-side summary (dynamo = python -m dynamo.kv_dc_relay 1.6.1, kvrelay = $KVRELAY_BIN serve)"
+echo "RSS after the queries: dynamo $(mib "$(status_kib "$DYNAMO_PID" VmRSS)") MiB, kvrelay $(mib "$(status_kib "$KVRELAY_PID" VmRSS)") MiB"
 echo "RSS idle after start-up: dynamo $(mib "$IDLE_DYNAMO_RSS") MiB, kvrelay $(mib "$IDLE_KVRELAY_RSS") MiB;" \
   "after the topology phase ($((POOLS - $(wc -w <<<"$RATES"))) pools): dynamo $(mib "$TOPO_DYNAMO_RSS") MiB, kvrelay $(mib "$TOPO_KVRELAY_RSS") MiB"
 for result in "${COMPARE_RESULTS[@]}"; do echo "compare $result"; done
