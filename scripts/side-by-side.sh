@@ -41,6 +41,7 @@
 #   DYNLIVE=/tmp/dynlive     venv + model (install.sh);   SBS_DIR=/tmp/kvrelay-sbs  state + logs
 #   DYNAMO_BIND=127.0.0.1:5561  KVRELAY_BIND=127.0.0.1:5562  NATS_PORT=4222
 #   KVRELAY_BIN, COMPARE_BIN  default target/release/{kvrelay,kvrelay-compare}
+#   KVRELAY_ENV=""           extra NAME=VALUE settings for kvrelay only (e.g. MALLOC_ARENA_MAX=2)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -148,7 +149,8 @@ worker_events() {  # last stats line of a worker log: "<t seconds> <stored+remov
 start nats "$LOGS/nats.log" nats-server -a 127.0.0.1 -p "$NATS_PORT"
 wait_for_log nats "$LOGS/nats.log" "Server is ready" 10
 start dynamo "$LOGS/dynamo-relay.log" "$PY" -m dynamo.kv_dc_relay --dc-id dc-a --bind "$DYNAMO_BIND"
-start kvrelay "$LOGS/kvrelay.log" "$KVRELAY_BIN" serve --dc-id dc-a --bind "$KVRELAY_BIND"
+# shellcheck disable=SC2086  # KVRELAY_ENV is a list of NAME=VALUE words
+start kvrelay "$LOGS/kvrelay.log" env ${KVRELAY_ENV:-} "$KVRELAY_BIN" serve --dc-id dc-a --bind "$KVRELAY_BIND"
 wait_for_log dynamo "$LOGS/dynamo-relay.log" "KV DC Relay started" 60
 wait_for_log kvrelay "$LOGS/kvrelay.log" "serving dynamo.kvrelay.v1" 30
 DYNAMO_PID="${PIDS[dynamo]}"; KVRELAY_PID="${PIDS[kvrelay]}"
@@ -290,7 +292,7 @@ else COMPARE_RESULTS+=("query: RESULT: DIFF (see above)"); OVERALL=1; fi
 
 # ---- summary ---------------------------------------------------------------------------------------
 echo
-echo "== side-by-side summary (dynamo = python -m dynamo.kv_dc_relay 1.6.1, kvrelay = $KVRELAY_BIN serve)"
+echo "== side-by-side summary (dynamo = python -m dynamo.kv_dc_relay 1.6.1, kvrelay = ${KVRELAY_ENV:+$KVRELAY_ENV }$KVRELAY_BIN serve)"
 echo "RSS after the queries: dynamo $(mib "$(status_kib "$DYNAMO_PID" VmRSS)") MiB, kvrelay $(mib "$(status_kib "$KVRELAY_PID" VmRSS)") MiB"
 echo "RSS idle after start-up: dynamo $(mib "$IDLE_DYNAMO_RSS") MiB, kvrelay $(mib "$IDLE_KVRELAY_RSS") MiB;" \
   "after the topology phase ($((POOLS - $(wc -w <<<"$RATES"))) pools): dynamo $(mib "$TOPO_DYNAMO_RSS") MiB, kvrelay $(mib "$TOPO_KVRELAY_RSS") MiB"
