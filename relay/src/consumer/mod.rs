@@ -11,6 +11,7 @@
 
 pub mod backoff;
 pub mod client;
+pub mod compare;
 pub mod policy;
 pub mod query;
 pub mod render;

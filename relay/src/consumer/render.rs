@@ -64,7 +64,10 @@ pub fn producer_label(producer: &ProducerIdentity) -> String {
     )
 }
 
-fn registration(registration: &ModelRegistration) -> String {
+/// One registration: canonical id, LoRA target and aliases, e.g.
+/// `tiny-lora (lora adapter-a on tiny-llm)`.
+#[must_use]
+pub fn registration(registration: &ModelRegistration) -> String {
     let mut text = registration.canonical_model_id.clone();
     if let ModelTarget::Lora { base_model, adapter } = &registration.target {
         let _ = write!(text, " (lora {adapter} on {base_model})");
