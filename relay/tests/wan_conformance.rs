@@ -15,7 +15,9 @@ use kvrelay::wire::{self, RelayErrorReason, encode};
 use kvrelay_proto::CONTRACT_MARKER;
 use kvrelay_proto::v1 as proto;
 use kvrelay_proto::v1::kv_event_relay_client::KvEventRelayClient;
-use support::{ENDPOINT, LoopbackRelay, base_descriptor, pool_request, producer, remove, store};
+use support::{
+    ENDPOINT, LoopbackRelay, base_descriptor, occupied_slots, pool_request, producer, remove, store,
+};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -245,13 +247,11 @@ async fn after_a_random_workload_the_consumer_replica_equals_the_relay() {
     let last = h.actor.flush().await.unwrap().unwrap();
     let stats = h.actor.stats().await.unwrap();
     assert!(stats.resident_blocks > 500);
-    let occupied: u64 = replica
-        .words()
-        .unwrap()
-        .iter()
-        .map(|word| (0..4).filter(|slot| (word >> (16 * slot)) & 0xFFFF != 0).count() as u64)
-        .sum();
-    assert_eq!(occupied, stats.resident_blocks, "every resident fingerprint reached the replica");
+    assert_eq!(
+        occupied_slots(&replica),
+        stats.resident_blocks,
+        "every resident fingerprint reached the replica"
+    );
     let mut relay_stream =
         h.client.subscribe_kv_pool(pool_request(&h.identity, "second")).await.unwrap().into_inner();
     let mut fresh = FilterReplica::new(h.identity.format(), h.identity.pool_id().dc_id.0).unwrap();

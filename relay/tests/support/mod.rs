@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use kvrelay::ckf::{CkfFormat, DEFAULT_SEED, MAX_KICKS_DEFAULT};
 use kvrelay::config::WanTuning;
+use kvrelay::consumer::FilterReplica;
 use kvrelay::discovery::{ModelRegistration, ModelTarget, QuerySemantics, WorkerRole};
 use kvrelay::hashing::{ExternalBlockHash, HashFormat, LocalBlockHash};
 use kvrelay::identity::{
@@ -74,7 +75,10 @@ pub fn base_descriptor(producer: ProducerIdentity, endpoint: &str) -> PoolDescri
             target: ModelTarget::Base { base_model: MODEL.into() },
             aliases: BTreeSet::new(),
         }],
-        query_semantics: QuerySemantics { kv_block_size: BLOCK, hash_format: HashFormat::StandardV1 },
+        query_semantics: QuerySemantics {
+            kv_block_size: BLOCK,
+            hash_format: HashFormat::StandardV1,
+        },
         pool_roles: BTreeSet::from([WorkerRole::Aggregated]),
     }
 }
@@ -88,6 +92,14 @@ fn event(worker_id: u64, event_id: u64, data: KvCacheEventData) -> RouterEvent {
     }
 }
 
+/// Block `external` with a token hash derived from it.
+fn block(external: u64) -> StoredBlock {
+    StoredBlock {
+        block_hash: ExternalBlockHash(external),
+        tokens_hash: LocalBlockHash(external.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+    }
+}
+
 /// Worker 1 stores block `external` (under `parent`, if any).
 pub fn store(external: u64, parent: Option<u64>) -> RouterEvent {
     event(
@@ -96,11 +108,18 @@ pub fn store(external: u64, parent: Option<u64>) -> RouterEvent {
         KvCacheEventData::Stored(StoreData {
             parent_hash: parent.map(ExternalBlockHash),
             start_position: None,
-            blocks: vec![StoredBlock {
-                block_hash: ExternalBlockHash(external),
-                tokens_hash: LocalBlockHash(external.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
-            }],
+            blocks: vec![block(external)],
         }),
+    )
+}
+
+/// Worker 1 stores `externals` as one chain in one event (the first block is a root).
+pub fn store_run(externals: std::ops::Range<u64>) -> RouterEvent {
+    let blocks = externals.clone().map(block).collect();
+    event(
+        1,
+        externals.start,
+        KvCacheEventData::Stored(StoreData { parent_hash: None, start_position: None, blocks }),
     )
 }
 
@@ -116,12 +135,25 @@ pub fn remove(blocks: impl IntoIterator<Item = u64>) -> RouterEvent {
 }
 
 /// A pool subscription for exactly `producer`.
-pub fn pool_request(producer: &ProducerIdentity, subscriber_id: &str) -> proto::SubscribeKvPoolRequest {
+pub fn pool_request(
+    producer: &ProducerIdentity,
+    subscriber_id: &str,
+) -> proto::SubscribeKvPoolRequest {
     proto::SubscribeKvPoolRequest {
         subscriber_id: subscriber_id.into(),
         expected_producer: Some(encode::producer(producer)),
         contract_marker: CONTRACT_MARKER,
     }
+}
+
+/// Occupied fingerprint slots of a replica (four 16-bit slots per bucket word).
+pub fn occupied_slots(replica: &FilterReplica) -> u64 {
+    replica
+        .words()
+        .unwrap()
+        .iter()
+        .map(|word| (0..4).filter(|slot| (word >> (16 * slot)) & 0xFFFF != 0).count() as u64)
+        .sum()
 }
 
 /// A real relay service on loopback over pools the test activates. Dropping it stops the
@@ -159,7 +191,14 @@ impl LoopbackRelay {
             .await
             .unwrap();
         });
-        LoopbackRelay { address, relay, publisher, publications, executor, shutdown: Some(shutdown) }
+        LoopbackRelay {
+            address,
+            relay,
+            publisher,
+            publications,
+            executor,
+            shutdown: Some(shutdown),
+        }
     }
 
     /// Start a pool actor for `producer` (kick choices from `seed`) and make it subscribable.
