@@ -83,12 +83,12 @@ pub fn base_descriptor(producer: ProducerIdentity, endpoint: &str) -> PoolDescri
     }
 }
 
-fn event(worker_id: u64, event_id: u64, data: KvCacheEventData) -> RouterEvent {
+fn event(data: KvCacheEventData) -> RouterEvent {
     RouterEvent {
-        worker_id,
+        worker_id: 1,
         storage_tier: StorageTier::Device,
         residency_domain: None,
-        event: KvCacheEvent { event_id, dp_rank: 0, data },
+        event: KvCacheEvent { event_id: 0, dp_rank: 0, data },
     }
 }
 
@@ -100,38 +100,30 @@ fn block(external: u64) -> StoredBlock {
     }
 }
 
-/// Worker 1 stores block `external` (under `parent`, if any).
-pub fn store(external: u64, parent: Option<u64>) -> RouterEvent {
-    event(
-        1,
-        external,
-        KvCacheEventData::Stored(StoreData {
-            parent_hash: parent.map(ExternalBlockHash),
-            start_position: None,
-            blocks: vec![block(external)],
-        }),
-    )
+/// Worker 1 stores `blocks` as one chain under `parent` (a root chain if none).
+pub fn stored(parent: Option<u64>, blocks: Vec<StoredBlock>) -> RouterEvent {
+    event(KvCacheEventData::Stored(StoreData {
+        parent_hash: parent.map(ExternalBlockHash),
+        start_position: None,
+        blocks,
+    }))
 }
 
-/// Worker 1 stores `externals` as one chain in one event (the first block is a root).
+/// Worker 1 stores block `external` (under `parent`, if any).
+pub fn store(external: u64, parent: Option<u64>) -> RouterEvent {
+    stored(parent, vec![block(external)])
+}
+
+/// Worker 1 stores `externals` as one root chain in one event.
 pub fn store_run(externals: std::ops::Range<u64>) -> RouterEvent {
-    let blocks = externals.clone().map(block).collect();
-    event(
-        1,
-        externals.start,
-        KvCacheEventData::Stored(StoreData { parent_hash: None, start_position: None, blocks }),
-    )
+    stored(None, externals.map(block).collect())
 }
 
 /// Worker 1 removes `blocks`.
 pub fn remove(blocks: impl IntoIterator<Item = u64>) -> RouterEvent {
-    event(
-        1,
-        0,
-        KvCacheEventData::Removed(RemoveData {
-            block_hashes: blocks.into_iter().map(ExternalBlockHash).collect(),
-        }),
-    )
+    event(KvCacheEventData::Removed(RemoveData {
+        block_hashes: blocks.into_iter().map(ExternalBlockHash).collect(),
+    }))
 }
 
 /// A pool subscription for exactly `producer`.
