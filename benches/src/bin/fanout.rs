@@ -47,10 +47,9 @@ const EVENTS_PER_DELTA: usize = 16;
 const WINDOW: u64 = 8;
 /// Deltas before measuring.
 const WARMUP_DELTAS: usize = 200;
-/// Deltas measured per subscriber count.
-const MEASURED_DELTAS: usize = 2_000;
-/// Subscriber counts measured.
-const SUBSCRIBERS: [usize; 3] = [1, 16, 64];
+/// Subscriber counts measured, each with the deltas it is measured over (enough frames and
+/// seconds for CPU ticks of 10 ms to resolve).
+const RUNS: [(usize, usize); 3] = [(1, 20_000), (16, 4_000), (64, 2_000)];
 
 /// Counts refused events: the ingest mix is valid, so the `refused` column must read 0 (a
 /// refused event would publish less than the row claims).
@@ -206,7 +205,7 @@ async fn drive(actor: &PoolActorHandle, progress: &Progress, batches: &[Vec<Rout
 }
 
 fn main() {
-    let total = WARMUP_DELTAS + MEASURED_DELTAS;
+    let total = WARMUP_DELTAS + RUNS.iter().map(|&(_, deltas)| deltas).max().unwrap_or(0);
     let workload = generate(7, 8, LIVE_BLOCKS, total * EVENTS_PER_DELTA);
     let batches: Vec<Vec<RouterEvent>> =
         workload.steady.chunks(EVENTS_PER_DELTA).take(total).map(<[RouterEvent]>::to_vec).collect();
@@ -224,8 +223,8 @@ fn main() {
         "relay us/delta",
         "refused"
     );
-    for subscribers in SUBSCRIBERS {
-        let figures = measure(subscribers, &workload.warmup, &batches);
+    for (subscribers, deltas) in RUNS {
+        let figures = measure(subscribers, &workload.warmup, &batches[..WARMUP_DELTAS + deltas]);
         let frames = figures.deltas as f64 * figures.subscribers as f64;
         let per_frame = |seconds: f64| seconds * 1e6 / frames;
         println!(
