@@ -21,7 +21,6 @@ use kvrelay::identity::ProducerIdentity;
 use kvrelay::inputs::DcInput;
 use kvrelay::rng::rng_from_seed;
 use kvrelay::runtime::{SystemWallClock, TokioBlockingExecutor};
-use kvrelay::wan::RelayService;
 use kvrelay::wire;
 use kvrelay_benches::loopback::{
     CLIENT_THREADS, PoolFollower, RELAY_THREADS, client, quantile, runtime, serve_loopback,
@@ -62,13 +61,7 @@ fn main() {
         let demo = Demo::start(options, Arc::new(TokioBlockingExecutor), Arc::new(SystemWallClock))
             .expect("the demo node starts");
         let tuning = WanTuning::default();
-        let service = RelayService::new(
-            demo.node.relay,
-            demo.node.views.clone(),
-            Arc::clone(&demo.node.publications),
-            Arc::new(SystemWallClock),
-            tuning,
-        );
+        let service = demo.node.relay_service(Arc::new(SystemWallClock), tuning);
         let (address, shutdown) = serve_loopback(service, tuning).await;
         (demo, address, shutdown)
     });
