@@ -57,6 +57,10 @@ pub fn generate(
     let mut steady = Vec::new();
     let mut steady_stored_blocks = 0u64;
     let mut stores_done = 0usize;
+    // Once the live set first exceeds its target every later event is steady, even when a
+    // removal took the live set below the target again: warm-up must be a prefix in time, or
+    // applying warm-up then steady would reorder stores before their parents.
+    let mut in_steady = false;
     while stores_done < steady_stores {
         let rank = rng.below(ranks.len());
         let source = ranks[rank];
@@ -81,7 +85,7 @@ pub fn generate(
         live += BLOCKS_PER_STORE;
         let store =
             KvCacheEventData::Stored(StoreData { parent_hash, start_position: None, blocks });
-        let in_steady = live > live_blocks;
+        in_steady |= live > live_blocks;
         let out = if in_steady { &mut steady } else { &mut warmup };
         out.push(event(source, next_event_id[rank], store));
         next_event_id[rank] += 1;
@@ -100,4 +104,23 @@ pub fn generate(
         }
     }
     IngestWorkload { warmup, steady, steady_stored_blocks }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvrelay::ckf::{CkfFormat, MAX_KICKS_DEFAULT};
+    use kvrelay::pool::PoolOwnership;
+    use kvrelay::rng::rng_from_seed;
+
+    #[test]
+    fn warmup_then_steady_applies_without_a_refused_event() {
+        let workload = generate(7, 8, 4096, 4096);
+        let format = CkfFormat::for_expected_blocks(4096).unwrap();
+        let mut pool = PoolOwnership::new(format, MAX_KICKS_DEFAULT, rng_from_seed(1)).unwrap();
+        for event in workload.warmup.iter().chain(&workload.steady) {
+            pool.apply_event(event).unwrap();
+        }
+        assert_eq!(workload.steady_stored_blocks, 4096 * BLOCKS_PER_STORE as u64);
+    }
 }

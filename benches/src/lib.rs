@@ -14,6 +14,7 @@
 //!   [`TEST_KEY_COUNTS`], so the test build checks the benches without a multi-minute setup.
 
 pub mod ingest;
+pub mod loopback;
 
 use kvrelay::ckf::{
     CkfFormat, CuckooFilter, MAX_KICKS_DEFAULT, SLOTS_PER_BUCKET, bucket_count_for_expected_blocks,

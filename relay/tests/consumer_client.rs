@@ -3,12 +3,11 @@
 //! from a lagged subscription, answers prefix queries for base and LoRA names, and halts on a
 //! foreign contract.
 
+mod support;
+
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use kvrelay::ckf::{CkfFormat, DEFAULT_SEED, MAX_KICKS_DEFAULT};
 use kvrelay::config::WanTuning;
 use kvrelay::consumer::render::snapshot_lines;
 use kvrelay::consumer::{
@@ -19,52 +18,22 @@ use kvrelay::discovery::{ModelRegistration, ModelTarget, QuerySemantics, WorkerR
 use kvrelay::hashing::{
     ExternalBlockHash, HashFormat, LocalBlockHash, block_hash_seed, local_block_hashes,
 };
-use kvrelay::identity::{
-    EndpointPath, PoolId, ProducerIdentity, RelayIdentity, resolve_indexer_domain, stable_dc_id,
-};
-use kvrelay::kv_events::{
-    KvCacheEvent, KvCacheEventData, RemoveData, RouterEvent, StorageTier, StoreData, StoredBlock,
-};
-use kvrelay::pool::{
-    ActorConfig, ActorFault, FaultSink, PoolActorHandle, PoolOwnership, spawn_pool_actor,
-};
-use kvrelay::publication::{HubConfig, PoolPublications};
+use kvrelay::identity::{PoolId, ProducerIdentity};
+use kvrelay::kv_events::StoredBlock;
+use kvrelay::pool::PoolActorHandle;
 use kvrelay::readiness::ReadinessState;
 use kvrelay::registry::{CatalogSnapshot, PoolDescriptor};
 use kvrelay::rng::rng_from_seed;
-use kvrelay::runtime::{ManualWallClock, TokioBlockingExecutor};
 use kvrelay::topology::{AdapterReadiness, TopologyEntry, TopologyMember};
-use kvrelay::wan::{RelayService, WanPublisher, serve, wan_channels};
 use kvrelay::wire::{FilterStreamGuard, RelayErrorReason, encode};
 use kvrelay_proto::CONTRACT_MARKER;
 use kvrelay_proto::v1 as proto;
-use kvrelay_proto::v1::kv_event_relay_client::KvEventRelayClient;
 use rand_core::Rng;
-use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use support::{BLOCK, ENDPOINT, LoopbackRelay, producer, remove, stored};
 
 const BUCKETS: u64 = 4096;
-const BLOCK: u32 = 16;
-const ENDPOINT: &str = "dynamo/backend/generate";
 /// Every wait is bounded; a healthy run converges in well under a second.
 const CONVERGE: Duration = Duration::from_secs(20);
-
-#[derive(Debug)]
-struct IgnoreFaults;
-
-impl FaultSink for IgnoreFaults {
-    fn report(&self, _fault: ActorFault) {}
-}
-
-/// A real relay service on loopback with one pool whose generations the test controls.
-struct Relay {
-    address: SocketAddr,
-    relay: RelayIdentity,
-    publisher: WanPublisher,
-    publications: Arc<PoolPublications>,
-    executor: Arc<TokioBlockingExecutor>,
-    _shutdown: tokio::sync::oneshot::Sender<()>,
-}
 
 fn tuning() -> WanTuning {
     WanTuning {
@@ -73,15 +42,6 @@ fn tuning() -> WanTuning {
         catalog_heartbeat_interval: Duration::from_millis(100),
         ..WanTuning::default()
     }
-}
-
-fn identity(generation: u64) -> ProducerIdentity {
-    let endpoint: EndpointPath = ENDPOINT.parse().unwrap();
-    let domain =
-        resolve_indexer_domain("tiny-llm", BLOCK, HashFormat::StandardV1, &endpoint, None).unwrap();
-    let pool_id = PoolId { indexer_domain: domain, dc_id: stable_dc_id("dc-a").unwrap() };
-    ProducerIdentity::new(pool_id, 0x1234, generation, CkfFormat::v1(DEFAULT_SEED, BUCKETS))
-        .unwrap()
 }
 
 /// One pool serving the base model (also under the alias `tiny`) and a LoRA adapter whose
@@ -113,56 +73,7 @@ fn descriptor(producer: ProducerIdentity) -> PoolDescriptor {
     }
 }
 
-impl Relay {
-    async fn start(tuning: WanTuning) -> Relay {
-        let relay = RelayIdentity { drt_instance_id: 0x1111, relay_incarnation: 0x1234 };
-        let executor = Arc::new(TokioBlockingExecutor);
-        let hub_config = HubConfig {
-            subscriber_queue_frames: tuning.publication_queue_frames,
-            subscriber_queue_bytes: tuning.publication_queue_bytes,
-            subscribers_per_pool_max: tuning.max_subscribers_per_pool,
-            initialized_hubs_max: tuning.max_initialized_pool_hubs,
-            snapshot_progress_timeout: tuning.snapshot_progress_timeout,
-            ..HubConfig::default()
-        };
-        let publications = Arc::new(PoolPublications::new(hub_config, executor.clone()));
-        let (publisher, views) = wan_channels(&relay, tuning.load_fanout_capacity);
-        let clock = Arc::new(ManualWallClock::new(1_796_038_252_716_000));
-        let service = RelayService::new(relay, views, Arc::clone(&publications), clock, tuning);
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(async move {
-            serve(service, TcpListenerStream::new(listener), &tuning, async {
-                let _ = stop.await;
-            })
-            .await
-            .unwrap();
-        });
-        Relay { address, relay, publisher, publications, executor, _shutdown: shutdown }
-    }
-
-    /// Start a pool actor for `producer` and make it subscribable.
-    fn activate(&self, producer: ProducerIdentity, seed: u64) -> PoolActorHandle {
-        let pool =
-            PoolOwnership::new(producer.format(), MAX_KICKS_DEFAULT, rng_from_seed(seed)).unwrap();
-        let (actor, _) = spawn_pool_actor(
-            pool,
-            ActorConfig::default(),
-            self.executor.clone(),
-            Arc::new(IgnoreFaults),
-        );
-        self.publications.activate(producer, actor.clone());
-        actor
-    }
-
-    fn publish_catalog(&self, revision: u64, pools: Vec<PoolDescriptor>) {
-        self.publisher.publish_catalog(encode::catalog_update(
-            &self.relay,
-            &CatalogSnapshot { revision, pools },
-        ));
-    }
-
+impl LoopbackRelay {
     fn publish_readiness(&self, revision: u64, pool_id: PoolId) {
         let entry = TopologyEntry {
             namespace: "dynamo".into(),
@@ -206,10 +117,7 @@ impl Relay {
 
     /// The relay's filter as a fresh subscriber sees it: its snapshot sequence and words.
     async fn filter(&self, producer: &ProducerIdentity) -> (u64, Vec<u64>) {
-        let mut client = KvEventRelayClient::connect(format!("http://{}", self.address))
-            .await
-            .unwrap()
-            .max_decoding_message_size(8 << 20);
+        let mut client = self.client().await;
         let request = proto::SubscribeKvPoolRequest {
             subscriber_id: "oracle".into(),
             expected_producer: Some(encode::producer(producer)),
@@ -227,7 +135,7 @@ impl Relay {
     }
 }
 
-async fn start_consumer(relay: &Relay, seed: u64) -> RelayConsumer {
+async fn start_consumer(relay: &LoopbackRelay, seed: u64) -> RelayConsumer {
     let channel = connect(&relay.address.to_string()).await.unwrap();
     let idle = Some(Duration::from_secs(2));
     let config = ConsumerConfig {
@@ -273,38 +181,6 @@ fn block(external: u64, tokens_hash: u64) -> StoredBlock {
     }
 }
 
-fn stored(parent: Option<u64>, blocks: Vec<StoredBlock>) -> RouterEvent {
-    RouterEvent {
-        worker_id: 1,
-        storage_tier: StorageTier::Device,
-        residency_domain: None,
-        event: KvCacheEvent {
-            event_id: 0,
-            dp_rank: 0,
-            data: KvCacheEventData::Stored(StoreData {
-                parent_hash: parent.map(ExternalBlockHash),
-                start_position: None,
-                blocks,
-            }),
-        },
-    }
-}
-
-fn removed(externals: Vec<u64>) -> RouterEvent {
-    RouterEvent {
-        worker_id: 1,
-        storage_tier: StorageTier::Device,
-        residency_domain: None,
-        event: KvCacheEvent {
-            event_id: 0,
-            dp_rank: 0,
-            data: KvCacheEventData::Removed(RemoveData {
-                block_hashes: externals.into_iter().map(ExternalBlockHash).collect(),
-            }),
-        },
-    }
-}
-
 /// Rounds of random single-block stores and batched removals, flushed after every round.
 /// Returns the last published sequence.
 async fn random_workload(actor: &PoolActorHandle, seed: u64, rounds: u64, base: u64) -> u64 {
@@ -323,7 +199,7 @@ async fn random_workload(actor: &PoolActorHandle, seed: u64, rounds: u64, base: 
             live.push(external);
         }
         if live.len() > 200 {
-            events.push(removed(live.drain(..8).collect()));
+            events.push(remove(live.drain(..8)));
         }
         actor.apply(events).await.unwrap();
         last = actor.flush().await.unwrap().unwrap();
@@ -353,8 +229,8 @@ async fn store_prompt(
 
 #[tokio::test]
 async fn the_consumer_converges_to_the_relay_and_answers_prefix_queries() {
-    let relay = Relay::start(tuning()).await;
-    let producer = identity(1);
+    let relay = LoopbackRelay::start(tuning()).await;
+    let producer = producer(ENDPOINT, 1, BUCKETS);
     let actor = relay.activate(producer, 3);
     relay.publish_catalog(1, vec![descriptor(producer)]);
     relay.publish_readiness(2, producer.pool_id());
@@ -412,8 +288,8 @@ async fn the_consumer_converges_to_the_relay_and_answers_prefix_queries() {
 
 #[tokio::test]
 async fn a_producer_change_drops_the_replica_and_resubscribes_to_the_new_generation() {
-    let relay = Relay::start(tuning()).await;
-    let first = identity(1);
+    let relay = LoopbackRelay::start(tuning()).await;
+    let first = producer(ENDPOINT, 1, BUCKETS);
     let actor = relay.activate(first, 3);
     relay.publish_catalog(1, vec![descriptor(first)]);
     relay.publish_load(1, &first, 600);
@@ -427,7 +303,7 @@ async fn a_producer_change_drops_the_replica_and_resubscribes_to_the_new_generat
     // The relay re-materializes the pool: generation 1 retires, generation 2 activates, and
     // the catalog names the new producer.
     relay.publications.retire(first.pool_id(), 1).await;
-    let second = identity(2);
+    let second = producer(ENDPOINT, 2, BUCKETS);
     let actor = relay.activate(second, 4);
     relay.publish_catalog(2, vec![descriptor(second)]);
     let changed =
@@ -465,8 +341,8 @@ async fn a_lagged_subscription_is_reopened_from_a_fresh_snapshot() {
     // A per-subscriber budget of 1 KiB holds a few one-block deltas but not one delta of a
     // hundred bucket images, so that delta ends the subscription as lagged, however fast the
     // consumer drains.
-    let relay = Relay::start(WanTuning { publication_queue_bytes: 1024, ..tuning() }).await;
-    let producer = identity(1);
+    let relay = LoopbackRelay::start(WanTuning { publication_queue_bytes: 1024, ..tuning() }).await;
+    let producer = producer(ENDPOINT, 1, BUCKETS);
     let actor = relay.activate(producer, 3);
     relay.publish_catalog(1, vec![descriptor(producer)]);
     let consumer = start_consumer(&relay, 13).await;
@@ -506,8 +382,8 @@ async fn a_lagged_subscription_is_reopened_from_a_fresh_snapshot() {
 
 #[tokio::test]
 async fn a_catalog_in_a_foreign_contract_halts_the_consumer() {
-    let relay = Relay::start(tuning()).await;
-    let producer = identity(1);
+    let relay = LoopbackRelay::start(tuning()).await;
+    let producer = producer(ENDPOINT, 1, BUCKETS);
     let _actor = relay.activate(producer, 3);
     relay.publish_catalog(1, vec![descriptor(producer)]);
     let consumer = start_consumer(&relay, 14).await;

@@ -9,7 +9,7 @@ use kvrelay::consumer::FilterReplica;
 use kvrelay::demo::{Demo, DemoOptions};
 use kvrelay::hashing::{HashFormat, block_hash_seed, local_block_hashes, sequence_hashes};
 use kvrelay::runtime::{SystemWallClock, TokioBlockingExecutor};
-use kvrelay::wan::{RelayService, serve};
+use kvrelay::wan::serve;
 use kvrelay::wire::{self, encode};
 use kvrelay_proto::CONTRACT_MARKER;
 use kvrelay_proto::v1 as proto;
@@ -23,13 +23,7 @@ async fn a_simulated_dc_becomes_a_catalog_readiness_load_and_matching_filters() 
     let demo =
         Demo::start(options, Arc::new(TokioBlockingExecutor), Arc::new(SystemWallClock)).unwrap();
     let tuning = WanTuning::default();
-    let service = RelayService::new(
-        demo.node.relay,
-        demo.node.views.clone(),
-        Arc::clone(&demo.node.publications),
-        Arc::new(SystemWallClock),
-        tuning,
-    );
+    let service = demo.node.relay_service(Arc::new(SystemWallClock), tuning);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     let (stop_server, stopped) = tokio::sync::oneshot::channel::<()>();

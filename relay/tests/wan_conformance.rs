@@ -2,147 +2,44 @@
 //! contract names, stream limits, chunked snapshots, heartbeats, and a consumer replica that
 //! ends equal to the relay's filter.
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
+mod support;
+
 use std::time::Duration;
 
-use kvrelay::ckf::{CkfFormat, DEFAULT_SEED, MAX_KICKS_DEFAULT};
 use kvrelay::config::WanTuning;
 use kvrelay::consumer::FilterReplica;
-use kvrelay::discovery::{ModelRegistration, ModelTarget, QuerySemantics, WorkerRole};
-use kvrelay::hashing::{ExternalBlockHash, HashFormat, LocalBlockHash};
-use kvrelay::identity::{
-    EndpointPath, PoolId, ProducerIdentity, RelayIdentity, resolve_indexer_domain, stable_dc_id,
-};
-use kvrelay::kv_events::{
-    KvCacheEvent, KvCacheEventData, RemoveData, RouterEvent, StorageTier, StoreData, StoredBlock,
-};
-use kvrelay::pool::{
-    ActorConfig, ActorFault, FaultSink, PoolActorHandle, PoolOwnership, spawn_pool_actor,
-};
-use kvrelay::publication::{HubConfig, PoolPublications};
-use kvrelay::registry::{CatalogSnapshot, PoolDescriptor};
+use kvrelay::identity::ProducerIdentity;
+use kvrelay::pool::PoolActorHandle;
 use kvrelay::rng::rng_from_seed;
-use kvrelay::runtime::{ManualWallClock, TokioBlockingExecutor};
-use kvrelay::wan::{RelayService, WanPublisher, serve, wan_channels};
 use kvrelay::wire::{self, RelayErrorReason, encode};
 use kvrelay_proto::CONTRACT_MARKER;
 use kvrelay_proto::v1 as proto;
 use kvrelay_proto::v1::kv_event_relay_client::KvEventRelayClient;
-use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use support::{
+    ENDPOINT, LoopbackRelay, base_descriptor, occupied_slots, pool_request, producer, remove, store,
+};
 use tonic::Code;
 use tonic::transport::Channel;
 
-#[derive(Debug)]
-struct IgnoreFaults;
-
-impl FaultSink for IgnoreFaults {
-    fn report(&self, _fault: ActorFault) {}
-}
-
+/// One pool on a loopback relay, its catalog published, and a client.
 struct Harness {
     client: KvEventRelayClient<Channel>,
-    publisher: WanPublisher,
     actor: PoolActorHandle,
     identity: ProducerIdentity,
-    relay: RelayIdentity,
-    _shutdown: tokio::sync::oneshot::Sender<()>,
-}
-
-fn identity(buckets: u64) -> ProducerIdentity {
-    let endpoint: EndpointPath = "dynamo/backend/generate".parse().unwrap();
-    let domain =
-        resolve_indexer_domain("tiny-llm", 16, HashFormat::StandardV1, &endpoint, None).unwrap();
-    let pool_id = PoolId { indexer_domain: domain, dc_id: stable_dc_id("dc-a").unwrap() };
-    ProducerIdentity::new(pool_id, 0x1234, 1, CkfFormat::v1(DEFAULT_SEED, buckets)).unwrap()
-}
-
-fn descriptor(identity: ProducerIdentity) -> PoolDescriptor {
-    PoolDescriptor {
-        producer: identity,
-        serving_endpoint: "dynamo/backend/generate".parse().unwrap(),
-        registrations: vec![ModelRegistration {
-            canonical_model_id: "tiny-llm".into(),
-            target: ModelTarget::Base { base_model: "tiny-llm".into() },
-            aliases: BTreeSet::new(),
-        }],
-        query_semantics: QuerySemantics { kv_block_size: 16, hash_format: HashFormat::StandardV1 },
-        pool_roles: BTreeSet::from([WorkerRole::Aggregated]),
-    }
+    server: LoopbackRelay,
 }
 
 async fn harness(tuning: WanTuning, buckets: u64) -> Harness {
-    let relay = RelayIdentity { drt_instance_id: 0x1111, relay_incarnation: 0x1234 };
-    let identity = identity(buckets);
-    let pool = PoolOwnership::new(identity.format(), MAX_KICKS_DEFAULT, rng_from_seed(3)).unwrap();
-    let executor = Arc::new(TokioBlockingExecutor);
-    let (actor, _) =
-        spawn_pool_actor(pool, ActorConfig::default(), executor.clone(), Arc::new(IgnoreFaults));
-    let hub_config = HubConfig {
-        subscriber_queue_frames: tuning.publication_queue_frames,
-        subscriber_queue_bytes: tuning.publication_queue_bytes,
-        subscribers_per_pool_max: tuning.max_subscribers_per_pool,
-        initialized_hubs_max: tuning.max_initialized_pool_hubs,
-        snapshot_progress_timeout: tuning.snapshot_progress_timeout,
-        ..HubConfig::default()
-    };
-    let publications = Arc::new(PoolPublications::new(hub_config, executor));
-    publications.activate(identity, actor.clone());
-    let (publisher, views) = wan_channels(&relay, tuning.load_fanout_capacity);
-    publisher.publish_catalog(encode::catalog_update(
-        &relay,
-        &CatalogSnapshot { revision: 1, pools: vec![descriptor(identity)] },
-    ));
-    let clock = Arc::new(ManualWallClock::new(1_796_038_252_716_000));
-    let service = RelayService::new(relay, views, publications, clock, tuning);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        serve(service, TcpListenerStream::new(listener), &tuning, async {
-            let _ = stop.await;
-        })
-        .await
-        .unwrap();
-    });
-    let client = KvEventRelayClient::connect(format!("http://{address}"))
-        .await
-        .unwrap()
-        .max_decoding_message_size(8 << 20);
-    Harness { client, publisher, actor, identity, relay, _shutdown: shutdown }
-}
-
-fn store(external: u64, parent: Option<u64>) -> RouterEvent {
-    RouterEvent {
-        worker_id: 1,
-        storage_tier: StorageTier::Device,
-        residency_domain: None,
-        event: KvCacheEvent {
-            event_id: external,
-            dp_rank: 0,
-            data: KvCacheEventData::Stored(StoreData {
-                parent_hash: parent.map(ExternalBlockHash),
-                start_position: None,
-                blocks: vec![StoredBlock {
-                    block_hash: ExternalBlockHash(external),
-                    tokens_hash: LocalBlockHash(external.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
-                }],
-            }),
-        },
-    }
+    let server = LoopbackRelay::start(tuning).await;
+    let identity = producer(ENDPOINT, 1, buckets);
+    let actor = server.activate(identity, 3);
+    server.publish_catalog(1, vec![base_descriptor(identity, ENDPOINT)]);
+    let client = server.client().await;
+    Harness { client, actor, identity, server }
 }
 
 fn reason(status: &tonic::Status) -> Option<RelayErrorReason> {
     RelayErrorReason::from_status(status)
-}
-
-fn pool_request(producer: &ProducerIdentity, subscriber_id: &str) -> proto::SubscribeKvPoolRequest {
-    proto::SubscribeKvPoolRequest {
-        subscriber_id: subscriber_id.into(),
-        expected_producer: Some(encode::producer(producer)),
-        contract_marker: CONTRACT_MARKER,
-    }
 }
 
 #[tokio::test]
@@ -156,7 +53,7 @@ async fn relay_info_and_catalog_answer_with_the_contract_envelope() {
         .into_inner();
     assert_eq!(info.protocol_version, 1);
     assert_eq!(info.contract_marker, 0x4B56_5231);
-    assert_eq!(info.relay, Some(encode::relay_identity(&h.relay)));
+    assert_eq!(info.relay, Some(encode::relay_identity(&h.server.relay)));
     let mut catalog = h
         .client
         .watch_kv_pool_catalog(proto::WatchKvPoolCatalogRequest {
@@ -171,10 +68,7 @@ async fn relay_info_and_catalog_answer_with_the_contract_envelope() {
     assert_eq!(validated.revision, 1);
     assert_eq!(validated.pools.len(), 1);
     assert_eq!(validated.pools[0].producer, h.identity);
-    h.publisher.publish_catalog(encode::catalog_update(
-        &h.relay,
-        &CatalogSnapshot { revision: 2, pools: Vec::new() },
-    ));
+    h.server.publish_catalog(2, Vec::new());
     let second = catalog.message().await.unwrap().unwrap();
     assert_eq!(second.revision, 2);
     assert!(second.snapshot.unwrap().pools.is_empty(), "absence from a snapshot is the withdrawal");
@@ -339,18 +233,7 @@ async fn after_a_random_workload_the_consumer_replica_equals_the_relay() {
         }
         if live.len() > 600 {
             let removed: Vec<u64> = live.drain(..8).collect();
-            events.push(RouterEvent {
-                worker_id: 1,
-                storage_tier: StorageTier::Device,
-                residency_domain: None,
-                event: KvCacheEvent {
-                    event_id: 0,
-                    dp_rank: 0,
-                    data: KvCacheEventData::Removed(RemoveData {
-                        block_hashes: removed.into_iter().map(ExternalBlockHash).collect(),
-                    }),
-                },
-            });
+            events.push(remove(removed));
         }
         h.actor.apply(events).await.unwrap();
         let flushed = h.actor.flush().await.unwrap().unwrap();
@@ -364,13 +247,11 @@ async fn after_a_random_workload_the_consumer_replica_equals_the_relay() {
     let last = h.actor.flush().await.unwrap().unwrap();
     let stats = h.actor.stats().await.unwrap();
     assert!(stats.resident_blocks > 500);
-    let occupied: u64 = replica
-        .words()
-        .unwrap()
-        .iter()
-        .map(|word| (0..4).filter(|slot| (word >> (16 * slot)) & 0xFFFF != 0).count() as u64)
-        .sum();
-    assert_eq!(occupied, stats.resident_blocks, "every resident fingerprint reached the replica");
+    assert_eq!(
+        occupied_slots(&replica),
+        stats.resident_blocks,
+        "every resident fingerprint reached the replica"
+    );
     let mut relay_stream =
         h.client.subscribe_kv_pool(pool_request(&h.identity, "second")).await.unwrap().into_inner();
     let mut fresh = FilterReplica::new(h.identity.format(), h.identity.pool_id().dc_id.0).unwrap();
@@ -415,7 +296,7 @@ async fn readiness_and_load_follow_updates() {
     assert_eq!(load.message().await.unwrap().unwrap().window_sequence, 0);
     let window = |sequence: u64| proto::KvPoolLoadUpdate {
         protocol_version: 1,
-        relay: Some(encode::relay_identity(&h.relay)),
+        relay: Some(encode::relay_identity(&h.server.relay)),
         window_sequence: sequence,
         observed_ms: 1,
         window_ms: 1000,
@@ -428,8 +309,8 @@ async fn readiness_and_load_follow_updates() {
         }],
         contract_marker: CONTRACT_MARKER,
     };
-    h.publisher.publish_load(window(1));
-    h.publisher.publish_load(window(2));
+    h.server.publisher.publish_load(window(1));
+    h.server.publisher.publish_load(window(2));
     let first = load.message().await.unwrap().unwrap();
     assert_eq!(first.window_sequence, 1);
     assert_eq!(first.pools[0].kv_used_blocks, 600);
@@ -438,7 +319,7 @@ async fn readiness_and_load_follow_updates() {
 
 #[tokio::test]
 async fn shutdown_force_closes_open_streams() {
-    let Harness { mut client, _shutdown: shutdown, .. } = harness(WanTuning::default(), 1024).await;
+    let Harness { mut client, mut server, .. } = harness(WanTuning::default(), 1024).await;
     let mut catalog = client
         .watch_kv_pool_catalog(proto::WatchKvPoolCatalogRequest {
             subscriber_id: "t".into(),
@@ -448,7 +329,7 @@ async fn shutdown_force_closes_open_streams() {
         .unwrap()
         .into_inner();
     catalog.message().await.unwrap().unwrap();
-    let _ = shutdown.send(());
+    server.stop();
     let ended =
         tokio::time::timeout(Duration::from_secs(5), catalog.message()).await.expect("stream ends");
     let status = ended.unwrap_err();

@@ -11,6 +11,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use super::recovery::RecoveryTransport;
+use crate::config::WanTuning;
 use crate::control::{ControlCommand, ControlConfig, ControlError, ControlPlane, ShellReport};
 use crate::identity::{EndpointPath, PoolId, RelayIdentity};
 use crate::inputs::DcInput;
@@ -24,7 +25,7 @@ use crate::registry::{ActorFaultAction, HostCommand, StopMode, TargetDisposition
 use crate::rng::{RelayRng, rng_from_seed};
 use crate::runtime::{BlockingExecutor, WallClock, run_blocking};
 use crate::sources::{RankFence, RecoveryRequestId, SourceCommand};
-use crate::wan::{WanPublisher, WanViews, wan_channels};
+use crate::wan::{RelayService, WanPublisher, WanViews, wan_channels};
 use crate::wire::encode;
 
 /// How a node runs.
@@ -83,6 +84,18 @@ pub struct NodeHandle {
 }
 
 impl NodeHandle {
+    /// The WAN service serving this node's catalog, readiness, load and pools.
+    #[must_use]
+    pub fn relay_service(&self, clock: Arc<dyn WallClock>, tuning: WanTuning) -> RelayService {
+        RelayService::new(
+            self.relay,
+            self.views.clone(),
+            Arc::clone(&self.publications),
+            clock,
+            tuning,
+        )
+    }
+
     /// Withdraw every pool, stop every actor, and end the task.
     pub async fn shutdown(self) {
         self.shutdown.cancel();

@@ -23,6 +23,8 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::config::WanTuning;
+
 pub use hub::{FrameKind, Hub, HubFrame, MirrorSnapshot};
 pub use registry::{FenceRequests, PoolPublications};
 pub use stream::{PoolStream, StreamItem};
@@ -53,6 +55,22 @@ impl Default for HubConfig {
             initialized_hubs_max: 64,
             max_delta_images: crate::cbi1::MAX_DELTA_IMAGES,
             snapshot_progress_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+impl HubConfig {
+    /// The bounds the WAN tuning sets (relay-facts §12); the largest delta stays at the CBI1
+    /// maximum.
+    #[must_use]
+    pub fn from_tuning(tuning: &WanTuning) -> Self {
+        HubConfig {
+            subscriber_queue_frames: tuning.publication_queue_frames,
+            subscriber_queue_bytes: tuning.publication_queue_bytes,
+            subscribers_per_pool_max: tuning.max_subscribers_per_pool,
+            initialized_hubs_max: tuning.max_initialized_pool_hubs,
+            snapshot_progress_timeout: tuning.snapshot_progress_timeout,
+            ..HubConfig::default()
         }
     }
 }

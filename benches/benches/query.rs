@@ -1,0 +1,108 @@
+//! Consumer prefix-query cost per block: `consumer::query::answer` (name resolution, hashing of
+//! the prompt under the pool's semantics, longest-prefix probe of the replica), and its two
+//! parts alone — hashing (`query_hashes`) and probing (`FilterReplica::longest_prefix`).
+//!
+//! The replica is installed from a real CBI1 snapshot of a filter sized for 65,536 blocks and
+//! filled to half of that with unrelated blocks plus the prompt's own blocks; the prompt is a
+//! full hit, so every block is hashed and probed. Throughput is in blocks (16 tokens each).
+
+use std::collections::BTreeSet;
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use kvrelay::cbi1::FrameEncoder;
+use kvrelay::ckf::{CkfFormat, CuckooFilter, MAX_KICKS_DEFAULT};
+use kvrelay::consumer::query::{answer, query_hashes};
+use kvrelay::consumer::{FilterFrame, FilterReplica, QueryPool};
+use kvrelay::discovery::{ModelRegistration, ModelTarget, QuerySemantics, WorkerRole};
+use kvrelay::hashing::HashFormat;
+use kvrelay::identity::{EndpointPath, PoolId, ProducerIdentity};
+use kvrelay::identity::{resolve_indexer_domain, stable_dc_id};
+use kvrelay::registry::PoolDescriptor;
+use kvrelay::rng::rng_from_seed;
+use kvrelay_benches::SplitMix64;
+
+const EXPECTED_BLOCKS: u64 = 65_536;
+const BLOCK_TOKENS: u32 = 16;
+const MODEL: &str = "bench-llm";
+
+fn descriptor(format: CkfFormat) -> PoolDescriptor {
+    let semantics =
+        QuerySemantics { kv_block_size: BLOCK_TOKENS, hash_format: HashFormat::StandardV1 };
+    let endpoint: EndpointPath = "bench/backend/generate".parse().expect("a valid endpoint");
+    let domain =
+        resolve_indexer_domain(MODEL, BLOCK_TOKENS, semantics.hash_format, &endpoint, None)
+            .expect("a valid domain");
+    let pool_id = PoolId { indexer_domain: domain, dc_id: stable_dc_id("bench").expect("a dc") };
+    PoolDescriptor {
+        producer: ProducerIdentity::new(pool_id, 1, 1, format).expect("a valid producer"),
+        serving_endpoint: endpoint,
+        registrations: vec![ModelRegistration {
+            canonical_model_id: MODEL.into(),
+            target: ModelTarget::Base { base_model: MODEL.into() },
+            aliases: BTreeSet::new(),
+        }],
+        query_semantics: semantics,
+        pool_roles: BTreeSet::from([WorkerRole::Aggregated]),
+    }
+}
+
+/// A replica holding `tokens`' blocks and `EXPECTED_BLOCKS / 2` unrelated ones.
+fn replica_holding(descriptor: &PoolDescriptor, tokens: &[u32]) -> FilterReplica {
+    let format = descriptor.producer.format();
+    let mut filter =
+        CuckooFilter::new(format, MAX_KICKS_DEFAULT, rng_from_seed(3)).expect("filter");
+    let mut rng = SplitMix64::new(11);
+    for _ in 0..EXPECTED_BLOCKS / 2 {
+        filter.insert(rng.next_u64()).expect("half load fits");
+    }
+    let target = &descriptor.registrations[0].target;
+    for hash in query_hashes(tokens, &descriptor.query_semantics, target) {
+        filter.insert(hash.0).expect("the prompt fits");
+    }
+    let dc_id = descriptor.producer.pool_id().dc_id.0;
+    let chunks = FrameEncoder::new(format, dc_id)
+        .expect("an encoder")
+        .encode_snapshot(1, filter.words())
+        .expect("a snapshot");
+    let mut replica = FilterReplica::new(format, dc_id).expect("a replica");
+    for payload in &chunks {
+        replica
+            .accept(FilterFrame::SnapshotChunk { base_sequence: 1, sequence: 1, payload })
+            .expect("a valid snapshot");
+    }
+    replica
+}
+
+fn query(c: &mut Criterion) {
+    let lengths: &[usize] = if kvrelay_benches::is_bench_mode() { &[16, 128, 1024] } else { &[16] };
+    let format = CkfFormat::for_expected_blocks(EXPECTED_BLOCKS).expect("a valid sizing");
+    let descriptor = descriptor(format);
+    let target = &descriptor.registrations[0].target;
+    let mut group = c.benchmark_group("consumer_query");
+    group.sample_size(20).measurement_time(Duration::from_secs(3));
+    for &blocks in lengths {
+        let mut rng = SplitMix64::new(blocks as u64);
+        let tokens: Vec<u32> =
+            (0..blocks * BLOCK_TOKENS as usize).map(|_| (rng.next_u64() % 32_000) as u32).collect();
+        let replica = replica_holding(&descriptor, &tokens);
+        let hashes = query_hashes(&tokens, &descriptor.query_semantics, target);
+        assert_eq!(replica.longest_prefix(&hashes), Some(blocks), "the prompt is a full hit");
+        group.throughput(Throughput::Elements(blocks as u64));
+        group.bench_function(format!("answer/{blocks}_blocks"), |b| {
+            let pool = QueryPool { descriptor: &descriptor, replica: Some(&replica) };
+            b.iter(|| answer([pool], black_box(&tokens), MODEL));
+        });
+        group.bench_function(format!("hash/{blocks}_blocks"), |b| {
+            b.iter(|| query_hashes(black_box(&tokens), &descriptor.query_semantics, target));
+        });
+        group.bench_function(format!("probe/{blocks}_blocks"), |b| {
+            b.iter(|| replica.longest_prefix(black_box(&hashes)));
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, query);
+criterion_main!(benches);
