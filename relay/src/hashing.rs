@@ -74,20 +74,41 @@ pub fn block_hash_seed(lora_name: Option<&str>, cache_namespace: Option<&str>) -
     seed
 }
 
+/// Bytes hashed in one call; longer material streams through a buffer of this size. Both paths
+/// give the same digest (XXH3 is defined over the byte string, not over how it is fed).
+const HASH_BUFFER_BYTES: usize = 1024;
+
 /// Hash one block: its tokens as u32 little-endian, then its multimodal hashes sorted ascending
 /// as u64 little-endian, all under `seed`.
 #[must_use]
 pub fn local_block_hash(tokens: &[u32], mm_hashes: &[u64], seed: u64) -> LocalBlockHash {
-    let mut hasher = Xxh3::with_seed(seed);
-    for token in tokens {
-        hasher.update(&token.to_le_bytes());
-    }
-    if !mm_hashes.is_empty() {
-        let mut sorted = mm_hashes.to_vec();
-        sorted.sort_unstable();
-        for mm in sorted {
-            hasher.update(&mm.to_le_bytes());
+    let mut sorted_mm = mm_hashes.to_vec();
+    sorted_mm.sort_unstable();
+    let mut buffer = [0u8; HASH_BUFFER_BYTES];
+    if tokens.len() * 4 + sorted_mm.len() * 8 <= HASH_BUFFER_BYTES {
+        let mut filled = 0;
+        for token in tokens {
+            buffer[filled..filled + 4].copy_from_slice(&token.to_le_bytes());
+            filled += 4;
         }
+        for mm in &sorted_mm {
+            buffer[filled..filled + 8].copy_from_slice(&mm.to_le_bytes());
+            filled += 8;
+        }
+        return LocalBlockHash(xxh3_64_with_seed(&buffer[..filled], seed));
+    }
+    let mut hasher = Xxh3::with_seed(seed);
+    for chunk in tokens.chunks(HASH_BUFFER_BYTES / 4) {
+        for (slot, token) in buffer.chunks_exact_mut(4).zip(chunk) {
+            slot.copy_from_slice(&token.to_le_bytes());
+        }
+        hasher.update(&buffer[..chunk.len() * 4]);
+    }
+    for chunk in sorted_mm.chunks(HASH_BUFFER_BYTES / 8) {
+        for (slot, mm) in buffer.chunks_exact_mut(8).zip(chunk) {
+            slot.copy_from_slice(&mm.to_le_bytes());
+        }
+        hasher.update(&buffer[..chunk.len() * 8]);
     }
     LocalBlockHash(hasher.digest())
 }
@@ -217,5 +238,21 @@ mod tests {
     fn partial_blocks_and_zero_block_size_hash_nothing() {
         assert_eq!(local_block_hashes(&[1, 2, 3, 4, 5], 4, HashFormat::StandardV1, 1337).len(), 1);
         assert!(local_block_hashes(&[1, 2, 3], 0, HashFormat::StandardV1, 1337).is_empty());
+    }
+
+    #[test]
+    fn long_blocks_stream_to_the_same_digest_as_one_call() {
+        let tokens: Vec<u32> = (0..1000u32).map(|t| t.wrapping_mul(2_654_435_761)).collect();
+        let mm = [9u64, 3, 7];
+        let mut bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        bytes.extend([3u64, 7, 9].iter().flat_map(|m| m.to_le_bytes()));
+        let expected = xxh3_64_with_seed(&bytes, XXH3_SEED);
+        assert_eq!(local_block_hash(&tokens, &mm, XXH3_SEED).0, expected);
+        // Exactly at the one-call bound and one token past it.
+        for len in [256, 257] {
+            let bytes: Vec<u8> = tokens[..len].iter().flat_map(|t| t.to_le_bytes()).collect();
+            let expected = xxh3_64_with_seed(&bytes, XXH3_SEED);
+            assert_eq!(local_block_hash(&tokens[..len], &[], XXH3_SEED).0, expected);
+        }
     }
 }
