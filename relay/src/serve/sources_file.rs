@@ -413,7 +413,8 @@ mod tests {
             (0..=SOURCES_MAX).map(|i| format!(r#"{{"namespace":"n{i}"}}"#)).collect();
         let many_file = format!(r#"{{"version":1,"sources":[{}]}}"#, many.join(","));
         let huge = vec![b' '; SOURCES_FILE_BYTES_MAX + 1];
-        let cases: Vec<(&[u8], fn(&SourcesFileError) -> bool)> = vec![
+        type Check = fn(&SourcesFileError) -> bool;
+        let cases: Vec<(&[u8], Check)> = vec![
             (b"{\"version\":1,\"sources\":[", |e| matches!(e, SourcesFileError::Json { .. })),
             (
                 br#"{"version":1}"#,
