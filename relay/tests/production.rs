@@ -23,6 +23,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use bytes::Bytes;
 use kvrelay::config::{self, CliValues};
 use kvrelay::consumer::{self, ConsumerConfig, ConsumerSnapshot, FilterStatus, RelayConsumer};
+use kvrelay::discovery_plane::{EtcdClient, EtcdConnectOptions};
 use kvrelay::hashing::{
     ExternalBlockHash, HashFormat, LocalBlockHash, block_hash_seed, local_block_hashes,
 };
@@ -107,6 +108,59 @@ impl NatsServer {
 }
 
 impl Drop for NatsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A real etcd on 127.0.0.1 with a temporary data dir, killed by PID when dropped.
+struct EtcdServer {
+    _dir: tempfile::TempDir,
+    child: Child,
+    url: String,
+}
+
+impl EtcdServer {
+    async fn start() -> Self {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let binary = std::env::split_paths(&path)
+            .map(|dir| dir.join("etcd"))
+            .find(|candidate| candidate.is_file())
+            .expect("the `etcd` binary is not installed: apt-get install -y etcd-server");
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("http://127.0.0.1:{}", free_port());
+        let peer = format!("http://127.0.0.1:{}", free_port());
+        let child = Command::new(binary)
+            .args(["--name", "kvrelay-production"])
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("kvrelay-production={peer}")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let server = EtcdServer { _dir: dir, child, url };
+        for _ in 0..300 {
+            if let Ok(mut client) = server.client().await
+                && client.range_prefix(b"v1/", 1, 16).await.is_ok()
+            {
+                return server;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("etcd did not answer on {} within 30 s", server.url);
+    }
+
+    async fn client(&self) -> Result<EtcdClient, kvrelay::discovery_plane::EtcdError> {
+        EtcdClient::connect(&self.url, &EtcdConnectOptions::default()).await
+    }
+}
+
+impl Drop for EtcdServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -249,6 +303,25 @@ impl Worker {
         }
     }
 
+    /// The logical (etcd) keys and values, as Dynamo writes them under a lease.
+    fn etcd_entries(&self) -> [(String, String); 3] {
+        let n = self.namespace;
+        [
+            (format!("v1/mdc/{n}/backend/generate/{:x}", self.instance), self.card_record()),
+            (
+                format!(
+                    "v1/event_sources/namespace/{n}/component/backend/endpoint/generate/topic/kv-events/{:x}",
+                    self.publisher
+                ),
+                self.source_record(),
+            ),
+            (
+                format!("v1/instances/{n}/backend/generate/{:x}", self.instance),
+                self.instance_record(),
+            ),
+        ]
+    }
+
     fn subject(&self, topic: &str) -> String {
         format!("namespace.{}.component.backend.endpoint.generate.{topic}", self.namespace)
     }
@@ -339,6 +412,19 @@ async fn start_relay(
     sources_file: Option<PathBuf>,
     guard: Option<&str>,
 ) -> RunningRelay {
+    let discovery = [
+        ("DYN_DISCOVERY_BACKEND", "file".to_owned()),
+        ("DYN_FILE_KV", store.root.display().to_string()),
+    ];
+    start_relay_with(&discovery, nats, sources_file, guard).await
+}
+
+async fn start_relay_with(
+    discovery: &[(&str, String)],
+    nats: &NatsServer,
+    sources_file: Option<PathBuf>,
+    guard: Option<&str>,
+) -> RunningRelay {
     let cli = CliValues {
         dc_id: Some("dc-a".into()),
         bind: Some("127.0.0.1:0".into()),
@@ -347,13 +433,13 @@ async fn start_relay(
         ..CliValues::default()
     };
     let mut environment: BTreeMap<String, String> = [
-        ("DYN_DISCOVERY_BACKEND", "file".to_owned()),
-        ("DYN_FILE_KV", store.root.display().to_string()),
         ("DYN_EVENT_PLANE", "nats".to_owned()),
         ("NATS_SERVER", nats.url()),
         ("DYN_RELAY_LOAD_WINDOW_MS", "200".to_owned()),
     ]
     .into_iter()
+    .into_iter()
+    .chain(discovery.iter().cloned())
     .map(|(name, value)| (name.to_owned(), value))
     .collect();
     if let Some(guard) = guard {
@@ -378,12 +464,19 @@ async fn converge(
     what: &str,
     predicate: impl FnMut(&ConsumerSnapshot) -> bool,
 ) -> ConsumerSnapshot {
-    match tokio::time::timeout(CONVERGE, consumer.wait_until(predicate)).await {
+    converge_within(consumer, what, CONVERGE, predicate).await
+}
+
+async fn converge_within(
+    consumer: &RelayConsumer,
+    what: &str,
+    bound: Duration,
+    predicate: impl FnMut(&ConsumerSnapshot) -> bool,
+) -> ConsumerSnapshot {
+    match tokio::time::timeout(bound, consumer.wait_until(predicate)).await {
         Ok(Ok(snapshot)) => snapshot,
         Ok(Err(stopped)) => panic!("{what}: the consumer stopped: {stopped:?}"),
-        Err(_) => {
-            panic!("{what}: not within {CONVERGE:?}; last snapshot {:#?}", consumer.snapshot())
-        }
+        Err(_) => panic!("{what}: not within {bound:?}; last snapshot {:#?}", consumer.snapshot()),
     }
 }
 
@@ -785,6 +878,56 @@ async fn sigterm_ends_streams_with_unavailable_and_exits_zero() {
         .await
         .expect("the relay did not exit after SIGTERM");
         assert_eq!(exit.code(), Some(0));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sources_file_narrows_etcd_discovery_by_relisting() {
+    bounded(async {
+        let nats = NatsServer::start().await;
+        let etcd = EtcdServer::start().await;
+        let mut client = etcd.client().await.unwrap();
+        let lease = client.lease_grant(120).await.unwrap();
+        let dynamo = Worker { namespace: "dynamo", instance: WORKER_A, publisher: PUBLISHER_A };
+        let ver = Worker { namespace: "ver", instance: WORKER_C, publisher: PUBLISHER_C };
+        for worker in [dynamo, ver] {
+            for (key, value) in worker.etcd_entries() {
+                client.put(key.as_bytes(), value.as_bytes(), lease).await.unwrap();
+            }
+        }
+        let sources_dir = tempfile::tempdir().unwrap();
+        let sources = sources_dir.path().join("sources.json");
+        std::fs::write(&sources, r#"{"version":1,"sources":[{"namespace":"dynamo"}]}"#).unwrap();
+        let discovery =
+            [("DYN_DISCOVERY_BACKEND", "etcd".to_owned()), ("ETCD_ENDPOINTS", etcd.url.clone())];
+        let relay = start_relay_with(&discovery, &nats, Some(sources.clone()), None).await;
+        let consumer = start_consumer(&relay);
+        let only_dynamo = converge(&consumer, "only the dynamo pool", |snapshot| {
+            pool_ready(snapshot) && readiness_of(snapshot, "dynamo") == Some(ReadinessState::Ready)
+        })
+        .await;
+        assert_eq!(readiness_of(&only_dynamo, "ver"), None);
+
+        // Widening relists at once: well before the 30 s reconciliation would.
+        std::fs::write(
+            &sources,
+            r#"{"version":1,"sources":[{"namespace":"dynamo"},{"namespace":"ver"}]}"#,
+        )
+        .unwrap();
+        converge_within(&consumer, "both pools", Duration::from_secs(10), |snapshot| {
+            snapshot.pools.len() == 2
+                && readiness_of(snapshot, "ver") == Some(ReadinessState::Ready)
+        })
+        .await;
+        // An empty list watches nothing.
+        std::fs::write(&sources, r#"{"version":1,"sources":[]}"#).unwrap();
+        converge(&consumer, "no pool", |snapshot| {
+            snapshot.pools.is_empty() && snapshot.readiness.is_empty()
+        })
+        .await;
+        consumer.shutdown().await;
+        relay.shutdown().await.unwrap();
     })
     .await;
 }
