@@ -438,7 +438,6 @@ async fn start_relay_with(
         ("DYN_RELAY_LOAD_WINDOW_MS", "200".to_owned()),
     ]
     .into_iter()
-    .into_iter()
     .chain(discovery.iter().cloned())
     .map(|(name, value)| (name.to_owned(), value))
     .collect();
