@@ -5,6 +5,13 @@
 //! environment list, it does not extend it). Booleans accept `1/0, true/false, yes/no, on/off`
 //! (case-insensitive, trimmed). Unknown `DYN_RELAY_*` names are ignored. WAN tuning variables
 //! require a listener (`--bind`).
+//!
+//! Scope: `--watch-all`, `--namespaces` and `--sources-file` exclude each other on the command
+//! line; any of them replaces the environment's `DYN_RELAY_NAMESPACES` / `DYN_RELAY_WATCH_ALL`.
+//! With `--sources-file` the static scope watches every namespace (narrowed by the endpoint
+//! prefixes) and the file's namespaces narrow it at run time; `DYN_RELAY_CONNECTION_REVISION`
+//! is read only then. The operations listener (`--ops-bind` / `DYN_RELAY_OPS_BIND`) defaults to
+//! loopback [`OPS_BIND_DEFAULT`] and `off` disables it.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -51,11 +51,12 @@ use crate::wan::{RelayService, ServeError as WanServeError};
 pub use sources_file::{SourceList, SourcesFileError, SourcesReport, SourcesState};
 pub use sources_poller::{SourcesPollerConfig, read_sources_file, run_sources_poller};
 
-/// Why `serve` could not start or stopped with an error.
+/// Why `serve` could not start or stopped with an error. The cause is the error's `source()`
+/// (printed by `{:#}` of anyhow, as the binary does).
 #[derive(Debug, Error)]
 pub enum ServeError {
     /// The sources file is unusable at start-up.
-    #[error("--sources-file {path}: {error}")]
+    #[error("--sources-file {path}")]
     SourcesFile {
         /// The file.
         path: String,
@@ -64,13 +65,13 @@ pub enum ServeError {
         error: SourcesFileError,
     },
     /// The recovery client could not start.
-    #[error("recovery request plane: {0}")]
+    #[error("recovery request plane")]
     Recovery(#[from] RecoveryError),
     /// The node refused its configuration.
-    #[error("relay node: {0}")]
+    #[error("relay node")]
     Node(#[from] ControlError),
     /// A listener could not be bound.
-    #[error("binding {setting} {address}: {error}")]
+    #[error("binding {setting} {address}")]
     Bind {
         /// The flag.
         setting: &'static str,
@@ -81,7 +82,7 @@ pub enum ServeError {
         error: std::io::Error,
     },
     /// The WAN listener failed.
-    #[error("WAN listener: {0}")]
+    #[error("WAN listener")]
     Wan(#[from] WanServeError),
 }
 
