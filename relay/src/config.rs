@@ -5,6 +5,13 @@
 //! environment list, it does not extend it). Booleans accept `1/0, true/false, yes/no, on/off`
 //! (case-insensitive, trimmed). Unknown `DYN_RELAY_*` names are ignored. WAN tuning variables
 //! require a listener (`--bind`).
+//!
+//! Scope: `--watch-all`, `--namespaces` and `--sources-file` exclude each other on the command
+//! line; any of them replaces the environment's `DYN_RELAY_NAMESPACES` / `DYN_RELAY_WATCH_ALL`.
+//! With `--sources-file` the static scope watches every namespace (narrowed by the endpoint
+//! prefixes) and the file's namespaces narrow it at run time; `DYN_RELAY_CONNECTION_REVISION`
+//! is read only then. The operations listener (`--ops-bind` / `DYN_RELAY_OPS_BIND`) defaults to
+//! loopback [`OPS_BIND_DEFAULT`] and `off` disables it.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -46,7 +53,12 @@ pub struct CliValues {
     pub bind: Option<String>,
     /// `--sources-file`.
     pub sources_file: Option<PathBuf>,
+    /// `--ops-bind`.
+    pub ops_bind: Option<String>,
 }
+
+/// Default address of the operations HTTP endpoints (`--ops-bind`): loopback only.
+pub const OPS_BIND_DEFAULT: &str = "127.0.0.1:9090";
 
 /// A configuration the relay cannot start with.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -181,8 +193,14 @@ pub struct RelayConfig {
     pub ckf_format: CkfFormat,
     /// WAN listener, if any.
     pub bind: Option<SocketAddr>,
-    /// Live-reloaded namespace source list, if any.
+    /// Live-reloaded namespace source list, if any. With it, `scope` watches every namespace
+    /// (narrowed by the endpoint prefixes) and the file's namespaces narrow it at run time.
     pub sources_file: Option<PathBuf>,
+    /// `DYN_RELAY_CONNECTION_REVISION`: the `connectionRevision` a sources file must carry
+    /// (only read with `--sources-file`).
+    pub connection_revision: Option<String>,
+    /// Operations HTTP listener (`/metrics`, `/health`, `/ready`, ...); `None` = disabled.
+    pub ops_bind: Option<SocketAddr>,
     /// Producer tuning.
     pub producer: ProducerTuning,
     /// WAN tuning (defaults when there is no listener).
@@ -290,6 +308,34 @@ pub fn resolve(
         recovery_attempt_timeout: millis(&env, "DYN_RELAY_RECOVERY_ATTEMPT_TIMEOUT_MS", 30_000)?,
     };
     let wan = resolve_wan(&env, bind.is_some())?;
+    let connection_revision = match (&cli.sources_file, env.get("DYN_RELAY_CONNECTION_REVISION")) {
+        (Some(_), Some(value)) => {
+            if value.trim() != value {
+                return Err(invalid(
+                    "DYN_RELAY_CONNECTION_REVISION",
+                    value,
+                    "must not have surrounding whitespace",
+                ));
+            }
+            Some(value.to_owned())
+        }
+        _ => None,
+    };
+    let ops_text = cli
+        .ops_bind
+        .clone()
+        .or_else(|| env.get("DYN_RELAY_OPS_BIND").map(str::to_owned))
+        .unwrap_or_else(|| OPS_BIND_DEFAULT.to_owned());
+    let ops_bind = match ops_text.trim() {
+        "off" => None,
+        text => Some(text.parse::<SocketAddr>().map_err(|_| {
+            invalid(
+                "--ops-bind / DYN_RELAY_OPS_BIND",
+                &ops_text,
+                "expected a numeric IP:port or off",
+            )
+        })?),
+    };
     Ok(RelayConfig {
         dc_name,
         dc_id,
@@ -298,6 +344,8 @@ pub fn resolve(
         ckf_format,
         bind,
         sources_file: cli.sources_file.clone(),
+        connection_revision,
+        ops_bind,
         producer,
         wan,
         discovery: resolve_discovery(&env)?,
@@ -318,6 +366,14 @@ fn resolve_scope(cli: &CliValues, env: &Env<'_>) -> Result<DiscoveryScope, Confi
     if cli.watch_all && cli.namespaces.is_some() {
         return Err(ConfigError::Conflict { first: "--watch-all", second: "--namespaces" });
     }
+    if cli.sources_file.is_some() {
+        if cli.watch_all {
+            return Err(ConfigError::Conflict { first: "--sources-file", second: "--watch-all" });
+        }
+        if cli.namespaces.is_some() {
+            return Err(ConfigError::Conflict { first: "--sources-file", second: "--namespaces" });
+        }
+    }
     let prefixes = if cli.endpoint_prefixes.is_empty() {
         env.get("DYN_RELAY_ENDPOINT_PREFIXES")
             .map(|v| comma_list("DYN_RELAY_ENDPOINT_PREFIXES", v))
@@ -326,7 +382,9 @@ fn resolve_scope(cli: &CliValues, env: &Env<'_>) -> Result<DiscoveryScope, Confi
     } else {
         cli.endpoint_prefixes.iter().map(|p| p.trim().to_owned()).collect()
     };
-    if cli.watch_all {
+    // With a sources file the file's namespaces narrow the scope at run time (and replace the
+    // environment's namespace settings, as every command-line value does); prefixes still apply.
+    if cli.watch_all || cli.sources_file.is_some() {
         return Ok(DiscoveryScope::new(Vec::new(), prefixes, true)?);
     }
     if let Some(namespaces) = &cli.namespaces {
@@ -579,6 +637,57 @@ mod tests {
         ));
         let duplicate = env(&[("DYN_RELAY_NAMESPACES", "a, a")]);
         assert!(matches!(resolve(&cli_dc(), &duplicate).unwrap_err(), ConfigError::Invalid { .. }));
+    }
+
+    #[test]
+    fn sources_file_excludes_cli_scopes_and_replaces_environment_namespaces() {
+        let file =
+            || CliValues { sources_file: Some("/etc/relay/sources.json".into()), ..cli_dc() };
+        let with_watch_all = CliValues { watch_all: true, ..file() };
+        assert_eq!(
+            resolve(&with_watch_all, &env(&[])).unwrap_err(),
+            ConfigError::Conflict { first: "--sources-file", second: "--watch-all" }
+        );
+        let with_namespaces = CliValues { namespaces: Some("a".into()), ..file() };
+        assert_eq!(
+            resolve(&with_namespaces, &env(&[])).unwrap_err(),
+            ConfigError::Conflict { first: "--sources-file", second: "--namespaces" }
+        );
+        let environment = env(&[
+            ("DYN_RELAY_NAMESPACES", "other"),
+            ("DYN_RELAY_ENDPOINT_PREFIXES", "prod.backend"),
+            ("DYN_RELAY_CONNECTION_REVISION", "conn-1"),
+        ]);
+        let config = resolve(&file(), &environment).unwrap();
+        assert_eq!(config.scope.namespace_selection(), &crate::discovery::NamespaceSelection::All);
+        assert!(config.scope.includes(&"prod/backend/generate".parse().unwrap()));
+        assert!(!config.scope.includes(&"prod/frontend/generate".parse().unwrap()));
+        assert_eq!(config.connection_revision.as_deref(), Some("conn-1"));
+        let without_file = resolve(&cli_dc(), &env(&[("DYN_RELAY_CONNECTION_REVISION", "c")]));
+        assert_eq!(without_file.unwrap().connection_revision, None, "the guard needs a file");
+        let padded = env(&[("DYN_RELAY_CONNECTION_REVISION", "c ")]);
+        assert!(matches!(
+            resolve(&file(), &padded).unwrap_err(),
+            ConfigError::Invalid { setting: "DYN_RELAY_CONNECTION_REVISION", .. }
+        ));
+    }
+
+    #[test]
+    fn ops_listener_is_loopback_by_default_and_can_be_moved_or_disabled() {
+        let config = resolve(&cli_dc(), &env(&[])).unwrap();
+        assert_eq!(config.ops_bind, Some("127.0.0.1:9090".parse().unwrap()));
+        let moved = resolve(&cli_dc(), &env(&[("DYN_RELAY_OPS_BIND", "127.0.0.1:9191")])).unwrap();
+        assert_eq!(moved.ops_bind, Some("127.0.0.1:9191".parse().unwrap()));
+        let cli = CliValues { ops_bind: Some("off".into()), ..cli_dc() };
+        assert_eq!(
+            resolve(&cli, &env(&[("DYN_RELAY_OPS_BIND", "0.0.0.0:1")])).unwrap().ops_bind,
+            None
+        );
+        let bad = CliValues { ops_bind: Some("localhost:9090".into()), ..cli_dc() };
+        assert!(matches!(
+            resolve(&bad, &env(&[])).unwrap_err(),
+            ConfigError::Invalid { setting: "--ops-bind / DYN_RELAY_OPS_BIND", .. }
+        ));
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //!   `pool` (ownership and publisher), `consumer::replica`, `wire`, `config`, `workload`.
 //! - Effects (tokio tasks, sockets) live in a handful of shells: `pool::actor`, `publication`,
 //!   `node`, `wan`, `demo`, the consumer client, and the production transports
-//!   `discovery_plane`, `event_plane`, `request_plane`. Time and blocking work enter through the
+//!   `discovery_plane`, `event_plane`, `request_plane`, wired together by `serve` (with `ops`, the
+//!   operations HTTP surface over pure renderers). Time and blocking work enter through the
 //!   `runtime` seams, randomness through `rng`.
 
 pub mod cbi1;
@@ -28,6 +29,7 @@ pub mod inputs;
 pub mod kv_events;
 pub mod load;
 pub mod node;
+pub mod ops;
 pub mod pool;
 pub mod publication;
 pub mod readiness;
@@ -35,6 +37,7 @@ pub mod registry;
 pub mod request_plane;
 pub mod rng;
 pub mod runtime;
+pub mod serve;
 pub mod sources;
 pub mod topology;
 pub mod wan;

@@ -9,23 +9,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use futures::future::BoxFuture;
-use kvrelay::config::{self, CliValues, EventPlane, RelayConfig};
+use kvrelay::config::{self, CliValues};
 use kvrelay::consumer::{self, ConsumerConfig, RelayConsumer, render};
-use kvrelay::control::ControlConfig;
 use kvrelay::demo::{Demo, DemoOptions};
-use kvrelay::discovery::NamespaceSelection;
-use kvrelay::discovery_plane::{self, DiscoverySink};
-use kvrelay::event_plane::{self, EventPlaneCounters, NatsEventPlaneConfig, NatsNamespaces};
-use kvrelay::identity::RelayIdentity;
-use kvrelay::inputs::RecoveryTarget;
-use kvrelay::node::{NodeConfig, RecoveryTransport, start_node};
-use kvrelay::pool::ActorConfig;
-use kvrelay::publication::HubConfig;
-use kvrelay::request_plane::{RecoveryClient, RecoveryClientConfig};
 use kvrelay::rng::{derive_seed, rng_from_seed};
-use kvrelay::runtime::{BlockingExecutor, SystemWallClock, TokioBlockingExecutor, WallClock};
-use kvrelay::sources::{RecoveryRequest, RecoveryResponse};
+use kvrelay::runtime::{SystemWallClock, TokioBlockingExecutor, WallClock};
+use kvrelay::serve::ServeOptions;
 use kvrelay::wan::{RelayService, serve};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -42,6 +31,8 @@ struct Cli {
 enum Command {
     /// Run beside a real deployment: discovery, event plane and recovery from the environment
     /// (DYN_DISCOVERY_BACKEND, DYN_FILE_KV, ETCD_ENDPOINTS, DYN_EVENT_PLANE, NATS_SERVER).
+    /// SIGTERM or Ctrl-C ends every WAN stream with UNAVAILABLE, withdraws the pools and
+    /// exits 0.
     Serve(ServeArgs),
     /// Run the relay on an in-process simulated DC and print what a WAN consumer sees.
     Demo(DemoArgs),
@@ -71,9 +62,16 @@ struct ServeArgs {
     /// WAN listener, numeric IP:port (DYN_RELAY_BIND).
     #[arg(long)]
     bind: Option<String>,
-    /// Live-reloaded namespace source list (not supported yet).
+    /// Live-reloaded namespace source list: JSON `{"version":1,"connectionRevision"?:..,
+    /// "sources":[{"namespace":..}]}`, read every second; an invalid update keeps the last good
+    /// list. Excludes --namespaces and --watch-all; with DYN_RELAY_CONNECTION_REVISION set, the
+    /// file's connectionRevision must equal it.
     #[arg(long)]
     sources_file: Option<PathBuf>,
+    /// Operations HTTP listener (/metrics, /health, /live, /ready, /engine/state), numeric
+    /// IP:port or `off` (DYN_RELAY_OPS_BIND; default 127.0.0.1:9090, loopback only).
+    #[arg(long)]
+    ops_bind: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -179,52 +177,6 @@ async fn shutdown_signal(limit: Option<u64>) {
     }
 }
 
-#[derive(Debug)]
-struct TcpRecovery(Arc<RecoveryClient>);
-
-impl RecoveryTransport for TcpRecovery {
-    fn query(
-        &self,
-        target: RecoveryTarget,
-        request: RecoveryRequest,
-        timeout: Duration,
-    ) -> BoxFuture<'static, Result<RecoveryResponse, String>> {
-        let client = Arc::clone(&self.0);
-        Box::pin(async move {
-            client.query(&target, request, timeout).await.map_err(|error| error.to_string())
-        })
-    }
-}
-
-fn node_config(config: &RelayConfig, relay: RelayIdentity, seed: u64) -> NodeConfig {
-    let mut control = ControlConfig::new(relay, config.dc_id, config.scope.clone());
-    control.expected_unique_blocks = config.expected_unique_blocks;
-    control.load_window_ms =
-        std::num::NonZeroU64::new(config.wan.load_window.as_millis().max(1) as u64)
-            .unwrap_or(std::num::NonZeroU64::MIN);
-    NodeConfig {
-        control,
-        actor: ActorConfig {
-            publication_threshold_events: config.producer.publication_threshold_events,
-            publication_delay: config.producer.publication_delay,
-            ..ActorConfig::default()
-        },
-        hub: HubConfig {
-            subscriber_queue_frames: config.wan.publication_queue_frames,
-            subscriber_queue_bytes: config.wan.publication_queue_bytes,
-            subscribers_per_pool_max: config.wan.max_subscribers_per_pool,
-            initialized_hubs_max: config.wan.max_initialized_pool_hubs,
-            snapshot_progress_timeout: config.wan.snapshot_progress_timeout,
-            ..HubConfig::default()
-        },
-        max_kicks: kvrelay::ckf::MAX_KICKS_DEFAULT,
-        rng_seed: derive_seed(seed, "node"),
-        load_window: config.wan.load_window,
-        input_queue_capacity: 4096,
-        load_fanout_capacity: config.wan.load_fanout_capacity,
-    }
-}
-
 async fn serve_command(args: ServeArgs) -> Result<()> {
     let environment: BTreeMap<String, String> = std::env::vars().collect();
     let cli = CliValues {
@@ -235,92 +187,40 @@ async fn serve_command(args: ServeArgs) -> Result<()> {
         expected_unique_blocks: args.expected_unique_blocks,
         bind: args.bind,
         sources_file: args.sources_file,
+        ops_bind: args.ops_bind,
     };
     let config = config::resolve(&cli, &environment).context("invalid configuration")?;
-    if let Some(path) = &config.sources_file {
-        bail!(
-            "--sources-file {}: live-reloaded source lists are not supported yet; use --namespaces or --watch-all",
-            path.display()
-        );
-    }
-    let seed = os_seed();
-    let mut rng = rng_from_seed(derive_seed(seed, "relay"));
-    let relay = RelayIdentity::start(derive_seed(seed, "drt"), &mut rng);
-    let executor: Arc<dyn BlockingExecutor> = Arc::new(TokioBlockingExecutor);
-    let clock: Arc<dyn WallClock> = Arc::new(SystemWallClock);
-    let recovery = RecoveryClient::bind(
-        RecoveryClientConfig::from_env(derive_seed(seed, "recovery"))?,
-        Arc::clone(&executor),
-    )
-    .await
-    .context("binding the recovery response listener")?;
-    let node = start_node(
-        node_config(&config, relay, seed),
-        Arc::clone(&executor),
-        Arc::clone(&clock),
-        Arc::new(TcpRecovery(Arc::new(recovery))),
-    )?;
-    tracing::info!(dc = %config.dc_name, dc_id = %config.dc_id, incarnation = relay.relay_incarnation, "relay started");
-    let cancel = CancellationToken::new();
-    let (channels_tx, channels_rx) = tokio::sync::mpsc::channel(1024);
-    let backend = config.discovery.clone();
-    let sink = DiscoverySink::new(node.inputs.clone()).with_channels(channels_tx);
-    let discovery = tokio::spawn(discovery_plane::run_discovery(
-        backend,
-        config.scope.clone(),
-        sink,
-        Arc::clone(&clock),
-        cancel.clone(),
-    ));
-    let counters = EventPlaneCounters::new();
-    let events = match &config.event_plane {
-        EventPlane::Nats { url } => {
-            let namespaces = match config.scope.namespace_selection() {
-                NamespaceSelection::All => NatsNamespaces::All,
-                NamespaceSelection::Namespaces(names) => NatsNamespaces::Only(names.clone()),
-            };
-            let nats = NatsEventPlaneConfig::new(url.clone(), namespaces);
-            tokio::spawn(event_plane::run_nats_event_plane(
-                nats,
-                node.inputs.clone(),
-                counters.clone(),
-                cancel.clone(),
-            ))
-        }
-        EventPlane::Zmq => tokio::spawn(event_plane::run_zmq_event_plane(
-            event_plane::ZmqEventPlaneConfig::default(),
-            channels_rx,
-            node.inputs.clone(),
-            counters.clone(),
-            cancel.clone(),
-        )),
+    let options = ServeOptions {
+        seed: os_seed(),
+        executor: Arc::new(TokioBlockingExecutor),
+        clock: Arc::new(SystemWallClock),
     };
-    let service = RelayService::new(
-        node.relay,
-        node.views.clone(),
-        Arc::clone(&node.publications),
-        Arc::clone(&clock),
-        config.wan,
-    );
-    match config.bind {
-        Some(address) => {
-            let listener = TcpListener::bind(address)
-                .await
-                .with_context(|| format!("binding --bind {address}"))?;
-            tracing::info!(%address, "serving dynamo.kvrelay.v1");
-            serve(service, TcpListenerStream::new(listener), &config.wan, shutdown_signal(None))
-                .await?;
-        }
-        None => {
-            tracing::info!("no --bind: local producer only");
-            shutdown_signal(None).await;
+    let running = kvrelay::serve::start(config, options).await?;
+    let stop = running.stop_token();
+    tokio::select! {
+        biased;
+        () = termination_signal() => {}
+        () = stop.cancelled() => {}
+    }
+    running.shutdown().await?;
+    Ok(())
+}
+
+/// SIGTERM or Ctrl-C (SIGINT).
+async fn termination_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut terminate) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                biased;
+                _ = terminate.recv() => tracing::info!("SIGTERM received"),
+                _ = tokio::signal::ctrl_c() => tracing::info!("Ctrl-C received"),
+            }
+            return;
         }
     }
-    cancel.cancel();
-    let _ = discovery.await;
-    let _ = events.await;
-    node.shutdown().await;
-    Ok(())
+    let _ = tokio::signal::ctrl_c().await;
 }
 
 async fn demo_command(args: DemoArgs) -> Result<()> {

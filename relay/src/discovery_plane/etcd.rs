@@ -210,7 +210,13 @@ impl EtcdWatcher {
         cancel: &CancellationToken,
     ) -> Result<SessionEnd, DiscoveryPlaneError> {
         let prefix = DISCOVERY_PREFIX.as_bytes();
+        let mut namespaces = sink.namespaces.clone();
         loop {
+            if let Some(limit) = sink.namespace_limit_change(self.differ.namespace_limit()) {
+                info!(namespaces = ?limit, "etcd discovery scope narrowed; relisting");
+                self.differ.set_namespace_limit(limit);
+                self.relist_needed = true;
+            }
             if self.relist_needed {
                 let outputs = match self.relist(client).await {
                     Ok(outputs) => outputs,
@@ -234,6 +240,7 @@ impl EtcdWatcher {
                 let outputs = tokio::select! {
                     biased;
                     () = cancel.cancelled() => return Ok(SessionEnd::Cancelled),
+                    () = DiscoverySink::namespace_limit_changed(&mut namespaces) => break,
                     _ = reconcile.tick() => match self.relist(client).await {
                         Ok(outputs) => outputs,
                         Err(error) => return Ok(SessionEnd::Failed(error)),

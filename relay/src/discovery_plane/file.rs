@@ -328,6 +328,10 @@ pub async fn run_file_discovery(
     let mut backend = FileDiscovery::new(config, scope, clock)?;
     info!(root = %root.display(), "file discovery started");
     loop {
+        if let Some(limit) = sink.namespace_limit_change(backend.differ.namespace_limit()) {
+            info!(namespaces = ?limit, "file discovery scope narrowed");
+            backend.differ.set_namespace_limit(limit);
+        }
         let delay = match backend.poll_once().await {
             Ok(outputs) => {
                 backoff.reset();

@@ -136,7 +136,12 @@ pub struct DiscoverySink {
     facts: mpsc::Sender<DcInput>,
     channels: Option<mpsc::Sender<ChannelChange>>,
     stats: Option<watch::Sender<DiscoveryStats>>,
+    namespaces: Option<watch::Receiver<NamespaceLimit>>,
 }
+
+/// A live narrowing of the scope's namespaces (see [`DiscoverySink::with_namespace_limit`]):
+/// `None` leaves the scope alone, `Some(set)` keeps only those namespaces (none when empty).
+pub type NamespaceLimit = Option<std::collections::BTreeSet<String>>;
 
 /// Whether a delivery completed or the transport was cancelled while waiting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,7 +154,7 @@ impl DiscoverySink {
     /// A sink that sends facts to `facts` and drops channel changes and stats.
     #[must_use]
     pub fn new(facts: mpsc::Sender<DcInput>) -> Self {
-        DiscoverySink { facts, channels: None, stats: None }
+        DiscoverySink { facts, channels: None, stats: None, namespaces: None }
     }
 
     /// Also send event-channel changes to `channels`.
@@ -164,6 +169,36 @@ impl DiscoverySink {
     pub fn with_stats(mut self, stats: watch::Sender<DiscoveryStats>) -> Self {
         self.stats = Some(stats);
         self
+    }
+
+    /// Follow a live namespace narrowing (`--sources-file`): the transport applies every new
+    /// value with a complete listing (file: the next poll; etcd: an immediate relist).
+    #[must_use]
+    pub fn with_namespace_limit(mut self, namespaces: watch::Receiver<NamespaceLimit>) -> Self {
+        self.namespaces = Some(namespaces);
+        self
+    }
+
+    /// The namespace narrowing if it differs from `current`.
+    fn namespace_limit_change(
+        &self,
+        current: Option<&std::collections::BTreeSet<String>>,
+    ) -> Option<NamespaceLimit> {
+        let wanted = self.namespaces.as_ref()?.borrow();
+        (wanted.as_ref() != current).then(|| wanted.clone())
+    }
+
+    /// Wait until the namespace narrowing changes (forever without one, or once its sender is
+    /// gone).
+    async fn namespace_limit_changed(namespaces: &mut Option<watch::Receiver<NamespaceLimit>>) {
+        match namespaces {
+            Some(receiver) => {
+                if receiver.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending::<()>().await,
+        }
     }
 
     /// Send `outputs` in order, waiting for room; stop early on cancellation.

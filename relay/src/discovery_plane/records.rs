@@ -165,6 +165,9 @@ pub struct RecordDiffer {
     announced: BTreeMap<EndpointPath, BTreeSet<u64>>,
     listed: bool,
     counters: InputCounters,
+    /// A live narrowing of the scope's namespaces (`--sources-file`): `Some(set)` keeps only
+    /// records of those namespaces (none when empty). Applied by the next complete listing.
+    namespace_limit: Option<BTreeSet<String>>,
 }
 
 impl RecordDiffer {
@@ -179,7 +182,21 @@ impl RecordDiffer {
             announced: BTreeMap::new(),
             listed: false,
             counters: InputCounters::new(),
+            namespace_limit: None,
         }
+    }
+
+    /// Narrow the scope to `limit`'s namespaces (`None`: the scope alone decides). Held records
+    /// the new limit excludes go, and records it newly includes arrive, with the next complete
+    /// listing, so a transport relists after calling this.
+    pub fn set_namespace_limit(&mut self, limit: Option<BTreeSet<String>>) {
+        self.namespace_limit = limit;
+    }
+
+    /// The namespace narrowing in effect.
+    #[must_use]
+    pub fn namespace_limit(&self) -> Option<&BTreeSet<String>> {
+        self.namespace_limit.as_ref()
     }
 
     /// Accepted and rejected values so far, each distinct value of a key counted once.
@@ -319,6 +336,18 @@ impl RecordDiffer {
     }
 
     fn in_scope(&self, key: &DiscoveryKey) -> bool {
+        if let Some(limit) = &self.namespace_limit {
+            let namespace = match key {
+                DiscoveryKey::Instance { endpoint, .. } => endpoint.namespace(),
+                DiscoveryKey::Model(id) => id.endpoint.namespace(),
+                DiscoveryKey::EventChannel(key) | DiscoveryKey::EventSource(key) => {
+                    key.scope.namespace()
+                }
+            };
+            if !limit.contains(namespace) {
+                return false;
+            }
+        }
         match key {
             DiscoveryKey::Instance { endpoint, .. } => self.scope.includes(endpoint),
             DiscoveryKey::Model(id) => self.scope.includes(&id.endpoint),

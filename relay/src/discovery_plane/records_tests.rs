@@ -613,3 +613,38 @@ fn the_same_inputs_give_the_same_outputs() {
     };
     assert_eq!(run(), run());
 }
+
+#[test]
+fn a_namespace_limit_narrows_and_widens_the_scope_with_the_next_listing() {
+    let mut differ = differ();
+    let staging = EndpointPath::new("staging", "backend", "generate").unwrap();
+    let mut entries = worker(&backend(), WORKER_A, PUBLISHER_A);
+    entries.extend(worker(&staging, WORKER_B, PUBLISHER_B));
+    differ.set_namespace_limit(Some(BTreeSet::from(["staging".to_owned()])));
+    let outputs = differ.apply_listing(entries.clone(), ListingMode::Poll);
+    assert_eq!(summary(&outputs)[0], "listed[dc71242afcad0e39]");
+    assert!(summary(&outputs).iter().all(|line| !line.contains("dynamo/")), "{outputs:?}");
+
+    // Widening brings the other namespace in with the next listing.
+    differ.set_namespace_limit(Some(BTreeSet::from(["dynamo".to_owned(), "staging".to_owned()])));
+    let widened = summary(&differ.apply_listing(entries.clone(), ListingMode::Poll));
+    assert!(
+        widened
+            .contains(&"instances dynamo/backend/generate Some([\"c068c01457d23c43\"])".to_owned()),
+        "{widened:?}"
+    );
+    assert!(widened.iter().all(|line| !line.contains("staging/")), "{widened:?}");
+
+    // An empty limit withdraws everything held: cards, instance sets, sources and channels.
+    differ.set_namespace_limit(Some(BTreeSet::new()));
+    let emptied = summary(&differ.apply_listing(entries, ListingMode::Poll));
+    for expected in [
+        "instances dynamo/backend/generate Some([])",
+        "instances staging/backend/generate Some([])",
+    ] {
+        assert!(emptied.contains(&expected.to_owned()), "{emptied:?}");
+    }
+    assert!(emptied.iter().any(|line| line.starts_with("withdraw")), "{emptied:?}");
+    assert!(emptied.iter().any(|line| line.starts_with("channel-")), "{emptied:?}");
+    assert_eq!(differ.key_count(), 0);
+}

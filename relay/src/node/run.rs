@@ -64,6 +64,9 @@ pub struct NodeStatus {
     pub inputs_handled: u64,
     /// The node stopped.
     pub stopped: bool,
+    /// The control plane's full health summary and input counters (`None` before the first
+    /// step), for the operations endpoints.
+    pub control: Option<crate::control::ControlHealth>,
 }
 
 /// A running node.
@@ -497,13 +500,15 @@ impl Node {
 
     fn publish_status(&self, inputs_handled: u64, stopped: bool) {
         let catalog = self.plane.catalog_snapshot();
+        let health = self.plane.health();
         let status = NodeStatus {
-            healthy: self.plane.health().healthy,
+            healthy: health.healthy,
             catalog_revision: catalog.revision,
             topology_revision: self.plane.topology_snapshot().revision,
             active_pools: catalog.pools.len(),
             inputs_handled,
             stopped,
+            control: Some(health),
         };
         self.status.send_if_modified(|current| {
             let changed = *current != status;

@@ -12,4 +12,4 @@ mod service;
 
 pub use channels::{WanPublisher, WanViews, wan_channels};
 pub use server::{ServeError, serve};
-pub use service::RelayService;
+pub use service::{OpenStreams, RelayService};

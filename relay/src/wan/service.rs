@@ -76,6 +76,32 @@ impl RelayService {
     pub fn close_streams(&self) {
         self.stop.cancel();
     }
+
+    /// Streams admitted and not yet ended, per stream type (each holds one admission permit).
+    #[must_use]
+    pub fn open_streams(&self) -> OpenStreams {
+        let open =
+            |semaphore: &Semaphore, max: usize| max.saturating_sub(semaphore.available_permits());
+        OpenStreams {
+            catalog: open(&self.limits.catalog, self.tuning.max_catalog_subscribers),
+            pool: open(&self.limits.pools, self.tuning.max_pool_streams_total),
+            readiness: open(&self.limits.readiness, self.tuning.max_readiness_subscribers),
+            load: open(&self.limits.load, self.tuning.max_load_subscribers),
+        }
+    }
+}
+
+/// Open WAN streams per type (`kv_dc_relay_subscribers{stream}`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpenStreams {
+    /// `WatchKvPoolCatalog` streams.
+    pub catalog: usize,
+    /// `SubscribeKvPool` streams, across pools.
+    pub pool: usize,
+    /// `SubscribeServingReadiness` streams.
+    pub readiness: usize,
+    /// `SubscribeKvPoolLoad` streams.
+    pub load: usize,
 }
 
 fn shutting_down() -> Status {
