@@ -15,7 +15,7 @@ use kvrelay::demo::{Demo, DemoOptions};
 use kvrelay::rng::{derive_seed, rng_from_seed};
 use kvrelay::runtime::{SystemWallClock, TokioBlockingExecutor, WallClock};
 use kvrelay::serve::ServeOptions;
-use kvrelay::wan::{RelayService, serve};
+use kvrelay::wan::serve;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
@@ -232,13 +232,7 @@ async fn demo_command(args: DemoArgs) -> Result<()> {
     let clock: Arc<dyn WallClock> = Arc::new(SystemWallClock);
     let demo = Demo::start(options, Arc::new(TokioBlockingExecutor), Arc::clone(&clock))?;
     let tuning = config::WanTuning::default();
-    let service = RelayService::new(
-        demo.node.relay,
-        demo.node.views.clone(),
-        Arc::clone(&demo.node.publications),
-        clock,
-        tuning,
-    );
+    let service = demo.node.relay_service(clock, tuning);
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding --listen {}", args.listen))?;

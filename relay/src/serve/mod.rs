@@ -136,14 +136,7 @@ pub fn node_config(config: &RelayConfig, relay: RelayIdentity, seed: u64) -> Nod
             publication_delay: config.producer.publication_delay,
             ..ActorConfig::default()
         },
-        hub: HubConfig {
-            subscriber_queue_frames: config.wan.publication_queue_frames,
-            subscriber_queue_bytes: config.wan.publication_queue_bytes,
-            subscribers_per_pool_max: config.wan.max_subscribers_per_pool,
-            initialized_hubs_max: config.wan.max_initialized_pool_hubs,
-            snapshot_progress_timeout: config.wan.snapshot_progress_timeout,
-            ..HubConfig::default()
-        },
+        hub: HubConfig::from_tuning(&config.wan),
         max_kicks: crate::ckf::MAX_KICKS_DEFAULT,
         rng_seed: derive_seed(seed, "node"),
         load_window: config.wan.load_window,
@@ -359,13 +352,7 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
         wan = ?wan_address, ops = ?ops_address, "relay started");
     let planes =
         start_input_planes(&config, node.inputs.clone(), Arc::clone(&options.clock), sources);
-    let service = RelayService::new(
-        node.relay,
-        node.views.clone(),
-        Arc::clone(&node.publications),
-        Arc::clone(&options.clock),
-        config.wan,
-    );
+    let service = node.relay_service(Arc::clone(&options.clock), config.wan);
     let (shutting_down_tx, shutting_down) = watch::channel(false);
     let (wan_state_tx, wan_state) = watch::channel(WanState::default());
     let stop = CancellationToken::new();
