@@ -11,6 +11,7 @@ use kvrelay::config::WanTuning;
 use kvrelay::consumer::{FilterReplica, endpoint};
 use kvrelay::identity::ProducerIdentity;
 use kvrelay::pool::PoolActorHandle;
+use kvrelay::wan::{LimitScope, StreamType};
 use kvrelay::wire::{FilterStreamGuard, RelayErrorReason, encode};
 use kvrelay_proto::v1 as proto;
 use kvrelay_proto::v1::kv_event_relay_client::KvEventRelayClient;
@@ -150,6 +151,9 @@ async fn slow_subscriber_is_lagged_while_a_fast_one_receives_every_delta() {
         reason(&lagged),
         (Code::ResourceExhausted, Some(RelayErrorReason::SubscriberLagged))
     );
+    let stats = relay.service.stats();
+    assert_eq!(stats.subscriber_lagged[StreamType::Pool as usize], 1);
+    assert_eq!(stats.terminal_publication_failures, 0, "lag is not a publication failure");
     let slow_reached = slow.replica.sequence().unwrap();
     assert!(
         (4..sequence).contains(&slow_reached),
@@ -207,6 +211,13 @@ async fn evicted_idle_hub_resnapshots_at_the_same_generation_then_continues() {
     // A's hub has a subscriber, so it is not idle: no hub for B.
     let refused = client.subscribe_kv_pool(pool_request(&b, "t")).await.unwrap_err();
     assert_eq!(reason(&refused), (Code::ResourceExhausted, Some(RelayErrorReason::ResourceLimit)));
+    let hub_refusals = |relay: &LoopbackRelay| {
+        relay.service.stats().subscriber_limit_rejected[StreamType::Pool as usize]
+            [LimitScope::InitializedHub as usize]
+    };
+    assert_eq!(hub_refusals(&relay), 1);
+    let hubs = relay.publications.hub_counts();
+    assert_eq!((hubs.initialized, hubs.ready, hubs.idle), (1, 1, 0));
 
     // Once A's only stream closes, B's first subscriber evicts A's idle hub.
     drop(first);

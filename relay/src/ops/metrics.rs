@@ -1,10 +1,10 @@
 //! The Prometheus text exposition (format 0.0.4) of an [`OpsSnapshot`]. Pure: the same snapshot
 //! always renders the same text.
 //!
-//! Names: the relay metrics of relay-facts §13 keep Dynamo's `kv_dc_relay_` names
-//! (`kv_dc_relay_subscribers{stream}`, `kv_dc_relay_catalog_pool_count`,
-//! `kv_dc_relay_initialized_publication_hub_count`, `kv_dc_relay_serving_topology_count{state}`,
-//! `kv_dc_relay_degraded_load_coverage_pool_count`); the input, fence and transport counters the
+//! Names: the relay metrics of relay-facts §13 keep Dynamo's `kv_dc_relay_` names (subscribers,
+//! lagged and limit-rejected subscribers, pool heartbeats, load updates, catalog pools,
+//! publication hubs by state, terminal publication failures, serving topology by state,
+//! degraded load coverage); the input, fence and transport counters the
 //! crate keeps are exported under `kvrelay_`. Counters end in `_total`. Every family is written
 //! even at zero, so a dashboard sees the series from the first scrape.
 
@@ -12,6 +12,7 @@ use std::fmt::Write as _;
 
 use super::snapshot::OpsSnapshot;
 use crate::inputs::{InputCounters, InputErrorKind};
+use crate::wan::{LimitScope, StreamType};
 
 /// The `Content-Type` of the exposition.
 pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -120,12 +121,72 @@ fn relay_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
         "Pools in the published catalog.",
         count(snapshot.catalog_pool_count),
     );
-    out.single(
-        "kv_dc_relay_initialized_publication_hub_count",
-        Kind::Gauge,
-        "Publication hubs holding an initialized snapshot.",
-        count(snapshot.initialized_publication_hub_count),
+    let stats = snapshot.wan.as_ref().map(|wan| wan.stats).unwrap_or_default();
+    out.family(
+        "kv_dc_relay_subscriber_lagged_total",
+        Kind::Counter,
+        "Streams ended as SUBSCRIBER_LAGGED.",
     );
+    for stream in StreamType::ALL {
+        let lagged = stats.subscriber_lagged[stream as usize];
+        out.sample("kv_dc_relay_subscriber_lagged_total", &[("stream", stream.label())], lagged);
+    }
+    out.family(
+        "kv_dc_relay_subscriber_limit_rejected_total",
+        Kind::Counter,
+        "Streams refused as RESOURCE_LIMIT, by stream type and the limit that refused them.",
+    );
+    for stream in StreamType::ALL {
+        for scope in LimitScope::ALL {
+            out.sample(
+                "kv_dc_relay_subscriber_limit_rejected_total",
+                &[("stream", stream.label()), ("scope", scope.label())],
+                stats.subscriber_limit_rejected[stream as usize][scope as usize],
+            );
+        }
+    }
+    out.single(
+        "kv_dc_relay_pool_heartbeats_total",
+        Kind::Counter,
+        "Heartbeats sent on pool streams.",
+        stats.pool_heartbeats,
+    );
+    out.single(
+        "kv_dc_relay_load_updates_total",
+        Kind::Counter,
+        "Load windows sent to subscribers.",
+        stats.load_updates,
+    );
+    out.single(
+        "kv_dc_relay_terminal_publication_failures_total",
+        Kind::Counter,
+        "Pool streams ended by a terminal publication failure (not lag, not shutdown).",
+        stats.terminal_publication_failures,
+    );
+    for (name, help, value) in [
+        (
+            "kv_dc_relay_requested_publication_hub_count",
+            "Pools whose publication hub a subscription is building or attaching to.",
+            snapshot.hubs.requested,
+        ),
+        (
+            "kv_dc_relay_initialized_publication_hub_count",
+            "Publication hubs holding an initialized snapshot.",
+            snapshot.hubs.initialized,
+        ),
+        (
+            "kv_dc_relay_ready_publication_hub_count",
+            "Running publication hubs accepting subscribers.",
+            snapshot.hubs.ready,
+        ),
+        (
+            "kv_dc_relay_idle_publication_hub_count",
+            "Ready publication hubs without a subscriber (evictable).",
+            snapshot.hubs.idle,
+        ),
+    ] {
+        out.single(name, Kind::Gauge, help, count(value));
+    }
     out.family(
         "kv_dc_relay_serving_topology_count",
         Kind::Gauge,

@@ -9,9 +9,10 @@ use serde::Serialize;
 use crate::discovery_plane::DiscoveryStats;
 use crate::event_plane::EventPlaneStats;
 use crate::node::NodeStatus;
+use crate::publication::HubCounts;
 use crate::request_plane::RequestPlaneStats;
 use crate::serve::SourcesReport;
-use crate::wan::OpenStreams;
+use crate::wan::{OpenStreams, WanStats};
 
 /// Serving topology entries by readiness state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -35,6 +36,8 @@ pub struct WanSnapshot {
     pub last_error: Option<String>,
     /// Open streams per stream type.
     pub open_streams: OpenStreams,
+    /// The service's counters.
+    pub stats: WanStats,
 }
 
 /// The `--sources-file` state.
@@ -63,8 +66,8 @@ pub struct OpsSnapshot {
     pub catalog_pool_count: usize,
     /// Serving topology entries by state.
     pub topology: TopologyCounts,
-    /// Publication hubs holding an initialized snapshot.
-    pub initialized_publication_hub_count: usize,
+    /// Publication hubs by state.
+    pub hubs: HubCounts,
     /// The discovery transport's counters.
     pub discovery: DiscoveryStats,
     /// The event plane's name (`nats` or `zmq`).

@@ -8,10 +8,11 @@ use crate::discovery_plane::DiscoveryStats;
 use crate::event_plane::EventPlaneStats;
 use crate::inputs::{InputCounters, InputError};
 use crate::node::NodeStatus;
+use crate::publication::HubCounts;
 use crate::registry::HostHealth;
 use crate::request_plane::RequestPlaneStats;
 use crate::serve::SourcesReport;
-use crate::wan::OpenStreams;
+use crate::wan::{OpenStreams, WanStats};
 
 fn control(fenced: usize) -> ControlHealth {
     ControlHealth {
@@ -62,10 +63,17 @@ fn snapshot() -> OpsSnapshot {
             serving: true,
             last_error: None,
             open_streams: OpenStreams { catalog: 1, pool: 2, readiness: 1, load: 0 },
+            stats: WanStats {
+                subscriber_lagged: [0, 3, 0, 1],
+                subscriber_limit_rejected: [[1, 0, 0], [0, 2, 4], [0, 0, 0], [0, 0, 0]],
+                pool_heartbeats: 9,
+                load_updates: 11,
+                terminal_publication_failures: 1,
+            },
         }),
         catalog_pool_count: 2,
         topology: TopologyCounts { unknown: 0, unavailable: 1, ready: 1 },
-        initialized_publication_hub_count: 2,
+        hubs: HubCounts { requested: 1, initialized: 2, ready: 2, idle: 1 },
         discovery: DiscoveryStats { records, listings: 4, ..DiscoveryStats::default() },
         event_plane: "nats",
         events: EventPlaneStats { decode, delivered: 5, connects: 1, ..EventPlaneStats::default() },
@@ -89,6 +97,18 @@ fn metrics_render_the_relay_names_and_the_existing_counters() {
         "kv_dc_relay_subscribers{stream=\"load\"} 0",
         "kv_dc_relay_catalog_pool_count 2",
         "kv_dc_relay_initialized_publication_hub_count 2",
+        "kv_dc_relay_requested_publication_hub_count 1",
+        "kv_dc_relay_ready_publication_hub_count 2",
+        "kv_dc_relay_idle_publication_hub_count 1",
+        "# TYPE kv_dc_relay_subscriber_lagged_total counter",
+        "kv_dc_relay_subscriber_lagged_total{stream=\"pool\"} 3",
+        "kv_dc_relay_subscriber_lagged_total{stream=\"load\"} 1",
+        "kv_dc_relay_subscriber_limit_rejected_total{stream=\"catalog\",scope=\"total\"} 1",
+        "kv_dc_relay_subscriber_limit_rejected_total{stream=\"pool\",scope=\"per_pool\"} 2",
+        "kv_dc_relay_subscriber_limit_rejected_total{stream=\"pool\",scope=\"initialized_hub\"} 4",
+        "kv_dc_relay_pool_heartbeats_total 9",
+        "kv_dc_relay_load_updates_total 11",
+        "kv_dc_relay_terminal_publication_failures_total 1",
         "kv_dc_relay_serving_topology_count{state=\"unavailable\"} 1",
         "kv_dc_relay_serving_topology_count{state=\"ready\"} 1",
         "kv_dc_relay_degraded_load_coverage_pool_count 1",

@@ -26,7 +26,7 @@ use thiserror::Error;
 use crate::config::WanTuning;
 
 pub use hub::{FrameKind, Hub, HubFrame, MirrorSnapshot};
-pub use registry::{FenceRequests, PoolPublications};
+pub use registry::{FenceRequests, HubCounts, PoolPublications};
 pub use stream::{PoolStream, StreamItem};
 
 /// Bounds of publication.

@@ -59,6 +59,19 @@ struct PoolEntry {
     retired: CancellationToken,
 }
 
+/// Publication hubs by state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HubCounts {
+    /// Pools whose hub a subscription is building or attaching to right now.
+    pub requested: usize,
+    /// Hubs holding a mirror (each holds one of the initialized-hub permits).
+    pub initialized: usize,
+    /// Running hubs that accept subscribers.
+    pub ready: usize,
+    /// Ready hubs with no open subscriber: the ones eviction may take.
+    pub idle: usize,
+}
+
 /// Publication of every active pool generation.
 #[derive(Debug)]
 pub struct PoolPublications {
@@ -136,6 +149,29 @@ impl PoolPublications {
     #[must_use]
     pub fn initialized_hubs(&self) -> usize {
         self.config.initialized_hubs_max.max(1) - self.hub_permits.available_permits()
+    }
+
+    /// Publication hubs by state (`kv_dc_relay_*_publication_hub_count`). A slot being
+    /// worked on by a subscription (building its hub or attaching to it) counts as requested.
+    #[must_use]
+    pub fn hub_counts(&self) -> HubCounts {
+        let entries: Vec<Arc<PoolEntry>> = self.pools().values().cloned().collect();
+        let mut counts = HubCounts { initialized: self.initialized_hubs(), ..HubCounts::default() };
+        for entry in entries {
+            let Ok(slot) = entry.slot.try_lock() else {
+                counts.requested += 1;
+                continue;
+            };
+            if let HubSlot::Ready { hub, .. } = &*slot
+                && !hub.is_stopped()
+            {
+                counts.ready += 1;
+                if hub.is_idle() {
+                    counts.idle += 1;
+                }
+            }
+        }
+        counts
     }
 
     /// Subscribe to exactly `expected`: its snapshot, then its deltas.

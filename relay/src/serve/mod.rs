@@ -491,6 +491,7 @@ fn snapshot_source(inputs: SnapshotInputs<'_>) -> ops::SnapshotSource {
                 serving: state.serving,
                 last_error: state.last_error,
                 open_streams: service.open_streams(),
+                stats: service.stats(),
             }
         });
         OpsSnapshot {
@@ -499,7 +500,7 @@ fn snapshot_source(inputs: SnapshotInputs<'_>) -> ops::SnapshotSource {
             wan,
             catalog_pool_count,
             topology,
-            initialized_publication_hub_count: publications.initialized_hubs(),
+            hubs: publications.hub_counts(),
             discovery: discovery.borrow().clone(),
             event_plane,
             events: events.snapshot(),

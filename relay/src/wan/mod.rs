@@ -7,9 +7,11 @@
 //! `kv-relay-error-reason` trailer when it ends for a reason the client must act on.
 
 mod channels;
+mod counters;
 mod server;
 mod service;
 
 pub use channels::{WanPublisher, WanViews, wan_channels};
+pub use counters::{LimitScope, StreamType, WanStats};
 pub use server::{ServeError, serve};
 pub use service::{OpenStreams, RelayService};

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::channels::WanViews;
+use super::counters::{LimitScope, StreamType, WanCounters, WanStats};
 use crate::config::WanTuning;
 use crate::identity::RelayIdentity;
 use crate::publication::{FrameKind, PoolPublications, PublicationError, StreamItem};
@@ -42,6 +43,7 @@ pub struct RelayService {
     clock: Arc<dyn WallClock>,
     tuning: WanTuning,
     limits: Arc<Limits>,
+    counters: Arc<WanCounters>,
     stop: CancellationToken,
 }
 
@@ -68,6 +70,7 @@ impl RelayService {
             clock,
             tuning,
             limits: Arc::new(limits),
+            counters: Arc::default(),
             stop: CancellationToken::new(),
         }
     }
@@ -75,6 +78,49 @@ impl RelayService {
     /// End every open stream with UNAVAILABLE / PUBLICATION_UNAVAILABLE (relay shutdown).
     pub fn close_streams(&self) {
         self.stop.cancel();
+    }
+
+    /// The service's counters so far.
+    #[must_use]
+    pub fn stats(&self) -> WanStats {
+        self.counters.snapshot()
+    }
+
+    /// Admit a stream of `stream` type under its total limit, counting a refusal.
+    fn admit(&self, stream: StreamType) -> Result<OwnedSemaphorePermit, Status> {
+        let (semaphore, what) = match stream {
+            StreamType::Catalog => (&self.limits.catalog, "catalog"),
+            StreamType::Pool => (&self.limits.pools, "total pool"),
+            StreamType::Readiness => (&self.limits.readiness, "readiness"),
+            StreamType::Load => (&self.limits.load, "load"),
+        };
+        Arc::clone(semaphore).try_acquire_owned().map_err(|_| {
+            self.counters.limit_rejected(stream, LimitScope::Total);
+            RelayStatus::new(
+                RelayErrorReason::ResourceLimit,
+                format!("Relay {what} stream limit reached"),
+            )
+            .into_status()
+        })
+    }
+
+    /// The status ending or refusing a pool stream for `error`, counted.
+    fn pool_status(counters: &WanCounters, error: PublicationError) -> Status {
+        match error {
+            PublicationError::SubscriberLagged => counters.lagged(StreamType::Pool),
+            PublicationError::SubscriberLimit => {
+                counters.limit_rejected(StreamType::Pool, LimitScope::PerPool);
+            }
+            PublicationError::InitializedHubLimit => {
+                counters.limit_rejected(StreamType::Pool, LimitScope::InitializedHub);
+            }
+            PublicationError::Unavailable
+            | PublicationError::SnapshotProgressTimeout
+            | PublicationError::InvalidPublication
+            | PublicationError::Internal => counters.terminal_publication_failure(),
+            PublicationError::NotFound | PublicationError::ProducerChanged => {}
+        }
+        publication_status(error)
     }
 
     /// Streams admitted and not yet ended, per stream type (each holds one admission permit).
@@ -106,16 +152,6 @@ pub struct OpenStreams {
 
 fn shutting_down() -> Status {
     unavailable("relay is shutting down")
-}
-
-fn admit(semaphore: &Arc<Semaphore>, what: &str) -> Result<OwnedSemaphorePermit, Status> {
-    Arc::clone(semaphore).try_acquire_owned().map_err(|_| {
-        RelayStatus::new(
-            RelayErrorReason::ResourceLimit,
-            format!("Relay {what} stream limit reached"),
-        )
-        .into_status()
-    })
 }
 
 /// The status that ends a pool stream or refuses a subscription.
@@ -192,7 +228,7 @@ impl KvEventRelay for RelayService {
         request: Request<proto::WatchKvPoolCatalogRequest>,
     ) -> Result<Response<Self::WatchKvPoolCatalogStream>, Status> {
         wire::validate_catalog_request(request.get_ref()).map_err(RelayStatus::into_status)?;
-        let permit = admit(&self.limits.catalog, "catalog")?;
+        let permit = self.admit(StreamType::Catalog)?;
         Ok(Response::new(follow_watch(
             self.views.catalog.clone(),
             self.tuning.catalog_heartbeat_interval,
@@ -208,7 +244,7 @@ impl KvEventRelay for RelayService {
         request: Request<proto::SubscribeServingReadinessRequest>,
     ) -> Result<Response<Self::SubscribeServingReadinessStream>, Status> {
         wire::validate_readiness_request(request.get_ref()).map_err(RelayStatus::into_status)?;
-        let permit = admit(&self.limits.readiness, "readiness")?;
+        let permit = self.admit(StreamType::Readiness)?;
         Ok(Response::new(follow_watch(
             self.views.readiness.clone(),
             self.tuning.readiness_heartbeat_interval,
@@ -224,11 +260,12 @@ impl KvEventRelay for RelayService {
         request: Request<proto::SubscribeKvPoolLoadRequest>,
     ) -> Result<Response<Self::SubscribeKvPoolLoadStream>, Status> {
         wire::validate_load_request(request.get_ref()).map_err(RelayStatus::into_status)?;
-        let permit = admit(&self.limits.load, "load")?;
+        let permit = self.admit(StreamType::Load)?;
         let mut windows = self.views.load.subscribe();
         let current = Arc::clone(&self.views.load_current.borrow());
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
         let stop = self.stop.clone();
+        let counters = Arc::clone(&self.counters);
         tokio::spawn(async move {
             let _permit = permit;
             let mut last = current.window_sequence;
@@ -249,13 +286,17 @@ impl KvEventRelay for RelayService {
                     Ok(window) if window.window_sequence <= last => continue,
                     Ok(window) => {
                         last = window.window_sequence;
+                        counters.load_update();
                         Ok((*window).clone())
                     }
-                    Err(broadcast::error::RecvError::Lagged(_)) => Err(RelayStatus::new(
-                        RelayErrorReason::SubscriberLagged,
-                        "load stream lagged",
-                    )
-                    .into_status()),
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        counters.lagged(StreamType::Load);
+                        Err(RelayStatus::new(
+                            RelayErrorReason::SubscriberLagged,
+                            "load stream lagged",
+                        )
+                        .into_status())
+                    }
                     Err(broadcast::error::RecvError::Closed) => {
                         Err(unavailable("load publisher stopped"))
                     }
@@ -277,17 +318,18 @@ impl KvEventRelay for RelayService {
     ) -> Result<Response<Self::SubscribeKvPoolStream>, Status> {
         let subscription =
             wire::validate_pool_request(request.get_ref()).map_err(RelayStatus::into_status)?;
-        let permit = admit(&self.limits.pools, "total pool")?;
+        let permit = self.admit(StreamType::Pool)?;
         let mut stream = self
             .publications
             .subscribe(&subscription.expected_producer)
             .await
-            .map_err(publication_status)?;
+            .map_err(|error| Self::pool_status(&self.counters, error))?;
         let encoder = FilterEncoder::new(&self.relay, &subscription.expected_producer);
         let clock = Arc::clone(&self.clock);
         let heartbeat = self.tuning.pool_heartbeat_interval;
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
         let stop = self.stop.clone();
+        let counters = Arc::clone(&self.counters);
         tokio::spawn(async move {
             let _permit = permit;
             let mut next_heartbeat = Instant::now() + heartbeat;
@@ -306,6 +348,7 @@ impl KvEventRelay for RelayService {
                         if sender.send(Ok(beat)).await.is_err() {
                             return;
                         }
+                        counters.pool_heartbeat();
                         next_heartbeat = Instant::now() + heartbeat;
                         continue;
                     }
@@ -328,7 +371,8 @@ impl KvEventRelay for RelayService {
                         }
                     }
                     Err(error) => {
-                        let _ = sender.send(Err(publication_status(error))).await;
+                        let status = Self::pool_status(&counters, error);
+                        let _ = sender.send(Err(status)).await;
                         return;
                     }
                 };

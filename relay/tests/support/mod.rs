@@ -159,6 +159,8 @@ pub struct LoopbackRelay {
     pub publisher: WanPublisher,
     /// The pools' publications.
     pub publications: Arc<PoolPublications>,
+    /// The served service (a clone shares its counters).
+    pub service: RelayService,
     executor: Arc<TokioBlockingExecutor>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -176,8 +178,9 @@ impl LoopbackRelay {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
+        let served = service.clone();
         tokio::spawn(async move {
-            serve(service, TcpListenerStream::new(listener), &tuning, async {
+            serve(served, TcpListenerStream::new(listener), &tuning, async {
                 let _ = stop.await;
             })
             .await
@@ -188,6 +191,7 @@ impl LoopbackRelay {
             relay,
             publisher,
             publications,
+            service,
             executor,
             shutdown: Some(shutdown),
         }
