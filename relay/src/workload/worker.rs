@@ -12,7 +12,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 use crate::hashing::{
     ExternalBlockHash, HashFormat, block_hash_seed, local_block_hashes, sequence_hashes,
 };
-use crate::identity::EndpointPath;
+use crate::identity::{EndpointPath, IndexerIdentitySpec};
 use crate::inputs::{
     CardInstanceId, DcInput, KvEventSourceAdvert, LoadObservation, LoraInfo, ModelCard, ModelInput,
     ModelTypeFlags, RecoveryTarget, RequestPlaneTransport, RuntimeConfig, WorkerType,
@@ -53,6 +53,8 @@ pub struct WorkerSpec {
     pub adapters: Vec<String>,
     /// Whether the worker publishes KV events at all (encode workers do not).
     pub publishes_kv: bool,
+    /// Explicit indexer identity material of the card (`None`: derived defaults).
+    pub indexer_identity: Option<IndexerIdentitySpec>,
 }
 
 impl WorkerSpec {
@@ -72,6 +74,7 @@ impl WorkerSpec {
             eagle: false,
             adapters: Vec::new(),
             publishes_kv: true,
+            indexer_identity: None,
         }
     }
 }
@@ -206,7 +209,7 @@ impl SimWorker {
             worker_type: self.spec.worker_type,
             needs: self.spec.needs.clone(),
             lora: None,
-            indexer_identity: None,
+            indexer_identity: self.spec.indexer_identity.clone(),
             runtime_config: RuntimeConfig {
                 total_kv_blocks: Some(self.spec.capacity_blocks_per_rank as u64),
                 data_parallel_start_rank: 0,
@@ -230,21 +233,7 @@ impl SimWorker {
             },
             card: Box::new(self.card()),
         }];
-        for adapter in &self.spec.adapters {
-            let mut card = self.card();
-            card.display_name = adapter.clone();
-            card.aliases = Vec::new();
-            card.lora = Some(LoraInfo { name: adapter.clone(), max_gpu_lora_count: Some(4) });
-            card.runtime_config.total_kv_blocks = None;
-            facts.push(DcInput::CardUpserted {
-                id: CardInstanceId {
-                    endpoint: self.spec.endpoint.clone(),
-                    instance_id: self.worker_id,
-                    model_suffix: Some(crate::discovery::slugify(adapter)),
-                },
-                card: Box::new(card),
-            });
-        }
+        facts.extend(self.spec.adapters.iter().map(|adapter| self.adapter_card(adapter)));
         if self.spec.publishes_kv {
             for (rank, cache) in self.ranks.iter().enumerate() {
                 facts.push(DcInput::SourceAdvertised(self.advert(rank as u32, cache)));
@@ -291,16 +280,50 @@ impl SimWorker {
                 model_suffix: None,
             },
         });
-        for adapter in &self.spec.adapters {
-            facts.push(DcInput::CardRemoved {
-                id: CardInstanceId {
-                    endpoint: self.spec.endpoint.clone(),
-                    instance_id: self.worker_id,
-                    model_suffix: Some(crate::discovery::slugify(adapter)),
-                },
-            });
-        }
+        facts.extend(self.spec.adapters.iter().map(|adapter| self.adapter_removal(adapter)));
         facts
+    }
+
+    fn adapter_id(&self, adapter: &str) -> CardInstanceId {
+        CardInstanceId {
+            endpoint: self.spec.endpoint.clone(),
+            instance_id: self.worker_id,
+            model_suffix: Some(crate::discovery::slugify(adapter)),
+        }
+    }
+
+    /// The card of a loaded LoRA adapter.
+    fn adapter_card(&self, adapter: &str) -> DcInput {
+        let mut card = self.card();
+        card.display_name = adapter.to_owned();
+        card.aliases = Vec::new();
+        card.lora = Some(LoraInfo { name: adapter.to_owned(), max_gpu_lora_count: Some(4) });
+        card.runtime_config.total_kv_blocks = None;
+        DcInput::CardUpserted { id: self.adapter_id(adapter), card: Box::new(card) }
+    }
+
+    fn adapter_removal(&self, adapter: &str) -> DcInput {
+        DcInput::CardRemoved { id: self.adapter_id(adapter) }
+    }
+
+    /// Load a LoRA adapter (its card appears); nothing if it is already loaded.
+    pub fn load_adapter(&mut self, adapter: &str) -> Vec<DcInput> {
+        if self.spec.adapters.iter().any(|loaded| loaded == adapter) {
+            return Vec::new();
+        }
+        self.spec.adapters.push(adapter.to_owned());
+        vec![self.adapter_card(adapter)]
+    }
+
+    /// Unload a LoRA adapter (its card goes); nothing if it is not loaded. Blocks already cached
+    /// under the adapter's salt stay until evicted, as in an engine.
+    pub fn unload_adapter(&mut self, adapter: &str) -> Vec<DcInput> {
+        let before = self.spec.adapters.len();
+        self.spec.adapters.retain(|loaded| loaded != adapter);
+        if self.spec.adapters.len() == before {
+            return Vec::new();
+        }
+        vec![self.adapter_removal(adapter)]
     }
 
     /// The engine's own id for a block: sequence-aware and engine-specific.
