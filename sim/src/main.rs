@@ -29,6 +29,9 @@ enum Command {
         /// Write the typed trace as JSON lines to this file.
         #[arg(long)]
         trace: Option<PathBuf>,
+        /// Write a timeline (HTML with an SVG) of faults, readiness, catalog and consumer.
+        #[arg(long)]
+        timeline: Option<PathBuf>,
     },
     /// Run every scenario of a directory for every seed in `A..B` (end exclusive).
     Sweep {
@@ -121,13 +124,34 @@ fn write_trace(outcome: &Outcome, path: &std::path::Path) -> anyhow::Result<()> 
 
 fn main() -> anyhow::Result<ExitCode> {
     match Cli::parse().command {
-        Command::Run { file, seed, trace } => {
+        Command::Run { file, seed, trace, timeline } => {
             let scenario = Scenario::load(&file)?;
+            #[allow(clippy::disallowed_methods)] // the wall time of a run is a report, not logic
+            let started = std::time::Instant::now();
             let outcome = Sim::new(seed).run(&scenario);
+            let wall = started.elapsed().as_secs_f64();
             print!("{}", outcome.render());
+            let simulated = outcome.simulated.as_secs_f64();
+            let stored = outcome.trace.iter().find_map(|event| match &event.event {
+                trace::TraceEvent::TrafficOff { planes } => Some(planes.stored_events),
+                _ => None,
+            });
+            println!(
+                "  {simulated:.1} simulated s in {wall:.2} wall s ({:.0}x real time); {} stored \
+                 events in {:.1} s of traffic ({:.0}/s)",
+                simulated / wall.max(1e-9),
+                stored.unwrap_or(0),
+                scenario.run_ms as f64 / 1000.0,
+                stored.unwrap_or(0) as f64 * 1000.0 / scenario.run_ms as f64
+            );
             if let Some(path) = trace {
                 write_trace(&outcome, &path)?;
                 println!("  trace: {} events in {}", outcome.trace.len(), path.display());
+            }
+            if let Some(path) = timeline {
+                let title = format!("{} seed {seed}", scenario.name);
+                std::fs::write(&path, kvrelay_sim::timeline::render(&title, &outcome.trace))?;
+                println!("  timeline: {}", path.display());
             }
             Ok(if outcome.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }

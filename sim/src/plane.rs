@@ -16,6 +16,7 @@ use kvrelay::inputs::{
     decode_kv_events_message, decode_kv_metrics_message, encode_active_load, encode_event_envelope,
     encode_kv_events_payload,
 };
+use kvrelay::kv_events::KvCacheEventData;
 use kvrelay::rng::RelayRng;
 use rand_core::Rng;
 use serde::Serialize;
@@ -70,6 +71,8 @@ pub struct PlaneCounters {
     pub unattached: u64,
     /// Facts the encoders refused.
     pub encode_errors: u64,
+    /// `Stored` KV events published (before any fault).
+    pub stored_events: u64,
 }
 
 /// The planes' state, shared by the DC driver (publisher) and the relay host (subscriber).
@@ -103,14 +106,16 @@ impl DcPlane {
     }
 
     /// A (re)booted relay subscribes: it first receives `listing` (the discovery listing), then
-    /// whatever is published from now on.
+    /// whatever is published from now on. Messages queued for a previous subscription are
+    /// dropped; during a partition the listing itself waits for the repair.
     pub fn attach(&mut self, listing: Vec<DcInput>) -> mpsc::UnboundedReceiver<PlaneMessage> {
         let (sender, receiver) = mpsc::unbounded_channel();
-        for fact in listing {
-            let _ = sender.send(PlaneMessage::Discovery(fact));
-        }
         self.relay = Some(sender);
         self.held = None;
+        self.queued.clear();
+        for fact in listing {
+            self.route(PlaneMessage::Discovery(fact));
+        }
         receiver
     }
 
@@ -156,6 +161,11 @@ impl DcPlane {
     fn encode(&mut self, fact: DcInput) -> Result<PlaneMessage, InputError> {
         match fact {
             DcInput::KvEvents(batch) => {
+                self.counters.stored_events += batch
+                    .events
+                    .iter()
+                    .filter(|event| matches!(event.event.data, KvCacheEventData::Stored(_)))
+                    .count() as u64;
                 let payload = encode_kv_events_payload(&batch.events)?;
                 let bytes = encode_event_envelope(&EventEnvelope {
                     publisher_id: batch.publisher_id,
