@@ -429,4 +429,86 @@ mod tests {
         }
         assert!(dc.load_facts().len() >= 6);
     }
+
+    fn adverts(facts: &[DcInput]) -> Vec<u64> {
+        facts
+            .iter()
+            .filter_map(|fact| match fact {
+                DcInput::SourceAdvertised(advert) => Some(advert.publisher_id),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn live(facts: &[DcInput], endpoint: &str) -> Option<BTreeSet<u64>> {
+        facts.iter().rev().find_map(|fact| match fact {
+            DcInput::Instances(set) if set.endpoint.to_string() == endpoint => {
+                set.live_workers.clone()
+            }
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn crashed_and_expired_workers_leave_discovery_and_traffic_until_they_return() {
+        let mut rng = rng_from_seed(6);
+        let mut dc = SimulatedDc::start(&Deployment::demo(), TrafficConfig::default(), &mut rng);
+        let id = dc.workers()[0].worker_id();
+        let facts = dc.crash_worker(0);
+        assert!(facts.iter().any(|f| matches!(f, DcInput::SourceWithdrawn { .. })));
+        assert!(!live(&facts, "dynamo/backend/generate").unwrap().contains(&id));
+        assert!(!dc.is_listed(0));
+        assert!(dc.crash_worker(0).is_empty(), "crashing twice says nothing");
+        for _ in 0..20 {
+            for fact in dc.step(10, &mut rng) {
+                let DcInput::KvEvents(batch) = fact else { continue };
+                assert!(batch.events.iter().all(|e| e.worker_id != id), "no traffic while down");
+            }
+        }
+        let facts = dc.start_worker(0, true, &mut rng);
+        assert_eq!(dc.workers()[0].worker_id(), id, "same id on request");
+        assert!(live(&facts, "dynamo/backend/generate").unwrap().contains(&id));
+
+        let before = adverts(&dc.discovery_facts());
+        assert!(!dc.expire_lease(2).is_empty());
+        let facts = dc.renew_lease(2);
+        assert!(before.iter().any(|p| adverts(&facts).contains(p)), "same incarnations");
+        assert!(dc.renew_lease(2).is_empty());
+    }
+
+    #[test]
+    fn an_overlap_advertises_both_incarnations_until_it_ends_and_the_ghost_stays_stale() {
+        let mut rng = rng_from_seed(7);
+        let mut dc = SimulatedDc::start(&Deployment::demo(), TrafficConfig::default(), &mut rng);
+        let old = adverts(&dc.workers()[1].discovery_facts());
+        let new = adverts(&dc.begin_overlap(1, &mut rng));
+        assert_eq!((old.len(), new.len()), (2, 2));
+        assert!(old.iter().all(|p| !new.contains(p)));
+        assert!(dc.in_overlap(1));
+        let listed = adverts(&dc.discovery_facts());
+        assert!(old.iter().chain(&new).all(|p| listed.contains(p)));
+        let withdrawn = dc.end_overlap(1);
+        assert_eq!(withdrawn.len(), 2);
+        assert!(!dc.in_overlap(1));
+        assert!(old.iter().all(|p| !adverts(&dc.discovery_facts()).contains(p)));
+        let stale = dc.ghost_step(4, &mut rng);
+        assert!(
+            stale.iter().all(
+                |f| matches!(f, DcInput::KvEvents(batch) if old.contains(&batch.publisher_id))
+            )
+        );
+        assert!(!stale.is_empty());
+    }
+
+    #[test]
+    fn adapters_load_and_unload_as_cards() {
+        let mut rng = rng_from_seed(8);
+        let mut dc = SimulatedDc::start(&Deployment::demo(), TrafficConfig::default(), &mut rng);
+        let loaded = dc.load_adapter(4, "adapter-c");
+        assert!(matches!(&loaded[..], [DcInput::CardUpserted { card, .. }]
+            if card.lora.as_ref().is_some_and(|lora| lora.name == "adapter-c")));
+        assert!(dc.load_adapter(4, "adapter-c").is_empty());
+        assert!(matches!(&dc.unload_adapter(4, "adapter-a")[..], [DcInput::CardRemoved { .. }]));
+        assert!(dc.unload_adapter(4, "adapter-a").is_empty());
+    }
 }

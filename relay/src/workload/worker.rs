@@ -4,7 +4,7 @@
 //! stored chain's parent is a block the rank still holds; the cache is closed under prefixes
 //! (only leaves are evicted), so a replay-ordered dump lists parents before children.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use rand_core::Rng;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -96,6 +96,8 @@ pub struct RankCache {
     next_event_id: u64,
     clock: u64,
     blocks: BTreeMap<u64, CachedBlock>,
+    /// The evictable blocks (no cached child) by `(last_used, canonical)`: the LRU order.
+    leaves: BTreeSet<(u64, u64)>,
     history: VecDeque<RouterEvent>,
 }
 
@@ -106,6 +108,7 @@ impl RankCache {
             next_event_id: 1,
             clock: 0,
             blocks: BTreeMap::new(),
+            leaves: BTreeSet::new(),
             history: VecDeque::new(),
         }
     }
@@ -350,8 +353,13 @@ impl SimWorker {
         let now = cache.clock;
         let mut hit = 0;
         while hit < sequence.len() {
-            match cache.blocks.get_mut(&sequence[hit].0) {
+            let canonical = sequence[hit].0;
+            match cache.blocks.get_mut(&canonical) {
                 Some(block) => {
+                    if block.children == 0 {
+                        cache.leaves.remove(&(block.last_used, canonical));
+                        cache.leaves.insert((now, canonical));
+                    }
                     block.last_used = now;
                     hit += 1;
                 }
@@ -365,9 +373,15 @@ impl SimWorker {
             let mut blocks = Vec::new();
             for index in hit..sequence.len() {
                 let canonical = sequence[index].0;
-                if let Some(parent) = previous.and_then(|p| cache.blocks.get_mut(&p)) {
+                if let Some(p) = previous
+                    && let Some(parent) = cache.blocks.get_mut(&p)
+                {
+                    if parent.children == 0 {
+                        cache.leaves.remove(&(parent.last_used, p));
+                    }
                     parent.children += 1;
                 }
+                cache.leaves.insert((now, canonical));
                 cache.blocks.insert(
                     canonical,
                     CachedBlock {
@@ -394,16 +408,15 @@ impl SimWorker {
         }
         let mut evicted = Vec::new();
         while cache.blocks.len() > capacity {
-            let victim = cache
-                .blocks
-                .iter()
-                .filter(|(_, block)| block.children == 0)
-                .min_by_key(|(canonical, block)| (block.last_used, **canonical))
-                .map(|(canonical, _)| *canonical);
-            let Some(victim) = victim else { break };
-            let block = cache.blocks.remove(&victim).expect("victim is cached");
-            if let Some(parent) = block.parent.and_then(|p| cache.blocks.get_mut(&p)) {
+            let Some((_, victim)) = cache.leaves.pop_first() else { break };
+            let block = cache.blocks.remove(&victim).expect("a leaf is cached");
+            if let Some(p) = block.parent
+                && let Some(parent) = cache.blocks.get_mut(&p)
+            {
                 parent.children -= 1;
+                if parent.children == 0 {
+                    cache.leaves.insert((parent.last_used, p));
+                }
             }
             evicted.push(ExternalBlockHash(block.external));
         }
@@ -423,6 +436,7 @@ impl SimWorker {
         let worker_id = self.worker_id;
         let cache = &mut self.ranks[rank_index];
         cache.blocks.clear();
+        cache.leaves.clear();
         vec![Self::emit(cache, worker_id, rank_index as u32, KvCacheEventData::Cleared)]
     }
 
