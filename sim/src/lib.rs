@@ -73,7 +73,8 @@ pub const SIMULATION_DURATION: Duration = Duration::from_secs(900);
 
 /// How long traffic stays off before the oracles look.
 const QUIESCENCE: Duration = Duration::from_secs(3);
-/// Bound on every convergence wait of the oracles (simulated time).
+/// Bound on every convergence wait of the oracles (simulated time): catalog, readiness,
+/// replicas, blocks and load must each converge within it after traffic stops.
 const CONVERGENCE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often the observers sample the relay and the consumer.
 const RELAY_SAMPLE: Duration = Duration::from_millis(5);
@@ -269,6 +270,8 @@ impl Sim {
     /// - **no-false-negatives**: every canonical block the truth model says a pool's listed
     ///   workers hold is in `consumer-a`'s replica (with expected capacity omissions: at most
     ///   the blocks the filter's occupancy cannot account for are absent);
+    /// - **load-converges**: every catalogued pool's load is complete and sums the truth model's
+    ///   occupancy of its listed workers (workers report once more when traffic stops);
     /// - **no-phantom-pools**: every catalogued pool's endpoint has a listed KV publisher;
     /// - **consumer-followed**: the scenario's expectation of the consumer's streams.
     #[must_use]
@@ -529,6 +532,9 @@ async fn run_dc(world: World, mut rng: RelayRng) -> HostResult {
     loop {
         ticks.tick().await;
         if world.traffic_off.load(Ordering::Relaxed) {
+            // Workers report occupancy on change: once more after their last request.
+            let facts = world.dc.with(|dc| dc.load_facts());
+            lock(&world.plane).publish(facts);
             return Ok(());
         }
         tick_count += 1;
@@ -847,6 +853,30 @@ fn no_false_negatives(world: &World, consumer: &RelayConsumer) -> Check {
     }
 }
 
+/// Every catalogued pool's load is complete and sums what the truth model says its listed
+/// workers hold.
+fn load_converged(world: &World, snapshot: &ConsumerSnapshot) -> Check {
+    let mut wrong = Vec::new();
+    for pool in &snapshot.pools {
+        let endpoint = pool.descriptor.serving_endpoint.to_string();
+        let expected = world.dc.with(|dc| truth_hashes(dc, &endpoint)).len() as u64;
+        let load = snapshot.load.iter().find(|load| load.producer == pool.producer);
+        let used = load.and_then(|load| load.kv_used_blocks);
+        if used != Some(expected) {
+            wrong.push(format!("{endpoint}: {used:?} used, truth {expected}"));
+        }
+    }
+    Check {
+        name: "load-converges",
+        passed: wrong.is_empty(),
+        detail: if wrong.is_empty() {
+            format!("{} pools report their truth occupancy", snapshot.pools.len())
+        } else {
+            wrong.join(", ")
+        },
+    }
+}
+
 fn no_phantom_pools(world: &World, snapshot: &ConsumerSnapshot) -> Check {
     let phantoms: Vec<String> = snapshot
         .pools
@@ -970,6 +1000,13 @@ async fn evaluate(world: &World) -> Verdict {
     }
     checks.push(Check { name: "replica-equals-relay", passed: equal.0, detail: equal.1 });
     checks.push(complete);
+    let mut load = load_converged(world, &consumer.snapshot());
+    let deadline = tokio::time::Instant::now() + CONVERGENCE_TIMEOUT;
+    while !load.passed && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        load = load_converged(world, &consumer.snapshot());
+    }
+    checks.push(load);
     let snapshot_a = consumer.snapshot();
     checks.push(no_phantom_pools(world, &snapshot_a));
     checks.push(consumer_followed(scenario.expect.consumer, &snapshot_a));
