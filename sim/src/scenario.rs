@@ -1,155 +1,764 @@
-//! Scenarios as code: each is a story of steps the checker host plays before quiescence, plus
-//! the checks specific to it. (A data-file form of the same steps can come later.)
+//! Scenarios as data: the TOML schema of `scenarios/*.toml` (documented in
+//! `scenarios/README.md`), its validation, and what the simulator derives from it — the
+//! deployment, the traffic, the fault script (with faults drawn from the seed) and the expected
+//! outcomes.
 
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kvrelay::consumer::ConsumerSnapshot;
+use kvrelay::identity::{ExplicitIdentityMap, IndexerIdentitySpec};
+use kvrelay::inputs::WorkerType;
+use kvrelay::readiness::ReadinessState;
+use kvrelay::rng::{derive_seed, rng_from_seed};
+use kvrelay::workload::{Deployment, TrafficConfig, WorkerSpec};
+use rand_core::Rng;
+use serde::{Deserialize, Serialize};
 
-use crate::Check;
+/// Longest story a scenario may tell (simulated time before traffic stops).
+pub const RUN_MS_MAX: u64 = 300_000;
+/// Most worker processes a scenario may deploy.
+pub const WORKERS_MAX: usize = 64;
 
-/// One step of a scenario's story.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
-    /// Let the simulation (and the DC's traffic) run this long.
-    Run(Duration),
-    /// Restart the DC's worker at this index (new worker id, empty caches).
-    RestartWorker(usize),
-    /// Cut the network between the relay and the long-lived consumer.
-    PartitionConsumer,
-    /// Restore it.
-    RepairConsumer,
-    /// Hold (queue, not drop) every message between the relay and the long-lived consumer.
-    HoldConsumer,
-    /// Deliver the held messages and stop holding.
-    ReleaseConsumer,
+/// One scenario file.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// The scenario's name (defaults to the file stem).
+    #[serde(default)]
+    pub name: String,
+    /// What the scenario exercises.
+    #[serde(default)]
+    pub description: String,
+    /// Simulated milliseconds of traffic and faults before traffic stops and the system
+    /// quiesces.
+    pub run_ms: u64,
+    /// The DC's workers.
+    pub topology: Topology,
+    /// The DC's traffic and the relay's filter sizing.
+    #[serde(default)]
+    pub workload: Workload,
+    /// The fault script, at simulated times.
+    #[serde(default)]
+    pub faults: Vec<ScriptedFault>,
+    /// Faults drawn from the seed on top of the script.
+    #[serde(default)]
+    pub random_faults: Option<RandomFaults>,
+    /// What must hold once the system has quiesced.
+    pub expect: Expect,
+    /// Where the scenario was loaded from (not part of the schema).
+    #[serde(skip)]
+    pub path: Option<PathBuf>,
 }
 
-/// A named scenario.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Scenario {
-    /// Traffic flows, nothing fails.
-    Steady,
-    /// A worker (the two-rank aggregated one) restarts mid-run.
+/// The DC's workers: the demo preset and/or explicit worker groups.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Topology {
+    /// `"demo"`: the five workers of `kvrelay demo` first (indices 0..=4).
+    #[serde(default)]
+    pub preset: Option<String>,
+    /// Further worker groups, appended in order.
+    #[serde(default)]
+    pub workers: Vec<WorkerGroup>,
+}
+
+/// A worker role as written in scenario files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    /// Aggregated (prefill and decode in one).
+    Aggregated,
+    /// Prefill.
+    Prefill,
+    /// Decode.
+    Decode,
+    /// Encode (no KV events).
+    Encode,
+    /// A legacy card without `worker_type`.
+    Legacy,
+}
+
+impl Role {
+    fn worker_type(self) -> Option<WorkerType> {
+        match self {
+            Role::Aggregated => Some(WorkerType::Aggregated),
+            Role::Prefill => Some(WorkerType::Prefill),
+            Role::Decode => Some(WorkerType::Decode),
+            Role::Encode => Some(WorkerType::Encode),
+            Role::Legacy => None,
+        }
+    }
+
+    fn default_needs(self) -> Vec<Vec<Role>> {
+        match self {
+            Role::Prefill => vec![vec![Role::Decode]],
+            Role::Decode => vec![vec![Role::Prefill]],
+            Role::Encode => vec![vec![Role::Prefill, Role::Decode], vec![Role::Aggregated]],
+            Role::Aggregated | Role::Legacy => Vec::new(),
+        }
+    }
+}
+
+/// `replicas` identical worker processes.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerGroup {
+    /// Serving endpoint `namespace/component/endpoint`.
+    pub endpoint: String,
+    /// Served model name.
+    pub model: String,
+    /// Role.
+    #[serde(default = "default_role")]
+    pub role: Role,
+    /// Peer roles needed (alternatives of role sets); defaults by role.
+    #[serde(default)]
+    pub needs: Option<Vec<Vec<Role>>>,
+    /// Data-parallel ranks per worker.
+    #[serde(default = "one")]
+    pub dp_ranks: u32,
+    /// Blocks each rank caches before evicting.
+    #[serde(default = "default_capacity")]
+    pub capacity_blocks: usize,
+    /// Tokens per block.
+    #[serde(default = "default_block_size")]
+    pub block_size: u32,
+    /// Eagle hash windows.
+    #[serde(default)]
+    pub eagle: bool,
+    /// Whether the worker answers recovery queries.
+    #[serde(default = "yes")]
+    pub local_indexer: bool,
+    /// LoRA adapters loaded at start.
+    #[serde(default)]
+    pub adapters: Vec<String>,
+    /// Extra served names.
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    /// Explicit routing-scope pool name in the card's `indexer_identity`.
+    #[serde(default)]
+    pub routing_pool: Option<String>,
+    /// Identical processes of this group.
+    #[serde(default = "one_usize")]
+    pub replicas: usize,
+}
+
+fn default_role() -> Role {
+    Role::Aggregated
+}
+fn one() -> u32 {
+    1
+}
+fn one_usize() -> usize {
+    1
+}
+fn yes() -> bool {
+    true
+}
+fn default_capacity() -> usize {
+    4096
+}
+fn default_block_size() -> u32 {
+    16
+}
+
+/// The DC's traffic and the relay's filter sizing.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Workload {
+    /// Requests served per tick.
+    pub requests_per_tick: usize,
+    /// Tick length in simulated milliseconds.
+    pub tick_ms: u64,
+    /// Occupancy reports every this many ticks.
+    pub load_every_ticks: u64,
+    /// Distinct shared prefixes.
+    pub prefix_count: usize,
+    /// Tokens per shared prefix.
+    pub prefix_tokens: usize,
+    /// Most unique tokens appended per request.
+    pub tail_tokens_max: usize,
+    /// The relay's expected unique blocks per pool (filter sizing).
+    pub expected_unique_blocks: u64,
+}
+
+impl Default for Workload {
+    fn default() -> Self {
+        let traffic = TrafficConfig::default();
+        Workload {
+            requests_per_tick: 8,
+            tick_ms: 50,
+            load_every_ticks: 10,
+            prefix_count: traffic.prefix_count,
+            prefix_tokens: traffic.prefix_tokens,
+            tail_tokens_max: traffic.tail_tokens_max,
+            expected_unique_blocks: 65_536,
+        }
+    }
+}
+
+/// A fault at a simulated time (milliseconds since the start).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct ScriptedFault {
+    /// When, in simulated milliseconds since the start.
+    pub at_ms: u64,
+    /// What.
+    #[serde(flatten)]
+    pub fault: Fault,
+}
+
+/// Which event-plane faults apply to messages on their way into the relay.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Noise {
+    /// Probability a message is lost.
+    #[serde(default)]
+    pub loss: f64,
+    /// Probability a message is delivered twice.
+    #[serde(default)]
+    pub duplicate: f64,
+    /// Probability a message is held back behind the next one.
+    #[serde(default)]
+    pub reorder: f64,
+}
+
+impl Noise {
+    /// No fault at all.
+    #[must_use]
+    pub fn is_quiet(&self) -> bool {
+        self.loss <= 0.0 && self.duplicate <= 0.0 && self.reorder <= 0.0
+    }
+}
+
+/// What a DC-plane partition does to event-plane messages (discovery always queues, as a watch
+/// resumes from its revision).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PartitionMode {
+    /// Messages are lost (the relay must recover the gaps from the workers).
+    Drop,
+    /// Messages queue and arrive in a burst at the repair.
+    Stall,
+}
+
+/// One fault.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(tag = "action", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Fault {
+    /// Crash worker `worker` and start it again (new incarnations, empty caches).
+    RestartWorker {
+        /// Worker index.
+        worker: usize,
+        /// Keep the worker id (Kubernetes) instead of drawing a new one (etcd).
+        #[serde(default)]
+        same_id: bool,
+    },
+    /// Crash worker `worker` (it stays down until `start-worker`).
+    CrashWorker {
+        /// Worker index.
+        worker: usize,
+    },
+    /// Start a crashed worker again.
+    StartWorker {
+        /// Worker index.
+        worker: usize,
+        /// Keep the worker id.
+        #[serde(default)]
+        same_id: bool,
+    },
+    /// The worker's discovery lease expires; the process lives on.
+    ExpireLease {
+        /// Worker index.
+        worker: usize,
+    },
+    /// The worker registers again with its old ids.
+    RenewLease {
+        /// Worker index.
+        worker: usize,
+    },
+    /// A new incarnation of the worker starts under the same worker id while the old one is
+    /// still advertised and keeps publishing (stale events).
+    BeginOverlap {
+        /// Worker index.
+        worker: usize,
+    },
+    /// The old incarnation's adverts are withdrawn.
+    EndOverlap {
+        /// Worker index.
+        worker: usize,
+    },
+    /// Load a LoRA adapter.
+    LoadAdapter {
+        /// Worker index.
+        worker: usize,
+        /// Adapter name.
+        adapter: String,
+    },
+    /// Unload a LoRA adapter.
+    UnloadAdapter {
+        /// Worker index.
+        worker: usize,
+        /// Adapter name.
+        adapter: String,
+    },
+    /// The worker resets one rank's cache (`Cleared`).
+    ClearRank {
+        /// Worker index.
+        worker: usize,
+        /// Rank.
+        #[serde(default)]
+        rank: u32,
+    },
+    /// Cut the WAN between the relay and the long-lived consumer.
+    WanPartition,
+    /// Restore it.
+    WanRepair,
+    /// Hold (queue) WAN messages between relay and consumer: a stalled consumer.
+    WanHold,
+    /// Deliver the held messages.
+    WanRelease,
+    /// Partition the relay from its DC planes.
+    DcPartition {
+        /// What happens to event-plane messages meanwhile.
+        mode: PartitionMode,
+    },
+    /// Repair the DC-plane partition.
+    DcRepair,
+    /// Set event-plane loss / duplication / reordering (all zero turns it off).
+    EventNoise(Noise),
+    /// Crash the relay host and boot it again (new incarnation, every state rebuilt).
+    RelayRestart,
+    /// Skew the relay's wall clock by `ms` (from the true simulated time).
+    ClockSkew {
+        /// Milliseconds, positive ahead, negative behind.
+        ms: i64,
+    },
+}
+
+impl Fault {
+    /// The worker index the fault names, if any.
+    #[must_use]
+    pub fn worker(&self) -> Option<usize> {
+        match self {
+            Fault::RestartWorker { worker, .. }
+            | Fault::CrashWorker { worker }
+            | Fault::StartWorker { worker, .. }
+            | Fault::ExpireLease { worker }
+            | Fault::RenewLease { worker }
+            | Fault::BeginOverlap { worker }
+            | Fault::EndOverlap { worker }
+            | Fault::LoadAdapter { worker, .. }
+            | Fault::UnloadAdapter { worker, .. }
+            | Fault::ClearRank { worker, .. } => Some(*worker),
+            _ => None,
+        }
+    }
+}
+
+/// Kinds of faults a sweep draws at random (each drawn fault is repaired within its window).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RandomKind {
+    /// A worker restart, same or new id.
     WorkerRestart,
-    /// The WAN between relay and consumer is partitioned long enough for keepalive to notice,
-    /// then repaired; the consumer must resubscribe and converge.
-    Partition,
-    /// Two workers restart while the consumer is partitioned away; after the repair the
-    /// consumer must catch up with pools whose filters changed under it.
-    RestartDuringPartition,
-    /// The WAN to the consumer stalls (messages queue) for less than the keepalive timeout,
-    /// then delivers the burst; the streams must survive without a resubscription.
-    WanStall,
+    /// A lease expiry and renewal.
+    LeaseExpiry,
+    /// A burst of event loss / duplication / reordering.
+    EventNoise,
+    /// A WAN partition shorter or longer than keepalive, then repair.
+    WanPartition,
+    /// A stalled consumer (WAN hold), then release.
+    StalledConsumer,
+    /// A DC-plane partition (drop or stall), then repair.
+    DcPartition,
+    /// A relay crash and restart.
+    RelayRestart,
+    /// A skew of the relay's wall clock.
+    ClockSkew,
+}
+
+/// Faults drawn from the seed.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RandomFaults {
+    /// How many to draw.
+    pub count: usize,
+    /// From which kinds.
+    pub kinds: Vec<RandomKind>,
+    /// Earliest start (simulated ms).
+    #[serde(default = "default_from")]
+    pub from_ms: u64,
+    /// Every drawn fault is repaired by then (simulated ms).
+    pub until_ms: u64,
+}
+
+fn default_from() -> u64 {
+    1_000
+}
+
+/// How the long-lived consumer must have followed the relay.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ConsumerExpectation {
+    /// No requirement.
+    #[default]
+    Any,
+    /// It lost its streams and subscribed afresh.
+    Resubscribed,
+    /// It kept every stream it opened (no resubscription, no replica dropped).
+    KeptStreams,
+}
+
+/// A readiness state as written in scenario files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ExpectedState {
+    /// UNKNOWN.
+    Unknown,
+    /// UNAVAILABLE.
+    Unavailable,
+    /// READY.
+    Ready,
+}
+
+impl ExpectedState {
+    /// The relay's state.
+    #[must_use]
+    pub fn state(self) -> ReadinessState {
+        match self {
+            ExpectedState::Unknown => ReadinessState::Unknown,
+            ExpectedState::Unavailable => ReadinessState::Unavailable,
+            ExpectedState::Ready => ReadinessState::Ready,
+        }
+    }
+}
+
+/// What must hold after quiescence.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Expect {
+    /// Pools in the catalog.
+    pub pools: usize,
+    /// Readiness entries by canonical model id (exactly these entries).
+    pub readiness: BTreeMap<String, ExpectedState>,
+    /// How the long-lived consumer followed.
+    #[serde(default)]
+    pub consumer: ConsumerExpectation,
+    /// Pools may exceed their filter capacity: blocks the relay could not place are capacity
+    /// omissions, and the no-false-negatives oracle is bounded by the filter's occupancy.
+    #[serde(default)]
+    pub capacity_omissions: bool,
+}
+
+/// Why a scenario file is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The TOML does not match the schema.
+    #[error("{path}: {source}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// The cause.
+        source: toml::de::Error,
+    },
+    /// The values are inconsistent.
+    #[error("{path}: {reason}")]
+    Invalid {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 impl Scenario {
-    /// Every scenario, in sweep order.
-    pub const ALL: [Scenario; 5] = [
-        Scenario::Steady,
-        Scenario::WorkerRestart,
-        Scenario::Partition,
-        Scenario::RestartDuringPartition,
-        Scenario::WanStall,
-    ];
+    /// Parse and validate scenario `text`; `name` is used when the file has none.
+    pub fn parse(text: &str, name: &str) -> Result<Scenario, ScenarioError> {
+        let mut scenario: Scenario = toml::from_str(text)
+            .map_err(|source| ScenarioError::Parse { path: name.to_owned(), source })?;
+        if scenario.name.is_empty() {
+            name.clone_into(&mut scenario.name);
+        }
+        scenario
+            .validate()
+            .map_err(|reason| ScenarioError::Invalid { path: name.to_owned(), reason })?;
+        Ok(scenario)
+    }
 
-    /// The scenario's command-line name.
+    /// Load and validate the scenario at `path`.
+    pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ScenarioError::Read { path: shown.clone(), source })?;
+        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("scenario");
+        let mut scenario = Scenario::parse(&text, stem).map_err(|error| match error {
+            ScenarioError::Parse { source, .. } => {
+                ScenarioError::Parse { path: shown.clone(), source }
+            }
+            ScenarioError::Invalid { reason, .. } => {
+                ScenarioError::Invalid { path: shown.clone(), reason }
+            }
+            read @ ScenarioError::Read { .. } => read,
+        })?;
+        scenario.path = Some(path.to_owned());
+        Ok(scenario)
+    }
+
+    /// Every `*.toml` scenario in `dir`, sorted by file name.
+    pub fn load_dir(dir: &Path) -> Result<Vec<Scenario>, ScenarioError> {
+        let read = |source| ScenarioError::Read { path: dir.display().to_string(), source };
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(read)?
+            .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+            .filter(|path| path.extension().is_some_and(|ext| ext == "toml"))
+            .collect();
+        paths.sort();
+        paths.iter().map(|path| Scenario::load(path)).collect()
+    }
+
+    /// The file to name in a reproduction command.
     #[must_use]
-    pub fn name(self) -> &'static str {
-        match self {
-            Scenario::Steady => "steady",
-            Scenario::WorkerRestart => "worker-restart",
-            Scenario::Partition => "partition",
-            Scenario::RestartDuringPartition => "restart-during-partition",
-            Scenario::WanStall => "wan-stall",
+    pub fn file(&self) -> String {
+        self.path.as_ref().map_or_else(
+            || format!("scenarios/{}.toml", self.name),
+            |path| path.display().to_string(),
+        )
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.run_ms == 0 || self.run_ms > RUN_MS_MAX {
+            return Err(format!("run_ms must be in 1..={RUN_MS_MAX}"));
+        }
+        let deployment = self.deployment()?;
+        let workers = deployment.workers.len();
+        if workers == 0 || workers > WORKERS_MAX {
+            return Err(format!("the topology must have 1..={WORKERS_MAX} workers"));
+        }
+        let w = &self.workload;
+        if w.tick_ms == 0 || w.requests_per_tick > 10_000 || w.load_every_ticks == 0 {
+            return Err("workload: tick_ms and load_every_ticks must be positive, \
+                        requests_per_tick at most 10000"
+                .into());
+        }
+        if w.expected_unique_blocks == 0 || w.expected_unique_blocks > 1 << 24 {
+            return Err("workload.expected_unique_blocks must be in 1..=2^24".into());
+        }
+        for scripted in &self.faults {
+            if scripted.at_ms > self.run_ms {
+                return Err(format!("fault at {} ms is after run_ms", scripted.at_ms));
+            }
+            if let Some(index) = scripted.fault.worker()
+                && index >= workers
+            {
+                return Err(format!("fault names worker {index} of {workers}"));
+            }
+            if let Fault::EventNoise(noise) = &scripted.fault {
+                for p in [noise.loss, noise.duplicate, noise.reorder] {
+                    if !(0.0..=0.5).contains(&p) {
+                        return Err("event-noise probabilities must be in 0..=0.5".into());
+                    }
+                }
+            }
+        }
+        if let Some(random) = &self.random_faults
+            && (random.kinds.is_empty()
+                || random.count > 16
+                || random.from_ms >= random.until_ms
+                || random.until_ms > self.run_ms)
+        {
+            return Err("random_faults: 1..=16 of non-empty kinds within from_ms < until_ms \
+                        <= run_ms"
+                .into());
+        }
+        Ok(())
+    }
+
+    /// The DC's workers, in index order.
+    pub fn deployment(&self) -> Result<Deployment, String> {
+        let mut workers = match self.topology.preset.as_deref() {
+            None => Vec::new(),
+            Some("demo") => Deployment::demo().workers,
+            Some(other) => return Err(format!("unknown preset {other:?}")),
+        };
+        for group in &self.topology.workers {
+            let endpoint =
+                group.endpoint.parse().map_err(|e| format!("endpoint {}: {e}", group.endpoint))?;
+            let mut spec = WorkerSpec::aggregated(endpoint, &group.model);
+            spec.worker_type = group.role.worker_type();
+            let needs = group.needs.clone().unwrap_or_else(|| group.role.default_needs());
+            spec.needs = needs
+                .iter()
+                .map(|alternative| alternative.iter().filter_map(|r| r.worker_type()).collect())
+                .collect();
+            spec.data_parallel_size = group.dp_ranks.clamp(1, 64);
+            spec.capacity_blocks_per_rank = group.capacity_blocks.max(1);
+            spec.block_size = group.block_size.clamp(1, 1024);
+            spec.eagle = group.eagle;
+            spec.enable_local_indexer = group.local_indexer;
+            spec.adapters.clone_from(&group.adapters);
+            spec.aliases.clone_from(&group.aliases);
+            spec.publishes_kv = group.role != Role::Encode;
+            if let Some(pool) = &group.routing_pool {
+                let map = ExplicitIdentityMap::try_from_pairs([("pool", pool.as_str())])
+                    .map_err(|e| format!("routing_pool {pool:?}: {e:?}"))?;
+                spec.indexer_identity =
+                    Some(IndexerIdentitySpec { semantics: None, routing_scope: Some(map) });
+            }
+            if group.replicas == 0 || group.replicas > WORKERS_MAX {
+                return Err(format!("replicas must be in 1..={WORKERS_MAX}"));
+            }
+            workers.extend(std::iter::repeat_n(spec, group.replicas));
+        }
+        Ok(Deployment { workers })
+    }
+
+    /// The DC's traffic.
+    #[must_use]
+    pub fn traffic(&self) -> TrafficConfig {
+        TrafficConfig {
+            prefix_count: self.workload.prefix_count.clamp(1, 100_000),
+            prefix_tokens: self.workload.prefix_tokens.min(100_000),
+            tail_tokens_max: self.workload.tail_tokens_max.min(100_000),
+            ..TrafficConfig::default()
         }
     }
 
-    /// The scenario named `name`.
+    /// The fault script for `seed`: the scripted faults and the drawn ones, by time (scripted
+    /// first at equal times).
     #[must_use]
-    pub fn parse(name: &str) -> Option<Scenario> {
-        Scenario::ALL.into_iter().find(|scenario| scenario.name() == name)
-    }
-
-    /// The story the checker plays before stopping traffic.
-    #[must_use]
-    pub fn steps(self) -> Vec<Step> {
-        let seconds = Duration::from_secs;
-        match self {
-            Scenario::Steady => vec![Step::Run(seconds(4))],
-            Scenario::WorkerRestart => {
-                vec![Step::Run(seconds(2)), Step::RestartWorker(1), Step::Run(seconds(2))]
-            }
-            Scenario::Partition => vec![
-                Step::Run(seconds(2)),
-                Step::PartitionConsumer,
-                Step::Run(seconds(40)),
-                Step::RepairConsumer,
-                Step::Run(seconds(2)),
-            ],
-            Scenario::RestartDuringPartition => vec![
-                Step::Run(seconds(2)),
-                Step::PartitionConsumer,
-                Step::Run(seconds(5)),
-                Step::RestartWorker(0),
-                Step::RestartWorker(4),
-                Step::Run(seconds(35)),
-                Step::RepairConsumer,
-                Step::Run(seconds(2)),
-            ],
-            Scenario::WanStall => vec![
-                Step::Run(seconds(2)),
-                Step::HoldConsumer,
-                Step::Run(seconds(5)),
-                Step::ReleaseConsumer,
-                Step::Run(seconds(2)),
-            ],
+    pub fn script(&self, seed: u64, workers: usize) -> Vec<ScriptedFault> {
+        let mut script = self.faults.clone();
+        if let Some(random) = &self.random_faults {
+            script.extend(draw(random, seed, workers));
         }
+        script.sort_by_key(|scripted| scripted.at_ms);
+        script
     }
+}
 
-    /// Checks specific to the scenario, on the long-lived consumer's final snapshot.
-    #[must_use]
-    pub fn extra_checks(self, snapshot: &ConsumerSnapshot) -> Vec<Check> {
-        match self {
-            Scenario::Steady | Scenario::WorkerRestart => Vec::new(),
-            Scenario::Partition | Scenario::RestartDuringPartition => {
-                // After the partition the catalog is lost, replicas are dropped and every pool is
-                // subscribed afresh: more subscriptions and installs than pools.
-                let counters = &snapshot.counters;
-                let pools = crate::DEMO_POOL_COUNT as u64;
-                vec![Check {
-                    name: "consumer-resubscribed",
-                    passed: counters.subscriptions > pools && counters.installs > pools,
-                    detail: format!(
-                        "{} subscriptions, {} installs, {} replicas dropped",
-                        counters.subscriptions, counters.installs, counters.replicas_dropped
-                    ),
-                }]
+/// Draw `random.count` faults, each with its repair, inside the window.
+fn draw(random: &RandomFaults, seed: u64, workers: usize) -> Vec<ScriptedFault> {
+    let mut rng = rng_from_seed(derive_seed(seed, "sim/random-faults"));
+    let mut below = |n: u64| if n == 0 { 0 } else { rng.next_u64() % n };
+    let mut faults = Vec::new();
+    let span = random.until_ms - random.from_ms;
+    for _ in 0..random.count {
+        let kind = random.kinds[below(random.kinds.len() as u64) as usize];
+        let start = random.from_ms + below(span / 2);
+        let end = (start + 200 + below(span - (start - random.from_ms))).min(random.until_ms);
+        let worker = below(workers as u64) as usize;
+        let mut at = |at_ms, fault| faults.push(ScriptedFault { at_ms, fault });
+        match kind {
+            RandomKind::WorkerRestart => {
+                let same_id = below(2) == 0;
+                at(start, Fault::RestartWorker { worker, same_id });
             }
-            Scenario::WanStall => {
-                let counters = &snapshot.counters;
-                let pools = crate::DEMO_POOL_COUNT as u64;
-                vec![Check {
-                    name: "streams-survive-stall",
-                    passed: counters.subscriptions == pools && counters.replicas_dropped == 0,
-                    detail: format!(
-                        "{} subscriptions, {} replicas dropped",
-                        counters.subscriptions, counters.replicas_dropped
-                    ),
-                }]
+            RandomKind::LeaseExpiry => {
+                at(start, Fault::ExpireLease { worker });
+                at(end, Fault::RenewLease { worker });
+            }
+            RandomKind::EventNoise => {
+                let p = |x: u64| x as f64 / 100.0;
+                let noise =
+                    Noise { loss: p(below(10)), duplicate: p(below(10)), reorder: p(below(10)) };
+                at(start, Fault::EventNoise(noise));
+                at(end, Fault::EventNoise(Noise::default()));
+            }
+            RandomKind::WanPartition => {
+                at(start, Fault::WanPartition);
+                at(end, Fault::WanRepair);
+            }
+            RandomKind::StalledConsumer => {
+                at(start, Fault::WanHold);
+                at(end, Fault::WanRelease);
+            }
+            RandomKind::DcPartition => {
+                let mode = if below(2) == 0 { PartitionMode::Drop } else { PartitionMode::Stall };
+                at(start, Fault::DcPartition { mode });
+                at(end, Fault::DcRepair);
+            }
+            RandomKind::RelayRestart => at(start, Fault::RelayRestart),
+            RandomKind::ClockSkew => {
+                let ms = i64::try_from(below(20_000)).unwrap_or(0) - 10_000;
+                at(start, Fault::ClockSkew { ms });
             }
         }
     }
+    faults
+}
+
+/// How long the script runs before traffic stops.
+#[must_use]
+pub fn run_duration(scenario: &Scenario) -> Duration {
+    Duration::from_millis(scenario.run_ms)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const MINIMAL: &str = r#"
+run_ms = 1000
+[topology]
+preset = "demo"
+[expect]
+pools = 4
+readiness = { tiny-llm = "ready" }
+"#;
+
     #[test]
-    fn every_scenario_is_found_by_its_name() {
-        for scenario in Scenario::ALL {
-            assert_eq!(Scenario::parse(scenario.name()), Some(scenario));
-        }
-        assert_eq!(Scenario::parse("no-such-scenario"), None);
+    fn a_minimal_file_takes_its_name_and_defaults() {
+        let scenario = Scenario::parse(MINIMAL, "minimal").unwrap();
+        assert_eq!(scenario.name, "minimal");
+        assert_eq!(scenario.workload, Workload::default());
+        assert_eq!(scenario.deployment().unwrap().workers.len(), 5);
+        assert_eq!(scenario.expect.readiness["tiny-llm"], ExpectedState::Ready);
+    }
+
+    #[test]
+    fn faults_parse_by_action_and_are_checked_against_the_topology() {
+        let text = format!(
+            "{MINIMAL}\n[[faults]]\nat_ms = 500\naction = \"restart-worker\"\nworker = 1\n\
+             same_id = true\n[[faults]]\nat_ms = 600\naction = \"event-noise\"\nloss = 0.1\n"
+        );
+        let scenario = Scenario::parse(&text, "x").unwrap();
+        assert_eq!(scenario.faults[0].fault, Fault::RestartWorker { worker: 1, same_id: true });
+        assert_eq!(
+            scenario.faults[1].fault,
+            Fault::EventNoise(Noise { loss: 0.1, ..Noise::default() })
+        );
+        let bad = text.replace("worker = 1", "worker = 9");
+        assert!(matches!(Scenario::parse(&bad, "x"), Err(ScenarioError::Invalid { .. })));
+        let late = text.replace("at_ms = 500", "at_ms = 5000");
+        assert!(matches!(Scenario::parse(&late, "x"), Err(ScenarioError::Invalid { .. })));
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        let text = MINIMAL.replace("run_ms", "run_msec");
+        assert!(matches!(Scenario::parse(&text, "x"), Err(ScenarioError::Parse { .. })));
+    }
+
+    #[test]
+    fn random_faults_are_a_function_of_the_seed_and_stay_in_their_window() {
+        let text = format!(
+            "{MINIMAL}\n[random_faults]\ncount = 6\nkinds = [\"lease-expiry\", \"event-noise\", \
+             \"dc-partition\"]\nfrom_ms = 100\nuntil_ms = 900\n"
+        );
+        let scenario = Scenario::parse(&text, "x").unwrap();
+        let one = scenario.script(3, 5);
+        assert_eq!(one, scenario.script(3, 5));
+        assert_ne!(one, scenario.script(4, 5));
+        assert!(one.len() >= 12);
+        assert!(one.iter().all(|f| (100..=900).contains(&f.at_ms)));
+        assert!(one.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
     }
 }

@@ -62,6 +62,20 @@ pub fn wan_channels(
     )
 }
 
+impl WanViews {
+    /// The catalog update currently published (what a new catalog stream starts from).
+    #[must_use]
+    pub fn current_catalog(&self) -> Arc<proto::KvPoolCatalogUpdate> {
+        Arc::clone(&self.catalog.borrow())
+    }
+
+    /// The readiness update currently published.
+    #[must_use]
+    pub fn current_readiness(&self) -> Arc<proto::ServingReadinessUpdate> {
+        Arc::clone(&self.readiness.borrow())
+    }
+}
+
 impl WanPublisher {
     /// Publish a complete catalog.
     pub fn publish_catalog(&self, update: proto::KvPoolCatalogUpdate) {

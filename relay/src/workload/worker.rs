@@ -4,7 +4,7 @@
 //! stored chain's parent is a block the rank still holds; the cache is closed under prefixes
 //! (only leaves are evicted), so a replay-ordered dump lists parents before children.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use rand_core::Rng;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -12,7 +12,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 use crate::hashing::{
     ExternalBlockHash, HashFormat, block_hash_seed, local_block_hashes, sequence_hashes,
 };
-use crate::identity::EndpointPath;
+use crate::identity::{EndpointPath, IndexerIdentitySpec};
 use crate::inputs::{
     CardInstanceId, DcInput, KvEventSourceAdvert, LoadObservation, LoraInfo, ModelCard, ModelInput,
     ModelTypeFlags, RecoveryTarget, RequestPlaneTransport, RuntimeConfig, WorkerType,
@@ -53,6 +53,8 @@ pub struct WorkerSpec {
     pub adapters: Vec<String>,
     /// Whether the worker publishes KV events at all (encode workers do not).
     pub publishes_kv: bool,
+    /// Explicit indexer identity material of the card (`None`: derived defaults).
+    pub indexer_identity: Option<IndexerIdentitySpec>,
 }
 
 impl WorkerSpec {
@@ -72,6 +74,7 @@ impl WorkerSpec {
             eagle: false,
             adapters: Vec::new(),
             publishes_kv: true,
+            indexer_identity: None,
         }
     }
 }
@@ -93,6 +96,8 @@ pub struct RankCache {
     next_event_id: u64,
     clock: u64,
     blocks: BTreeMap<u64, CachedBlock>,
+    /// The evictable blocks (no cached child) by `(last_used, canonical)`: the LRU order.
+    leaves: BTreeSet<(u64, u64)>,
     history: VecDeque<RouterEvent>,
 }
 
@@ -103,6 +108,7 @@ impl RankCache {
             next_event_id: 1,
             clock: 0,
             blocks: BTreeMap::new(),
+            leaves: BTreeSet::new(),
             history: VecDeque::new(),
         }
     }
@@ -206,7 +212,7 @@ impl SimWorker {
             worker_type: self.spec.worker_type,
             needs: self.spec.needs.clone(),
             lora: None,
-            indexer_identity: None,
+            indexer_identity: self.spec.indexer_identity.clone(),
             runtime_config: RuntimeConfig {
                 total_kv_blocks: Some(self.spec.capacity_blocks_per_rank as u64),
                 data_parallel_start_rank: 0,
@@ -230,21 +236,7 @@ impl SimWorker {
             },
             card: Box::new(self.card()),
         }];
-        for adapter in &self.spec.adapters {
-            let mut card = self.card();
-            card.display_name = adapter.clone();
-            card.aliases = Vec::new();
-            card.lora = Some(LoraInfo { name: adapter.clone(), max_gpu_lora_count: Some(4) });
-            card.runtime_config.total_kv_blocks = None;
-            facts.push(DcInput::CardUpserted {
-                id: CardInstanceId {
-                    endpoint: self.spec.endpoint.clone(),
-                    instance_id: self.worker_id,
-                    model_suffix: Some(crate::discovery::slugify(adapter)),
-                },
-                card: Box::new(card),
-            });
-        }
+        facts.extend(self.spec.adapters.iter().map(|adapter| self.adapter_card(adapter)));
         if self.spec.publishes_kv {
             for (rank, cache) in self.ranks.iter().enumerate() {
                 facts.push(DcInput::SourceAdvertised(self.advert(rank as u32, cache)));
@@ -291,16 +283,50 @@ impl SimWorker {
                 model_suffix: None,
             },
         });
-        for adapter in &self.spec.adapters {
-            facts.push(DcInput::CardRemoved {
-                id: CardInstanceId {
-                    endpoint: self.spec.endpoint.clone(),
-                    instance_id: self.worker_id,
-                    model_suffix: Some(crate::discovery::slugify(adapter)),
-                },
-            });
-        }
+        facts.extend(self.spec.adapters.iter().map(|adapter| self.adapter_removal(adapter)));
         facts
+    }
+
+    fn adapter_id(&self, adapter: &str) -> CardInstanceId {
+        CardInstanceId {
+            endpoint: self.spec.endpoint.clone(),
+            instance_id: self.worker_id,
+            model_suffix: Some(crate::discovery::slugify(adapter)),
+        }
+    }
+
+    /// The card of a loaded LoRA adapter.
+    fn adapter_card(&self, adapter: &str) -> DcInput {
+        let mut card = self.card();
+        card.display_name = adapter.to_owned();
+        card.aliases = Vec::new();
+        card.lora = Some(LoraInfo { name: adapter.to_owned(), max_gpu_lora_count: Some(4) });
+        card.runtime_config.total_kv_blocks = None;
+        DcInput::CardUpserted { id: self.adapter_id(adapter), card: Box::new(card) }
+    }
+
+    fn adapter_removal(&self, adapter: &str) -> DcInput {
+        DcInput::CardRemoved { id: self.adapter_id(adapter) }
+    }
+
+    /// Load a LoRA adapter (its card appears); nothing if it is already loaded.
+    pub fn load_adapter(&mut self, adapter: &str) -> Vec<DcInput> {
+        if self.spec.adapters.iter().any(|loaded| loaded == adapter) {
+            return Vec::new();
+        }
+        self.spec.adapters.push(adapter.to_owned());
+        vec![self.adapter_card(adapter)]
+    }
+
+    /// Unload a LoRA adapter (its card goes); nothing if it is not loaded. Blocks already cached
+    /// under the adapter's salt stay until evicted, as in an engine.
+    pub fn unload_adapter(&mut self, adapter: &str) -> Vec<DcInput> {
+        let before = self.spec.adapters.len();
+        self.spec.adapters.retain(|loaded| loaded != adapter);
+        if self.spec.adapters.len() == before {
+            return Vec::new();
+        }
+        vec![self.adapter_removal(adapter)]
     }
 
     /// The engine's own id for a block: sequence-aware and engine-specific.
@@ -327,8 +353,13 @@ impl SimWorker {
         let now = cache.clock;
         let mut hit = 0;
         while hit < sequence.len() {
-            match cache.blocks.get_mut(&sequence[hit].0) {
+            let canonical = sequence[hit].0;
+            match cache.blocks.get_mut(&canonical) {
                 Some(block) => {
+                    if block.children == 0 {
+                        cache.leaves.remove(&(block.last_used, canonical));
+                        cache.leaves.insert((now, canonical));
+                    }
                     block.last_used = now;
                     hit += 1;
                 }
@@ -342,9 +373,15 @@ impl SimWorker {
             let mut blocks = Vec::new();
             for index in hit..sequence.len() {
                 let canonical = sequence[index].0;
-                if let Some(parent) = previous.and_then(|p| cache.blocks.get_mut(&p)) {
+                if let Some(p) = previous
+                    && let Some(parent) = cache.blocks.get_mut(&p)
+                {
+                    if parent.children == 0 {
+                        cache.leaves.remove(&(parent.last_used, p));
+                    }
                     parent.children += 1;
                 }
+                cache.leaves.insert((now, canonical));
                 cache.blocks.insert(
                     canonical,
                     CachedBlock {
@@ -371,16 +408,15 @@ impl SimWorker {
         }
         let mut evicted = Vec::new();
         while cache.blocks.len() > capacity {
-            let victim = cache
-                .blocks
-                .iter()
-                .filter(|(_, block)| block.children == 0)
-                .min_by_key(|(canonical, block)| (block.last_used, **canonical))
-                .map(|(canonical, _)| *canonical);
-            let Some(victim) = victim else { break };
-            let block = cache.blocks.remove(&victim).expect("victim is cached");
-            if let Some(parent) = block.parent.and_then(|p| cache.blocks.get_mut(&p)) {
+            let Some((_, victim)) = cache.leaves.pop_first() else { break };
+            let block = cache.blocks.remove(&victim).expect("a leaf is cached");
+            if let Some(p) = block.parent
+                && let Some(parent) = cache.blocks.get_mut(&p)
+            {
                 parent.children -= 1;
+                if parent.children == 0 {
+                    cache.leaves.insert((parent.last_used, p));
+                }
             }
             evicted.push(ExternalBlockHash(block.external));
         }
@@ -400,6 +436,7 @@ impl SimWorker {
         let worker_id = self.worker_id;
         let cache = &mut self.ranks[rank_index];
         cache.blocks.clear();
+        cache.leaves.clear();
         vec![Self::emit(cache, worker_id, rank_index as u32, KvCacheEventData::Cleared)]
     }
 

@@ -127,3 +127,24 @@ fn history_answers_ranges_it_still_holds() {
             .any(|f| matches!(f, DcInput::SourceAdvertised(a) if a.recovery_target.is_some()))
     );
 }
+
+#[test]
+fn the_lru_index_holds_exactly_the_leaves() {
+    let mut w = worker(12);
+    let mut rng = rng_from_seed(3);
+    for round in 0..200u32 {
+        let shared = (round % 5) * 1000;
+        let tail = rng.next_u32() % 40;
+        let tokens: Vec<u32> = (shared..shared + 8).chain(tail..tail + 8).collect();
+        let _ = w.serve(0, &tokens, None);
+        let cache = &w.ranks()[0];
+        let leaves: BTreeSet<(u64, u64)> = cache
+            .blocks
+            .iter()
+            .filter(|(_, block)| block.children == 0)
+            .map(|(canonical, block)| (block.last_used, *canonical))
+            .collect();
+        assert_eq!(cache.leaves, leaves, "round {round}");
+        assert!(cache.len() <= 12);
+    }
+}
