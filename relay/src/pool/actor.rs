@@ -124,6 +124,19 @@ pub struct ActorStats {
     pub fence: Option<FenceReason>,
 }
 
+/// A pool's logical state in digest form (journal checkpoints compare these).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolDigest {
+    /// Distinct owned canonical hashes (the exact-block count).
+    pub owned_blocks: u64,
+    /// xxh3 of the owned canonical hashes in ascending order (little-endian `u64`s).
+    pub canonical_digest: u64,
+    /// xxh3 of the filter's words in order (little-endian `u64`s).
+    pub filter_digest: u64,
+    /// Last published sequence.
+    pub sequence: u64,
+}
+
 enum Command {
     Apply {
         events: Vec<RouterEvent>,
@@ -148,6 +161,9 @@ enum Command {
     },
     Stats {
         reply: oneshot::Sender<ActorStats>,
+    },
+    Digest {
+        reply: oneshot::Sender<PoolDigest>,
     },
     Shutdown,
 }
@@ -196,6 +212,26 @@ impl ActorCore {
             sequence: self.publisher.last_sequence(),
             lease: self.publisher.lease(),
             fence: self.publisher.fence_reason(),
+        }
+    }
+}
+
+impl ActorCore {
+    fn digest(&self) -> PoolDigest {
+        let blocks = self.pool.owned_blocks();
+        let mut canonical = xxhash_rust::xxh3::Xxh3::new();
+        for (hash, _) in &blocks {
+            canonical.update(&hash.0.to_le_bytes());
+        }
+        let mut filter = xxhash_rust::xxh3::Xxh3::new();
+        for word in self.pool.filter().words() {
+            filter.update(&word.to_le_bytes());
+        }
+        PoolDigest {
+            owned_blocks: blocks.len() as u64,
+            canonical_digest: canonical.digest(),
+            filter_digest: filter.digest(),
+            sequence: self.publisher.last_sequence(),
         }
     }
 }
@@ -323,6 +359,9 @@ async fn run(
             Command::Stats { reply } => {
                 let _ = reply.send(core.stats());
             }
+            Command::Digest { reply } => {
+                let _ = reply.send(core.digest());
+            }
             Command::Shutdown => {
                 let _ = core.publish();
                 if let Some(lease) = core.publisher.lease() {
@@ -415,6 +454,13 @@ impl PoolActorHandle {
     pub async fn stats(&self) -> Result<ActorStats, ActorGone> {
         let (reply, answer) = oneshot::channel();
         self.send(Command::Stats { reply }).await?;
+        answer.await.map_err(|_| ActorGone)
+    }
+
+    /// The pool's logical state in digest form, after every command queued before this one.
+    pub async fn digest(&self) -> Result<PoolDigest, ActorGone> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Digest { reply }).await?;
         answer.await.map_err(|_| ActorGone)
     }
 

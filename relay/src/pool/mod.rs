@@ -8,7 +8,7 @@ mod publisher;
 mod tables;
 
 pub use actor::{
-    ActorConfig, ActorExit, ActorFault, ActorGone, ActorStats, FaultSink, PoolActorHandle,
+    ActorConfig, ActorExit, ActorFault, ActorGone, ActorStats, FaultSink, PoolActorHandle, PoolDigest,
     SubscribeError, Subscription, spawn_pool_actor,
 };
 pub use ownership::{
