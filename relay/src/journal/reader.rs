@@ -213,20 +213,14 @@ fn open_segment(path: &Path) -> Result<(OpenFile, JournalHeader), JournalError> 
 /// Read one frame; `None` at a clean end of file.
 fn read_frame(file: &mut OpenFile) -> Result<Option<Record>, JournalError> {
     let offset = file.offset;
-    let fault = |kind: FormatError| JournalError {
-        file: file.path.clone(),
-        offset,
-        kind: kind.into(),
-    };
+    let fault =
+        |kind: FormatError| JournalError { file: file.path.clone(), offset, kind: kind.into() };
     let available = file.len.saturating_sub(offset);
     if available == 0 {
         return Ok(None);
     }
     if available < FRAME_HEADER_BYTES as u64 {
-        return Err(fault(FormatError::Truncated {
-            needed: FRAME_HEADER_BYTES as u64,
-            available,
-        }));
+        return Err(fault(FormatError::Truncated { needed: FRAME_HEADER_BYTES as u64, available }));
     }
     let mut header = [0u8; FRAME_HEADER_BYTES];
     file.reader.read_exact(&mut header).map_err(|error| io_error(&file.path, offset, &error))?;

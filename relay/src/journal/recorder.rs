@@ -87,9 +87,19 @@ pub struct RecorderStats {
     pub segments_deleted: u64,
 }
 
+/// A queued record and the queue's drop count when it was queued.
+#[derive(Debug)]
+struct Queued {
+    record: Record,
+    dropped_before: u64,
+}
+
 #[derive(Debug, Default)]
 struct Counters {
     queued: AtomicU64,
+    /// Dropped at the queue.
+    queue_dropped: AtomicU64,
+    /// Dropped anywhere (queue, write failures, unencodable).
     dropped: AtomicU64,
     written: AtomicU64,
     bytes: AtomicU64,
@@ -99,7 +109,7 @@ struct Counters {
 
 #[derive(Debug)]
 struct Shared {
-    queue: mpsc::Sender<Record>,
+    queue: mpsc::Sender<Queued>,
     origin: OnceLock<Instant>,
     clock: Arc<dyn WallClock>,
     schedule: Mutex<CheckpointSchedule>,
@@ -119,10 +129,13 @@ impl Shared {
     }
 
     fn enqueue(&self, record: Record) {
-        match self.queue.try_send(record) {
-            Ok(()) => self.counters.queued.fetch_add(1, Ordering::Relaxed),
-            Err(_) => self.counters.dropped.fetch_add(1, Ordering::Relaxed),
-        };
+        let dropped_before = self.counters.queue_dropped.load(Ordering::Relaxed);
+        if self.queue.try_send(Queued { record, dropped_before }).is_ok() {
+            self.counters.queued.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.counters.queue_dropped.fetch_add(1, Ordering::Relaxed);
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -136,7 +149,10 @@ impl NodeTap for Shared {
     }
 
     fn checkpoint_due(&self, at: Duration, inputs_handled: u64) -> bool {
-        self.schedule.lock().unwrap_or_else(std::sync::PoisonError::into_inner).due(at, inputs_handled)
+        self.schedule
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .due(at, inputs_handled)
     }
 
     fn checkpoint(&self, at: Duration, checkpoint: Checkpoint) {
@@ -211,7 +227,8 @@ pub fn start_recorder(
         counters: Counters::default(),
     });
     let stop = CancellationToken::new();
-    let task = tokio::spawn(write_loop(writer, records, Arc::clone(&shared), executor, stop.clone()));
+    let task =
+        tokio::spawn(write_loop(writer, records, Arc::clone(&shared), executor, stop.clone()));
     Ok(Recorder { shared, stop, task })
 }
 
@@ -255,14 +272,25 @@ impl Recorder {
     }
 }
 
+/// Losses not yet written as a gap record.
+#[derive(Debug, Clone, Copy, Default)]
+struct GapState {
+    /// Queue drops already covered by a gap record.
+    reported_queue_drops: u64,
+    /// Records lost by the writer since the last gap record.
+    write_losses: u64,
+    /// Stamp of the last record written.
+    last_at: Option<Stamp>,
+}
+
 async fn write_loop(
     mut writer: SegmentWriter,
-    mut records: mpsc::Receiver<Record>,
+    mut records: mpsc::Receiver<Queued>,
     shared: Arc<Shared>,
     executor: Arc<dyn BlockingExecutor>,
     stop: CancellationToken,
 ) {
-    let mut reported_lost = 0u64;
+    let mut gaps = GapState::default();
     loop {
         let first = tokio::select! {
             biased;
@@ -270,7 +298,7 @@ async fn write_loop(
             () = stop.cancelled() => None,
         };
         let finishing = first.is_none();
-        let mut batch: Vec<Record> = first.into_iter().collect();
+        let mut batch: Vec<Queued> = first.into_iter().collect();
         while finishing || batch.len() < BATCH_RECORDS_MAX {
             match records.try_recv() {
                 Ok(record) => batch.push(record),
@@ -279,14 +307,14 @@ async fn write_loop(
         }
         let job_shared = Arc::clone(&shared);
         let job = run_blocking(executor.as_ref(), move || {
-            let lost = write_batch(&mut writer, batch, &job_shared, reported_lost, finishing);
-            (writer, lost)
+            let gaps = write_batch(&mut writer, batch, &job_shared, gaps, finishing);
+            (writer, gaps)
         })
         .await;
         match job {
-            Ok((returned, lost)) => {
+            Ok((returned, state)) => {
                 writer = returned;
-                reported_lost = lost;
+                gaps = state;
             }
             Err(error) => {
                 shared.counters.errors.fetch_add(1, Ordering::Relaxed);
@@ -300,36 +328,55 @@ async fn write_loop(
     }
 }
 
-/// Append `batch`; returns the losses reported in gap records so far.
+/// Append `batch`, each record preceded by a gap record if losses happened before it; when
+/// `finishing`, a last gap record covers the losses after the last record, and the segment is
+/// synced.
 fn write_batch(
     writer: &mut SegmentWriter,
-    batch: Vec<Record>,
+    batch: Vec<Queued>,
     shared: &Shared,
-    mut reported_lost: u64,
+    mut gaps: GapState,
     finishing: bool,
-) -> u64 {
+) -> GapState {
     let before = writer.tally();
     let mut failed = false;
-    for record in batch {
+    for Queued { record, dropped_before } in batch {
         if failed {
+            gaps.write_losses += 1;
             shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
             continue;
         }
-        let dropped = shared.counters.dropped.load(Ordering::Relaxed);
-        let result = match record.stamp() {
-            Some(at) if dropped > reported_lost => writer
-                .append(&Record::Gap { at, lost: dropped - reported_lost })
-                .map(|()| reported_lost = dropped)
-                .and_then(|()| writer.append(&record)),
-            _ => writer.append(&record),
-        };
-        if let Err(error) = result {
-            failed = error.kind() != std::io::ErrorKind::InvalidData;
-            shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
-            let errors = shared.counters.errors.fetch_add(1, Ordering::Relaxed);
-            if errors.is_multiple_of(ERROR_LOG_EVERY) {
-                tracing::warn!(%error, dir = %writer.dir().display(), errors = errors + 1, "journal write failed; recording degraded");
+        let lost = dropped_before.saturating_sub(gaps.reported_queue_drops) + gaps.write_losses;
+        let at = record.stamp();
+        let result = match at {
+            Some(at) if lost > 0 => writer.append(&Record::Gap { at, lost }).map(|()| {
+                gaps.reported_queue_drops = gaps.reported_queue_drops.max(dropped_before);
+                gaps.write_losses = 0;
+            }),
+            _ => Ok(()),
+        }
+        .and_then(|()| writer.append(&record));
+        match result {
+            Ok(()) => gaps.last_at = at.or(gaps.last_at),
+            Err(error) => {
+                failed = error.kind() != std::io::ErrorKind::InvalidData;
+                gaps.write_losses += 1;
+                shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                let errors = shared.counters.errors.fetch_add(1, Ordering::Relaxed);
+                if errors.is_multiple_of(ERROR_LOG_EVERY) {
+                    tracing::warn!(%error, dir = %writer.dir().display(), errors = errors + 1, "journal write failed; recording degraded");
+                }
             }
+        }
+    }
+    if finishing {
+        let queue_drops = shared.counters.queue_dropped.load(Ordering::Relaxed);
+        let lost = queue_drops.saturating_sub(gaps.reported_queue_drops) + gaps.write_losses;
+        if let (Some(at), true) = (gaps.last_at, lost > 0)
+            && writer.append(&Record::Gap { at, lost }).is_ok()
+        {
+            gaps.reported_queue_drops = queue_drops;
+            gaps.write_losses = 0;
         }
     }
     if let Err(error) = writer.flush(finishing) {
@@ -337,7 +384,7 @@ fn write_batch(
         tracing::warn!(%error, "journal flush failed");
     }
     add_tally(&shared.counters, before, writer.tally());
-    reported_lost
+    gaps
 }
 
 fn add_tally(counters: &Counters, before: WriteTally, after: WriteTally) {

@@ -79,7 +79,9 @@ pub enum ReplayError {
     #[error(transparent)]
     Journal(#[from] JournalError),
     /// The configuration given is not the one recorded.
-    #[error("configuration differs from the recorded one:\nrecorded: {recorded}\ngiven:    {given}")]
+    #[error(
+        "configuration differs from the recorded one:\nrecorded: {recorded}\ngiven:    {given}"
+    )]
     ConfigMismatch {
         /// The header's configuration.
         recorded: String,
@@ -90,6 +92,9 @@ pub enum ReplayError {
     #[error("starting the node: {0}")]
     Start(#[from] ControlError),
 }
+
+/// How long past the end of the journal the replayed node keeps running before it stops.
+const END_MARGIN: Duration = Duration::from_millis(1);
 
 type RecoveryKey = (RecoveryTarget, u64, u32, Option<u64>, Option<u64>);
 
@@ -199,11 +204,12 @@ pub async fn replay_journal(
     let mut inputs = Vec::new();
     let mut recorded = Vec::new();
     let mut gaps = Vec::new();
-    let mut answers: BTreeMap<RecoveryKey, VecDeque<(Duration, RecoveryOutcome)>> =
-        BTreeMap::new();
+    let mut answers: BTreeMap<RecoveryKey, VecDeque<(Duration, RecoveryOutcome)>> = BTreeMap::new();
     let mut recoveries_recorded = 0u64;
+    let mut last_at = Duration::ZERO;
     for record in records {
         let Some(at) = record.stamp().filter(|stamp| in_window(stamp.mono())) else { continue };
+        last_at = last_at.max(at.mono());
         match record {
             Record::Input { input, .. } => inputs.push((at, input)),
             Record::Recovery { target, request, outcome, .. } => {
@@ -241,6 +247,7 @@ pub async fn replay_journal(
     let origin = shared.origin.get().copied().unwrap_or_else(Instant::now);
     let mut status = node.status.clone();
     let inputs_replayed = inputs.len() as u64;
+    let end = options.until.unwrap_or(last_at);
     for (at, input) in inputs {
         tokio::time::sleep_until(origin + at.mono()).await;
         clock.set_unix_us(at.wall_us);
@@ -248,7 +255,11 @@ pub async fn replay_journal(
             break;
         }
     }
-    let _ = status.wait_for(|status| status.inputs_handled >= inputs_replayed || status.stopped).await;
+    let _ =
+        status.wait_for(|status| status.inputs_handled >= inputs_replayed || status.stopped).await;
+    // Everything the node does at `end` happens before it stops; what comes later is not
+    // compared (the recording may have stopped at `end`).
+    tokio::time::sleep_until(origin + end + END_MARGIN).await;
     node.shutdown().await;
     let state = std::mem::replace(
         &mut *shared.state(),
@@ -260,7 +271,9 @@ pub async fn replay_journal(
             final_state: None,
         },
     );
-    let divergence = first_divergence(&recorded, &state.checkpoints);
+    let mut replayed = state.checkpoints;
+    replayed.retain(|(at, _)| *at <= end);
+    let divergence = first_divergence(&recorded, &replayed);
     Ok(ReplayReport {
         header,
         inputs_replayed,
@@ -269,7 +282,7 @@ pub async fn replay_journal(
         divergence,
         gaps,
         journal_fault,
-        checkpoints: state.checkpoints,
+        checkpoints: replayed,
         final_state: state.final_state,
     })
 }

@@ -8,8 +8,8 @@ mod publisher;
 mod tables;
 
 pub use actor::{
-    ActorConfig, ActorExit, ActorFault, ActorGone, ActorStats, FaultSink, PoolActorHandle, PoolDigest,
-    SubscribeError, Subscription, spawn_pool_actor,
+    ActorConfig, ActorExit, ActorFault, ActorGone, ActorStats, FaultSink, PoolActorHandle,
+    PoolDigest, SubscribeError, Subscription, spawn_pool_actor,
 };
 pub use ownership::{
     ApplyError, ApplyOutcome, FailureDisposition, OwnershipCounters, PoolOwnership,
