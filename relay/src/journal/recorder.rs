@@ -4,7 +4,8 @@
 //! Serving never waits for the disk: taps `try_send` into a bounded queue of
 //! [`RecorderConfig::queue_capacity`] records (memory is bounded by that many records) and a
 //! full queue drops the record, counted in [`RecorderStats::records_dropped`]. The writer task
-//! takes batches off the queue and writes them through the blocking-executor seam; a write
+//! takes batches off the queue (gathered for up to [`BATCH_DELAY`]) and writes them through the
+//! blocking-executor seam; a write
 //! error is logged (the first and then every [`ERROR_LOG_EVERY`]th), counted, and loses the
 //! rest of its batch; the next batch starts a new segment. Every loss is written as a
 //! [`Record::Gap`] before the next record that makes it to disk.
@@ -34,6 +35,10 @@ pub const ERROR_LOG_EVERY: u64 = 1024;
 
 /// Records written per blocking job at most.
 const BATCH_RECORDS_MAX: usize = 512;
+
+/// How long the writer lets records gather after the first one before writing them: one
+/// blocking job per batch rather than per record keeps thread hand-offs off the hot path.
+pub const BATCH_DELAY: Duration = Duration::from_millis(20);
 
 /// How recording runs (`serve --record DIR --record-max-bytes N --record-max-age S`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -297,7 +302,14 @@ async fn write_loop(
             record = records.recv() => record,
             () = stop.cancelled() => None,
         };
-        let finishing = first.is_none();
+        let mut finishing = first.is_none();
+        if !finishing && records.len() < BATCH_RECORDS_MAX {
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => finishing = true,
+                () = tokio::time::sleep(BATCH_DELAY) => {}
+            }
+        }
         let mut batch: Vec<Queued> = first.into_iter().collect();
         while finishing || batch.len() < BATCH_RECORDS_MAX {
             match records.try_recv() {

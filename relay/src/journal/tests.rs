@@ -586,7 +586,7 @@ async fn a_failing_disk_degrades_recording_without_stopping_the_node() {
         tap.input(Duration::from_millis(index), &load_input(index));
         tokio::task::yield_now().await;
     }
-    tokio::time::sleep(Duration::from_millis(10)).await;
+    tokio::time::sleep(recorder::BATCH_DELAY * 2).await;
     let degraded = recorder.stats();
     assert!(degraded.write_errors > 0);
     assert_eq!(degraded.records_written, 0);
