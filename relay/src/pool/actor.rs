@@ -219,21 +219,30 @@ impl ActorCore {
 impl ActorCore {
     fn digest(&self) -> PoolDigest {
         let blocks = self.pool.owned_blocks();
-        let mut canonical = xxhash_rust::xxh3::Xxh3::new();
-        for (hash, _) in &blocks {
-            canonical.update(&hash.0.to_le_bytes());
-        }
-        let mut filter = xxhash_rust::xxh3::Xxh3::new();
-        for word in self.pool.filter().words() {
-            filter.update(&word.to_le_bytes());
-        }
         PoolDigest {
             owned_blocks: blocks.len() as u64,
-            canonical_digest: canonical.digest(),
-            filter_digest: filter.digest(),
+            canonical_digest: digest_u64s(blocks.iter().map(|(hash, _)| hash.0)),
+            filter_digest: digest_u64s(self.pool.filter().words().iter().copied()),
             sequence: self.publisher.last_sequence(),
         }
     }
+}
+
+/// xxh3-64 of `values` as consecutive little-endian bytes, fed to the hasher in 4 KiB chunks.
+fn digest_u64s(values: impl Iterator<Item = u64>) -> u64 {
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    let mut chunk = [0u8; 4096];
+    let mut len = 0;
+    for value in values {
+        chunk[len..len + 8].copy_from_slice(&value.to_le_bytes());
+        len += 8;
+        if len == chunk.len() {
+            hasher.update(&chunk);
+            len = 0;
+        }
+    }
+    hasher.update(&chunk[..len]);
+    hasher.digest()
 }
 
 fn unwrap_delta(delta: Arc<Delta>) -> Delta {
