@@ -75,6 +75,18 @@ impl RecorderConfig {
     }
 }
 
+/// The directory one `serve` start records into under `root`: named after the wall-clock start
+/// (ms since the epoch) and the relay incarnation, so a restart never mixes two recordings and
+/// a listing sorts them by start time.
+#[must_use]
+pub fn recording_dir(
+    root: &std::path::Path,
+    wall_origin_us: u64,
+    relay_incarnation: u64,
+) -> PathBuf {
+    root.join(format!("{:013}-{relay_incarnation:016x}", wall_origin_us / 1000))
+}
+
 /// The recorder's counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RecorderStats {

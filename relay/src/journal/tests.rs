@@ -622,3 +622,12 @@ async fn a_full_queue_drops_and_counts_instead_of_waiting() {
     // The six losses came after the fourth record: the gap says so at the end.
     assert_eq!(records[4], Record::Gap { at: records[3].stamp().expect("stamped"), lost: 6 });
 }
+
+#[test]
+fn each_start_records_into_its_own_directory() {
+    let root = Path::new("/var/kvrelay");
+    assert_eq!(
+        recording_dir(root, 1_700_000_123_456_789, 0xab),
+        root.join("1700000123456-00000000000000ab")
+    );
+}
