@@ -88,6 +88,12 @@ pub enum ReplayError {
         /// The configuration given.
         given: String,
     },
+    /// Retention deleted the journal's first segments: the node's start is not in it.
+    #[error("the journal starts at segment {first_segment}: its beginning was deleted")]
+    StartMissing {
+        /// The oldest segment left.
+        first_segment: u64,
+    },
     /// The node refused the configuration.
     #[error("starting the node: {0}")]
     Start(#[from] ControlError),
@@ -196,6 +202,9 @@ pub async fn replay_journal(
     options: ReplayOptions,
 ) -> Result<ReplayReport, ReplayError> {
     let (header, records, journal_fault) = read_journal(path)?;
+    if header.segment != 0 {
+        return Err(ReplayError::StartMissing { first_segment: header.segment });
+    }
     let given = format!("{config:?}");
     if given != header.config {
         return Err(ReplayError::ConfigMismatch { recorded: header.config, given });

@@ -631,3 +631,26 @@ fn each_start_records_into_its_own_directory() {
         root.join("1700000123456-00000000000000ab")
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_journal_whose_start_was_deleted_is_not_replayed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let limits = SegmentLimits {
+        max_segment_bytes: 2048,
+        max_segment_age: Duration::from_secs(3600),
+        max_total_bytes: 8192,
+    };
+    let tally = write_all(dir.path(), &big_records(200), limits);
+    assert!(tally.deleted > 0);
+    let error = replay_journal(
+        dir.path(),
+        node_config(),
+        Arc::new(InlineExecutor),
+        ReplayOptions::default(),
+    )
+    .await
+    .expect_err("refused");
+    assert!(
+        matches!(error, ReplayError::StartMissing { first_segment } if first_segment == tally.deleted)
+    );
+}
