@@ -5,17 +5,18 @@
 //! folded in), and the canonical [`SequenceHash`] chained from local hashes. Only sequence hashes
 //! enter the cuckoo filter, so every engine and every DC agree on them.
 
+use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::{Xxh3, xxh3_64_with_seed};
 
 /// Seed of every unsalted block hash and of the sequence chain.
 pub const XXH3_SEED: u64 = 1337;
 
 /// Engine-specific, sequence-aware block id; meaningful only inside one `(worker, dp_rank)` stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct ExternalBlockHash(pub u64);
 
 /// Hash of one block's tokens (plus salt and multimodal hashes); independent of position.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct LocalBlockHash(pub u64);
 
 /// Canonical rolling prefix hash: what the cuckoo filter stores and what consumers probe.

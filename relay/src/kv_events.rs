@@ -5,9 +5,10 @@
 //! block's `tokens_hash`, so they do not appear here.
 
 use crate::hashing::{ExternalBlockHash, LocalBlockHash};
+use serde::{Deserialize, Serialize};
 
 /// One publishing source of KV events: a worker's data-parallel rank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct SourceKey {
     /// The worker (instance) id.
     pub worker_id: u64,
@@ -16,7 +17,7 @@ pub struct SourceKey {
 }
 
 /// Where a stored block lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum StorageTier {
     /// GPU memory: the only tier the relay indexes.
     Device,
@@ -29,7 +30,7 @@ pub enum StorageTier {
 }
 
 /// Which residency domain an event describes.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum ResidencyDomain {
     /// The worker's own cache (the primary domain).
     Worker,
@@ -40,7 +41,7 @@ pub enum ResidencyDomain {
 }
 
 /// One KV event from one worker, as a relay ingests it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RouterEvent {
     /// The emitting worker.
     pub worker_id: u64,
@@ -92,7 +93,7 @@ impl RouterEvent {
 }
 
 /// A numbered event of one source.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KvCacheEvent {
     /// Per-publisher event id, contiguous from 1 within one publisher incarnation.
     pub event_id: u64,
@@ -103,7 +104,7 @@ pub struct KvCacheEvent {
 }
 
 /// What a KV event says.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum KvCacheEventData {
     /// Blocks were stored.
     Stored(StoreData),
@@ -114,7 +115,7 @@ pub enum KvCacheEventData {
 }
 
 /// A chain of stored blocks, optionally continuing an earlier block of the same source.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct StoreData {
     /// The engine id of the block this chain continues, if any.
     pub parent_hash: Option<ExternalBlockHash>,
@@ -125,7 +126,7 @@ pub struct StoreData {
 }
 
 /// One stored block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredBlock {
     /// The engine's id for the block (lineage only).
     pub block_hash: ExternalBlockHash,
@@ -134,7 +135,7 @@ pub struct StoredBlock {
 }
 
 /// Engine block ids that were removed.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct RemoveData {
     /// The removed blocks' engine ids.
     pub block_hashes: Vec<ExternalBlockHash>,

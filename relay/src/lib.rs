@@ -26,6 +26,7 @@ pub mod event_plane;
 pub mod hashing;
 pub mod identity;
 pub mod inputs;
+pub mod journal;
 pub mod kv_events;
 pub mod load;
 pub mod node;

@@ -3,13 +3,14 @@
 //! These types carry no wire details (serde names, MessagePack shapes); decoders map the wire
 //! forms onto them and reject what cannot be represented.
 
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
 use crate::identity::{EndpointPath, IndexerIdentitySpec};
 use crate::kv_events::{RouterEvent, SourceKey};
 
 /// A worker's processing stage. A card without one is a legacy card.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum WorkerType {
     /// Prefill-only worker.
     Prefill,
@@ -22,7 +23,9 @@ pub enum WorkerType {
 }
 
 /// The OpenAI surfaces a card serves (`model_type` bitflags).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 pub struct ModelTypeFlags(pub u32);
 
 impl ModelTypeFlags {
@@ -57,7 +60,7 @@ impl ModelTypeFlags {
 }
 
 /// How a card takes its input.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum ModelInput {
     /// Text prompts.
     Text,
@@ -68,7 +71,7 @@ pub enum ModelInput {
 }
 
 /// LoRA adapter metadata of an adapter card.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct LoraInfo {
     /// Runtime adapter name: the salt of the adapter's block hashes.
     pub name: String,
@@ -77,7 +80,7 @@ pub struct LoraInfo {
 }
 
 /// The runtime facts of a card that matter to the relay.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct RuntimeConfig {
     /// KV capacity per DP rank; `Some(0)` is the "unknown" sentinel.
     pub total_kv_blocks: Option<u64>,
@@ -116,7 +119,7 @@ impl Default for RuntimeConfig {
 }
 
 /// A model deployment card, as far as routing is concerned.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ModelCard {
     /// Request-facing model name.
     pub display_name: String,
@@ -151,7 +154,7 @@ impl ModelCard {
 }
 
 /// Discovery identity of one card: endpoint, worker instance and (for adapters) suffix.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct CardInstanceId {
     /// The serving endpoint.
     pub endpoint: EndpointPath,
@@ -162,7 +165,7 @@ pub struct CardInstanceId {
 }
 
 /// The live worker set of one endpoint.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct EndpointInstances {
     /// The endpoint.
     pub endpoint: EndpointPath,
@@ -172,7 +175,7 @@ pub struct EndpointInstances {
 }
 
 /// Transport of a worker's request-plane endpoint.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum RequestPlaneTransport {
     /// Dynamo's TCP request plane: `host:port/<path>`.
     Tcp(String),
@@ -181,7 +184,7 @@ pub enum RequestPlaneTransport {
 }
 
 /// Where to send recovery queries for one publisher incarnation.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct RecoveryTarget {
     /// The recovery endpoint (`worker_kv_query_source_<publisher hex>` on the worker's component).
     pub endpoint: EndpointPath,
@@ -192,7 +195,7 @@ pub struct RecoveryTarget {
 }
 
 /// One publisher incarnation's advertisement of a KV event source.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct KvEventSourceAdvert {
     /// Endpoint whose KV state the events describe.
     pub kv_state_endpoint: EndpointPath,
@@ -205,7 +208,7 @@ pub struct KvEventSourceAdvert {
 }
 
 /// One event-plane message on `kv-events`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KvEventBatch {
     /// The endpoint scope the message was published on.
     pub endpoint: EndpointPath,
@@ -220,7 +223,7 @@ pub struct KvEventBatch {
 }
 
 /// One `kv_metrics` report (`ActiveLoad`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct LoadObservation {
     /// The reporting rank.
     pub source: SourceKey,
@@ -233,7 +236,7 @@ pub struct LoadObservation {
 }
 
 /// Every fact the relay can learn about its DC.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DcInput {
     /// A card was added or replaced.
     CardUpserted {

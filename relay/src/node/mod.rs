@@ -13,4 +13,4 @@ mod recovery;
 mod run;
 
 pub use recovery::{NoRecovery, RecoveryTransport};
-pub use run::{NodeConfig, NodeHandle, NodeStatus, start_node};
+pub use run::{NodeConfig, NodeHandle, NodeStatus, start_node, start_node_with_tap};

@@ -15,6 +15,7 @@ use crate::config::WanTuning;
 use crate::control::{ControlCommand, ControlConfig, ControlError, ControlPlane, ShellReport};
 use crate::identity::{EndpointPath, PoolId, RelayIdentity};
 use crate::inputs::DcInput;
+use crate::journal::{NodeTap, capture_checkpoint};
 use crate::kv_events::SourceKey;
 use crate::pool::{
     ActorConfig, ActorFault, FaultSink, PoolActorHandle, PoolOwnership, RankReplacement,
@@ -154,6 +155,7 @@ struct Node {
     recovery: Arc<dyn RecoveryTransport>,
     clock: Arc<dyn WallClock>,
     status: watch::Sender<NodeStatus>,
+    tap: Option<Arc<dyn NodeTap>>,
 }
 
 /// Reports buffered from actors and recovery calls.
@@ -167,6 +169,18 @@ pub fn start_node(
     clock: Arc<dyn WallClock>,
     recovery: Arc<dyn RecoveryTransport>,
 ) -> Result<NodeHandle, ControlError> {
+    start_node_with_tap(config, executor, clock, recovery, None)
+}
+
+/// [`start_node`] with a journal tap at the input boundary: the tap sees every input as the
+/// node takes it, and is asked after every step whether to take a checkpoint.
+pub fn start_node_with_tap(
+    config: NodeConfig,
+    executor: Arc<dyn BlockingExecutor>,
+    clock: Arc<dyn WallClock>,
+    recovery: Arc<dyn RecoveryTransport>,
+    tap: Option<Arc<dyn NodeTap>>,
+) -> Result<NodeHandle, ControlError> {
     let plane = ControlPlane::new(config.control.clone())?;
     let relay = plane.relay();
     let (inputs, inputs_rx) = mpsc::channel(config.input_queue_capacity.max(1));
@@ -175,11 +189,15 @@ pub fn start_node(
     let publications = Arc::new(PoolPublications::new(config.hub, Arc::clone(&executor)));
     let (status, status_rx) = watch::channel(NodeStatus::default());
     let shutdown = CancellationToken::new();
+    let origin = Instant::now();
+    if let Some(tap) = &tap {
+        tap.node_started(origin);
+    }
     let node = Node {
         plane,
         relay,
         rng: rng_from_seed(config.rng_seed),
-        origin: Instant::now(),
+        origin,
         config,
         actors: BTreeMap::new(),
         rank_fences: BTreeMap::new(),
@@ -191,6 +209,7 @@ pub fn start_node(
         recovery,
         clock,
         status,
+        tap,
     };
     let task = tokio::spawn(node.run(inputs_rx, reports_rx, shutdown.clone()));
     Ok(NodeHandle { inputs, views, publications, status: status_rx, relay, shutdown, task })
@@ -236,12 +255,16 @@ impl Node {
                 input = inputs.recv() => match input {
                     Some(input) => {
                         inputs_handled += 1;
+                        if let Some(tap) = &self.tap {
+                            tap.input(self.now(), &input);
+                        }
                         self.plane.handle(input, self.now(), &mut self.rng)
                     }
                     None => break,
                 },
             };
             self.execute(commands).await;
+            self.checkpoint_if_due(inputs_handled).await;
             self.publish_status(inputs_handled, false);
         }
         let commands = self.plane.begin_shutdown(self.now(), &mut self.rng);
@@ -489,6 +512,15 @@ impl Node {
                 }
                 Vec::new()
             }
+        }
+    }
+
+    async fn checkpoint_if_due(&self, inputs_handled: u64) {
+        let Some(tap) = &self.tap else { return };
+        let now = self.now();
+        if tap.checkpoint_due(now, inputs_handled) {
+            let checkpoint = capture_checkpoint(&self.plane, &self.actors, inputs_handled).await;
+            tap.checkpoint(now, checkpoint);
         }
     }
 

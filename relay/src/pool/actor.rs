@@ -124,6 +124,19 @@ pub struct ActorStats {
     pub fence: Option<FenceReason>,
 }
 
+/// A pool's logical state in digest form (journal checkpoints compare these).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolDigest {
+    /// Distinct owned canonical hashes (the exact-block count).
+    pub owned_blocks: u64,
+    /// xxh3 of the owned canonical hashes in ascending order (little-endian `u64`s).
+    pub canonical_digest: u64,
+    /// xxh3 of the filter's words in order (little-endian `u64`s).
+    pub filter_digest: u64,
+    /// Last published sequence.
+    pub sequence: u64,
+}
+
 enum Command {
     Apply {
         events: Vec<RouterEvent>,
@@ -148,6 +161,9 @@ enum Command {
     },
     Stats {
         reply: oneshot::Sender<ActorStats>,
+    },
+    Digest {
+        reply: oneshot::Sender<PoolDigest>,
     },
     Shutdown,
 }
@@ -198,6 +214,35 @@ impl ActorCore {
             fence: self.publisher.fence_reason(),
         }
     }
+}
+
+impl ActorCore {
+    fn digest(&self) -> PoolDigest {
+        let blocks = self.pool.owned_blocks();
+        PoolDigest {
+            owned_blocks: blocks.len() as u64,
+            canonical_digest: digest_u64s(blocks.iter().map(|(hash, _)| hash.0)),
+            filter_digest: digest_u64s(self.pool.filter().words().iter().copied()),
+            sequence: self.publisher.last_sequence(),
+        }
+    }
+}
+
+/// xxh3-64 of `values` as consecutive little-endian bytes, fed to the hasher in 4 KiB chunks.
+fn digest_u64s(values: impl Iterator<Item = u64>) -> u64 {
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    let mut chunk = [0u8; 4096];
+    let mut len = 0;
+    for value in values {
+        chunk[len..len + 8].copy_from_slice(&value.to_le_bytes());
+        len += 8;
+        if len == chunk.len() {
+            hasher.update(&chunk);
+            len = 0;
+        }
+    }
+    hasher.update(&chunk[..len]);
+    hasher.digest()
 }
 
 fn unwrap_delta(delta: Arc<Delta>) -> Delta {
@@ -323,6 +368,9 @@ async fn run(
             Command::Stats { reply } => {
                 let _ = reply.send(core.stats());
             }
+            Command::Digest { reply } => {
+                let _ = reply.send(core.digest());
+            }
             Command::Shutdown => {
                 let _ = core.publish();
                 if let Some(lease) = core.publisher.lease() {
@@ -415,6 +463,13 @@ impl PoolActorHandle {
     pub async fn stats(&self) -> Result<ActorStats, ActorGone> {
         let (reply, answer) = oneshot::channel();
         self.send(Command::Stats { reply }).await?;
+        answer.await.map_err(|_| ActorGone)
+    }
+
+    /// The pool's logical state in digest form, after every command queued before this one.
+    pub async fn digest(&self) -> Result<PoolDigest, ActorGone> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Digest { reply }).await?;
         answer.await.map_err(|_| ActorGone)
     }
 

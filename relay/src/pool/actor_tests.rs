@@ -199,3 +199,30 @@ async fn replace_and_reset_rank_publish_at_once() {
     );
     assert!(subscription.deltas.try_recv().is_err());
 }
+
+#[test]
+fn chunked_digest_equals_the_one_shot_hash_of_the_bytes() {
+    let values: Vec<u64> = (0..1500u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+    let bytes: Vec<u8> = values.iter().flat_map(|value| value.to_le_bytes()).collect();
+    assert_eq!(digest_u64s(values.iter().copied()), xxhash_rust::xxh3::xxh3_64(&bytes));
+    assert_eq!(digest_u64s(std::iter::empty()), xxhash_rust::xxh3::xxh3_64(&[]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_digest_follows_the_commands_queued_before_it() {
+    let (actor, _task, _) = start(ActorConfig::default());
+    let empty = actor.digest().await.unwrap();
+    assert_eq!(empty.owned_blocks, 0);
+    actor.apply((1..=5).map(|i| store(i, None)).collect()).await.unwrap();
+    let stored = actor.digest().await.unwrap();
+    assert_eq!(stored.owned_blocks, 5);
+    assert_ne!(stored.canonical_digest, empty.canonical_digest);
+    assert_ne!(stored.filter_digest, empty.filter_digest);
+    actor.reset_rank(SourceKey { worker_id: 1, dp_rank: 0 }).await.unwrap();
+    let cleared = actor.digest().await.unwrap();
+    assert_eq!(cleared.owned_blocks, 0);
+    assert_eq!(
+        (cleared.canonical_digest, cleared.filter_digest),
+        (empty.canonical_digest, empty.filter_digest)
+    );
+}

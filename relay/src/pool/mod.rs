@@ -9,7 +9,7 @@ mod tables;
 
 pub use actor::{
     ActorConfig, ActorExit, ActorFault, ActorGone, ActorStats, FaultSink, PoolActorHandle,
-    SubscribeError, Subscription, spawn_pool_actor,
+    PoolDigest, SubscribeError, Subscription, spawn_pool_actor,
 };
 pub use ownership::{
     ApplyError, ApplyOutcome, FailureDisposition, OwnershipCounters, PoolOwnership,

@@ -8,15 +8,16 @@
 //! [`RecoveryResponse`].
 
 use crate::kv_events::{RouterEvent, SourceKey};
+use serde::{Deserialize, Serialize};
 
 /// Correlates one recovery call with its answer. Unique within one
 /// [`super::SourceTracker`]; never reused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct RecoveryRequestId(pub u64);
 
 /// What kind of query is sent. Only the legacy recovery kind is used by this relay; the
 /// state-agent variants of the wire enum are not modelled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum RecoveryQueryKind {
     /// Ordinary per-rank recovery (the wire default).
     #[default]
@@ -27,7 +28,7 @@ pub enum RecoveryQueryKind {
 ///
 /// `start_event_id == None` asks for a tree dump; `Some(start)` asks for the events
 /// `start..=end` (open-ended when `end_event_id` is `None`) from the worker's ring buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecoveryRequest {
     /// The rank's worker.
     pub worker_id: u64,
@@ -75,7 +76,7 @@ impl RecoveryRequest {
 }
 
 /// Which state a tree dump claims to describe.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TreeDumpScope {
     /// The dump is the complete state of the rank: it may replace the rank wholesale.
     Rank,
@@ -85,7 +86,7 @@ pub enum TreeDumpScope {
 }
 
 /// A worker's answer to a [`RecoveryRequest`] (`WorkerKvQueryResponse`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RecoveryResponse {
     /// Events from the worker's ring buffer (at most 1024 recent events), with their original
     /// ids. Events before the latest all-domain `Cleared` may be omitted.

@@ -1,0 +1,189 @@
+//! Checkpoints of the node's logical state, their schedule, and their comparison.
+//!
+//! A checkpoint holds what a consumer of the relay can observe, in a form that does not depend
+//! on timing inside one step: the catalog's descriptors and the readiness entries (each as the
+//! JSON of its `control::wire` view), and per active pool generation the exact-block count, a
+//! digest of the canonical hash set, a digest of the filter words and the published sequence.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::control::ControlPlane;
+use crate::control::wire::{KvPoolDescriptorView, TopologyEntryView};
+use crate::identity::PoolId;
+use crate::pool::{PoolActorHandle, PoolDigest};
+
+/// One pool generation's state in digest form.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolCheckpoint {
+    /// The pool id (`<domain>/<dc>`).
+    pub pool: String,
+    /// The generation.
+    pub layout_generation: u64,
+    /// Distinct owned canonical hashes.
+    pub exact_blocks: u64,
+    /// Digest of the sorted canonical hash set.
+    pub canonical_digest: u64,
+    /// Digest of the filter words.
+    pub filter_digest: u64,
+    /// Last published sequence.
+    pub sequence: u64,
+}
+
+/// The node's logical state at one point of its input sequence.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// Inputs the node had handled.
+    pub inputs_handled: u64,
+    /// Catalog revision.
+    pub catalog_revision: u64,
+    /// Each catalog descriptor as JSON, in pool id order.
+    pub catalog: Vec<String>,
+    /// Readiness (topology) revision.
+    pub readiness_revision: u64,
+    /// Each readiness entry as JSON, in entry order.
+    pub readiness: Vec<String>,
+    /// Active pool generations in `(pool, generation)` order; a gone actor is left out.
+    pub pools: Vec<PoolCheckpoint>,
+}
+
+fn json<T: Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|error| format!("<unrenderable: {error}>"))
+}
+
+/// Take a checkpoint of `plane` and the pool actors. Each actor answers after the commands
+/// queued before the request, so the digests include everything the node has sent.
+pub async fn capture_checkpoint(
+    plane: &ControlPlane,
+    actors: &BTreeMap<(PoolId, u64), PoolActorHandle>,
+    inputs_handled: u64,
+) -> Checkpoint {
+    let catalog = plane.catalog_snapshot();
+    let topology = plane.topology_snapshot();
+    let mut pools = Vec::with_capacity(actors.len());
+    for ((pool_id, layout_generation), actor) in actors {
+        let Ok(digest) = actor.digest().await else { continue };
+        pools.push(pool_checkpoint(pool_id, *layout_generation, digest));
+    }
+    Checkpoint {
+        inputs_handled,
+        catalog_revision: catalog.revision,
+        catalog: catalog.pools.iter().map(|pool| json(&KvPoolDescriptorView::from(pool))).collect(),
+        readiness_revision: topology.revision,
+        readiness: topology
+            .entries
+            .iter()
+            .map(|entry| json(&TopologyEntryView::from(entry)))
+            .collect(),
+        pools,
+    }
+}
+
+fn pool_checkpoint(pool_id: &PoolId, layout_generation: u64, digest: PoolDigest) -> PoolCheckpoint {
+    PoolCheckpoint {
+        pool: pool_id.to_string(),
+        layout_generation,
+        exact_blocks: digest.owned_blocks,
+        canonical_digest: digest.canonical_digest,
+        filter_digest: digest.filter_digest,
+        sequence: digest.sequence,
+    }
+}
+
+/// When checkpoints are taken: after `every_inputs` inputs, or once `interval` has passed with
+/// at least one input since the last one. A pure function of the node's step sequence and
+/// times, so a replay takes its checkpoints at the same points as the recording.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointSchedule {
+    every_inputs: u64,
+    interval: Duration,
+    last_inputs: u64,
+    last_at: Duration,
+}
+
+impl CheckpointSchedule {
+    /// A schedule (an `every_inputs` of 0 counts as 1).
+    #[must_use]
+    pub fn new(every_inputs: u64, interval: Duration) -> Self {
+        CheckpointSchedule {
+            every_inputs: every_inputs.max(1),
+            interval,
+            last_inputs: 0,
+            last_at: Duration::ZERO,
+        }
+    }
+
+    /// The inputs between checkpoints.
+    #[must_use]
+    pub fn every_inputs(&self) -> u64 {
+        self.every_inputs
+    }
+
+    /// The time between checkpoints.
+    #[must_use]
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// Whether a checkpoint is due at `at` after `inputs_handled` inputs; if so it counts as
+    /// taken.
+    pub fn due(&mut self, at: Duration, inputs_handled: u64) -> bool {
+        let new_inputs = inputs_handled.saturating_sub(self.last_inputs);
+        let due = new_inputs >= self.every_inputs
+            || (new_inputs > 0 && at.saturating_sub(self.last_at) >= self.interval);
+        if due {
+            self.last_inputs = inputs_handled;
+            self.last_at = at;
+        }
+        due
+    }
+}
+
+/// How a replayed checkpoint differs from the recorded one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointDiff {
+    /// One line per differing entry: `what: recorded … / replayed …`.
+    pub entries: Vec<String>,
+}
+
+fn diff_lists(what: &str, recorded: &[String], replayed: &[String], out: &mut Vec<String>) {
+    for index in 0..recorded.len().max(replayed.len()) {
+        let left = recorded.get(index);
+        let right = replayed.get(index);
+        if left != right {
+            out.push(format!(
+                "{what}[{index}]: recorded {} / replayed {}",
+                left.map_or("<none>", String::as_str),
+                right.map_or("<none>", String::as_str)
+            ));
+        }
+    }
+}
+
+/// The differences between a recorded and a replayed checkpoint; `None` when they are equal.
+#[must_use]
+pub fn compare_checkpoints(recorded: &Checkpoint, replayed: &Checkpoint) -> Option<CheckpointDiff> {
+    if recorded == replayed {
+        return None;
+    }
+    let mut entries = Vec::new();
+    let scalars = [
+        ("inputs_handled", recorded.inputs_handled, replayed.inputs_handled),
+        ("catalog_revision", recorded.catalog_revision, replayed.catalog_revision),
+        ("readiness_revision", recorded.readiness_revision, replayed.readiness_revision),
+    ];
+    for (what, left, right) in scalars {
+        if left != right {
+            entries.push(format!("{what}: recorded {left} / replayed {right}"));
+        }
+    }
+    diff_lists("catalog", &recorded.catalog, &replayed.catalog, &mut entries);
+    diff_lists("readiness", &recorded.readiness, &replayed.readiness, &mut entries);
+    let pools = |checkpoint: &Checkpoint| -> Vec<String> {
+        checkpoint.pools.iter().map(|pool| format!("{pool:?}")).collect()
+    };
+    diff_lists("pools", &pools(recorded), &pools(replayed), &mut entries);
+    Some(CheckpointDiff { entries })
+}

@@ -1,0 +1,38 @@
+//! The input journal: recording every external fact the relay sees, and replaying it.
+//!
+//! The node's input boundary is where the journal taps (DESIGN.md "Inputs: one boundary,
+//! several transports"; docs/journal.md has the format and the reasoning). External inputs are
+//! recorded: every [`DcInput`](crate::inputs::DcInput) as the node takes it, every recovery
+//! answer as the transport delivers it, each with the node's monotonic time and the wall clock;
+//! plus the seed and configuration in the header. Everything the node's own tasks report back
+//! (pool starts, actor faults, fences, host recovery acknowledgements) is a deterministic
+//! function of those and is regenerated on replay, not recorded. Periodic [`Checkpoint`]s of
+//! the logical state let a replay prove it reproduced the recording.
+//!
+//! - [`format`]: records, frames and segment preambles (pure);
+//! - [`segments`]: segment files, rotation and retention (synchronous I/O);
+//! - [`reader`]: records back, with typed faults naming file and offset;
+//! - [`recorder`]: the tap and recovery wrapper feeding a bounded queue, and the writer task;
+//! - [`replay`]: a node driven by a journal under a paused clock, checkpoints compared.
+
+mod checkpoint;
+pub mod format;
+pub mod reader;
+pub mod recorder;
+pub mod replay;
+pub mod segments;
+mod tap;
+
+#[cfg(test)]
+mod tests;
+
+pub use checkpoint::{
+    Checkpoint, CheckpointDiff, CheckpointSchedule, PoolCheckpoint, capture_checkpoint,
+    compare_checkpoints,
+};
+pub use format::{FORMAT_VERSION, JournalHeader, Record, RecoveryOutcome, Stamp};
+pub use reader::{JournalError, JournalErrorKind, JournalReader, read_journal};
+pub use recorder::{Recorder, RecorderConfig, RecorderStats, recording_dir, start_recorder};
+pub use replay::{Divergence, ReplayError, ReplayOptions, ReplayReport, replay_journal};
+pub use segments::{SegmentLimits, SegmentWriter};
+pub use tap::NodeTap;
