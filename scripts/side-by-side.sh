@@ -40,6 +40,7 @@
 #   IDLE_SECS=15             idle CPU baseline window (subtracted for the marginal µs/event)
 #   DYNLIVE=/tmp/dynlive     venv + model (install.sh);   SBS_DIR=/tmp/kvrelay-sbs  state + logs
 #   DYNAMO_BIND=127.0.0.1:5561  KVRELAY_BIND=127.0.0.1:5562  NATS_PORT=4222
+#   KVRELAY_OPS_BIND=127.0.0.1:9464  kvrelay's /metrics and health listener (`off` disables it)
 #   KVRELAY_BIN, COMPARE_BIN  default target/release/{kvrelay,kvrelay-compare}
 #   KVRELAY_ENV=""           extra NAME=VALUE settings for kvrelay only (e.g. MALLOC_ARENA_MAX=2)
 set -euo pipefail
@@ -58,6 +59,7 @@ IDLE_SECS="${IDLE_SECS:-15}"
 DYNAMO_BIND="${DYNAMO_BIND:-127.0.0.1:5561}"
 KVRELAY_BIND="${KVRELAY_BIND:-127.0.0.1:5562}"
 NATS_PORT="${NATS_PORT:-4222}"
+KVRELAY_OPS_BIND="${KVRELAY_OPS_BIND:-127.0.0.1:9464}"
 KVRELAY_BIN="${KVRELAY_BIN:-$ROOT/target/release/kvrelay}"
 COMPARE_BIN="${COMPARE_BIN:-$ROOT/target/release/kvrelay-compare}"
 PY="$DYNLIVE/venv/bin/python"
@@ -150,7 +152,8 @@ start nats "$LOGS/nats.log" nats-server -a 127.0.0.1 -p "$NATS_PORT"
 wait_for_log nats "$LOGS/nats.log" "Server is ready" 10
 start dynamo "$LOGS/dynamo-relay.log" "$PY" -m dynamo.kv_dc_relay --dc-id dc-a --bind "$DYNAMO_BIND"
 # shellcheck disable=SC2086  # KVRELAY_ENV is a list of NAME=VALUE words
-start kvrelay "$LOGS/kvrelay.log" env ${KVRELAY_ENV:-} "$KVRELAY_BIN" serve --dc-id dc-a --bind "$KVRELAY_BIND"
+start kvrelay "$LOGS/kvrelay.log" env ${KVRELAY_ENV:-} "$KVRELAY_BIN" serve --dc-id dc-a --bind "$KVRELAY_BIND" \
+  --ops-bind "$KVRELAY_OPS_BIND"
 wait_for_log dynamo "$LOGS/dynamo-relay.log" "KV DC Relay started" 60
 wait_for_log kvrelay "$LOGS/kvrelay.log" "serving dynamo.kvrelay.v1" 30
 DYNAMO_PID="${PIDS[dynamo]}"; KVRELAY_PID="${PIDS[kvrelay]}"
