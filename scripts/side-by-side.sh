@@ -155,7 +155,7 @@ start dynamo "$LOGS/dynamo-relay.log" "$PY" -m dynamo.kv_dc_relay --dc-id dc-a -
 start kvrelay "$LOGS/kvrelay.log" env ${KVRELAY_ENV:-} "$KVRELAY_BIN" serve --dc-id dc-a --bind "$KVRELAY_BIND" \
   --ops-bind "$KVRELAY_OPS_BIND"
 wait_for_log dynamo "$LOGS/dynamo-relay.log" "KV DC Relay started" 60
-wait_for_log kvrelay "$LOGS/kvrelay.log" "serving dynamo.kvrelay.v1" 30
+wait_for_log kvrelay "$LOGS/kvrelay.log" "relay started" 30
 DYNAMO_PID="${PIDS[dynamo]}"; KVRELAY_PID="${PIDS[kvrelay]}"
 echo "stack: nats-server :$NATS_PORT, dynamo relay pid $DYNAMO_PID on $DYNAMO_BIND, kvrelay pid $KVRELAY_PID on $KVRELAY_BIND"
 echo "       state and logs in $SBS_DIR"
