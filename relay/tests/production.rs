@@ -260,6 +260,22 @@ impl Worker {
         )
     }
 
+    /// The NATS event channel real workers advertise beside their event source.
+    fn channel_file(&self) -> String {
+        format!(
+            "v1/event_channels/namespace%2F{}%2Fcomponent%2Fbackend%2Fendpoint%2Fgenerate%2Ftopic%2Fkv%2Devents%2F{:x}",
+            self.namespace, self.publisher
+        )
+    }
+
+    fn channel_record(&self) -> String {
+        format!(
+            r#"{{"type":"EventChannel","scope":{{"kind":"endpoint","endpoint":{{"namespace":"{n}","component":"backend","name":"generate"}}}},"topic":"kv-events","instance_id":{p},"transport":{{"kind":"Nats","config":{{"subject_prefix":"namespace.{n}.component.backend.endpoint.generate"}}}}}}"#,
+            n = self.namespace,
+            p = self.publisher
+        )
+    }
+
     fn instance_record(&self) -> String {
         format!(
             r#"{{"type":"Endpoint","component":"backend","endpoint":"generate","namespace":"{n}","instance_id":{i},"transport":{{"tcp":"127.0.0.1:9/{i:x}/{n}/backend/generate"}},"device_type":"cuda","request_plane_codec":"msgpack"}}"#,
@@ -288,17 +304,22 @@ impl Worker {
     fn register(&self, store: &FileStore) {
         store.write(&self.card_file(), &self.card_record());
         store.write(&self.source_file(), &self.source_record());
+        store.write(&self.channel_file(), &self.channel_record());
         store.write(&self.instance_file(), &self.instance_record());
     }
 
+    fn files(&self) -> [String; 4] {
+        [self.instance_file(), self.card_file(), self.source_file(), self.channel_file()]
+    }
+
     fn abandon(&self, store: &FileStore) {
-        for file in [self.instance_file(), self.card_file(), self.source_file()] {
+        for file in self.files() {
             store.abandon(&file);
         }
     }
 
     fn unregister(&self, store: &FileStore) {
-        for file in [self.instance_file(), self.card_file(), self.source_file()] {
+        for file in self.files() {
             store.remove(&file);
         }
     }

@@ -206,8 +206,12 @@ pub fn start_input_planes(
     let mut tasks = Vec::new();
     let (stats_tx, stats_rx) = watch::channel(DiscoveryStats::default());
     let (channels_tx, channels_rx) = mpsc::channel(1024);
-    let mut sink =
-        DiscoverySink::new(inputs.clone()).with_channels(channels_tx).with_stats(stats_tx);
+    let mut sink = DiscoverySink::new(inputs.clone()).with_stats(stats_tx);
+    // Only the ZMQ plane follows advertised event channels; with NATS nobody reads them, and a
+    // sink whose channel receiver is gone would end discovery at the first advertisement.
+    if config.event_plane == EventPlane::Zmq {
+        sink = sink.with_channels(channels_tx);
+    }
     let mut sources_report = None;
     if let Some(setup) = sources {
         let initial: NamespaceLimit = setup.state.applied().map(|list| list.namespaces.clone());
