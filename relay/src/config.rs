@@ -16,7 +16,9 @@
 //! Recording (`--record DIR` / `DYN_RELAY_RECORD_DIR`) keeps at most `--record-max-bytes` /
 //! `DYN_RELAY_RECORD_MAX_BYTES` (default 1 GiB, at least 1 MiB) and closes a segment after
 //! `--record-max-age` / `DYN_RELAY_RECORD_MAX_AGE_SECS` seconds (default 3600); either limit
-//! without a directory is a conflict.
+//! without a directory is a conflict. Checkpoints are taken every
+//! `DYN_RELAY_RECORD_CHECKPOINT_INPUTS` inputs (default 10,000) or
+//! `DYN_RELAY_RECORD_CHECKPOINT_INTERVAL_MS` (default 10,000) with at least one input.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -87,6 +89,12 @@ pub struct RecordSettings {
     pub max_total_bytes: u64,
     /// A segment is closed once its records span this long.
     pub max_segment_age: Duration,
+    /// A checkpoint after this many inputs (`DYN_RELAY_RECORD_CHECKPOINT_INPUTS`, default
+    /// 10,000)...
+    pub checkpoint_every_inputs: u64,
+    /// ...or after this long with at least one input
+    /// (`DYN_RELAY_RECORD_CHECKPOINT_INTERVAL_MS`, default 10 s).
+    pub checkpoint_interval: Duration,
 }
 
 /// A configuration the relay cannot start with.
@@ -402,8 +410,11 @@ fn resolve_record(cli: &CliValues, env: &Env<'_>) -> Result<Option<RecordSetting
         (None, Some(value)) => Some(("DYN_RELAY_RECORD_MAX_AGE_SECS", value)),
         (None, None) => None,
     };
+    const CHECKPOINT: [&str; 2] =
+        ["DYN_RELAY_RECORD_CHECKPOINT_INPUTS", "DYN_RELAY_RECORD_CHECKPOINT_INTERVAL_MS"];
     let Some(root) = root else {
-        if let Some((setting, _)) = bytes.or(age) {
+        let checkpoint = CHECKPOINT.iter().find(|name| env.get(name).is_some()).copied();
+        if let Some(setting) = bytes.or(age).map(|(setting, _)| setting).or(checkpoint) {
             return Err(ConfigError::Conflict { first: setting, second: "no --record directory" });
         }
         return Ok(None);
@@ -433,6 +444,12 @@ fn resolve_record(cli: &CliValues, env: &Env<'_>) -> Result<Option<RecordSetting
         root,
         max_total_bytes,
         max_segment_age: Duration::from_secs(max_age_secs),
+        checkpoint_every_inputs: env
+            .get(CHECKPOINT[0])
+            .map(|v| parse_positive(CHECKPOINT[0], v, u64::MAX))
+            .transpose()?
+            .unwrap_or(10_000),
+        checkpoint_interval: millis(env, CHECKPOINT[1], 10_000)?,
     }))
 }
 
@@ -672,15 +689,21 @@ mod tests {
                 root: "/var/kvrelay/journal".into(),
                 max_total_bytes: 1_073_741_824,
                 max_segment_age: Duration::from_secs(3600),
+                checkpoint_every_inputs: 10_000,
+                checkpoint_interval: Duration::from_secs(10),
             })
         );
         let from_env = env(&[
             ("DYN_RELAY_RECORD_DIR", "/j"),
             ("DYN_RELAY_RECORD_MAX_BYTES", "2097152"),
             ("DYN_RELAY_RECORD_MAX_AGE_SECS", "60"),
+            ("DYN_RELAY_RECORD_CHECKPOINT_INPUTS", "100"),
+            ("DYN_RELAY_RECORD_CHECKPOINT_INTERVAL_MS", "250"),
         ]);
         let record = resolve(&cli_dc(), &from_env).unwrap().record.unwrap();
         assert_eq!(record.root, PathBuf::from("/j"));
+        assert_eq!(record.checkpoint_every_inputs, 100);
+        assert_eq!(record.checkpoint_interval, Duration::from_millis(250));
         assert_eq!(record.max_total_bytes, 2_097_152);
         assert_eq!(record.max_segment_age, Duration::from_secs(60));
         let overridden = CliValues {
@@ -714,6 +737,16 @@ mod tests {
         assert!(matches!(
             resolve(&cli_dc(), &env(&[("DYN_RELAY_RECORD_MAX_AGE_SECS", "5")])).unwrap_err(),
             ConfigError::Conflict { first: "DYN_RELAY_RECORD_MAX_AGE_SECS", .. }
+        ));
+        let cadence_only = env(&[("DYN_RELAY_RECORD_CHECKPOINT_INTERVAL_MS", "5")]);
+        assert!(matches!(
+            resolve(&cli_dc(), &cadence_only).unwrap_err(),
+            ConfigError::Conflict { first: "DYN_RELAY_RECORD_CHECKPOINT_INTERVAL_MS", .. }
+        ));
+        let zero_inputs = env(&[("DYN_RELAY_RECORD_CHECKPOINT_INPUTS", "0")]);
+        assert!(matches!(
+            resolve(&cli, &zero_inputs).unwrap_err(),
+            ConfigError::Invalid { setting: "DYN_RELAY_RECORD_CHECKPOINT_INPUTS", .. }
         ));
     }
 

@@ -478,11 +478,13 @@ fn start_recording(
         options.clock.now_unix_us(),
         node.control.relay.relay_incarnation,
     );
-    let recording = journal::RecorderConfig::new(
+    let mut recording = journal::RecorderConfig::new(
         dir.clone(),
         settings.max_total_bytes,
         settings.max_segment_age,
     );
+    recording.checkpoint_every_inputs = settings.checkpoint_every_inputs;
+    recording.checkpoint_interval = settings.checkpoint_interval;
     match journal::start_recorder(
         &recording,
         node,
