@@ -226,6 +226,7 @@ pub fn start_recorder(
     let header = JournalHeader {
         kvrelay_version: env!("CARGO_PKG_VERSION").to_owned(),
         config: format!("{node:?}"),
+        node: Box::new(node.clone()),
         dc_id: node.control.dc_id.0,
         relay_incarnation: node.control.relay.relay_incarnation,
         rng_seed: node.rng_seed,
