@@ -1122,3 +1122,34 @@ fn a_recorded_serve_run_replays_its_checkpoints() {
     assert_eq!(journal::compare_checkpoints(&logical(last), &logical(final_state)), None);
     assert!(last.pools.iter().any(|pool| pool.exact_blocks > 0), "{:?}", last.pools);
 }
+
+/// A record directory that cannot be created (its parent is a file) disables recording, and
+/// the relay serves regardless; `/metrics` says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recording_that_cannot_start_does_not_stop_serving() {
+    bounded(async {
+        let nats = NatsServer::start().await;
+        let store = FileStore::new();
+        let worker = Worker { namespace: "dynamo", instance: WORKER_A, publisher: PUBLISHER_A };
+        worker.register(&store);
+        let blocker = tempfile::NamedTempFile::new().unwrap();
+        let discovery = [
+            ("DYN_DISCOVERY_BACKEND", "file".to_owned()),
+            ("DYN_FILE_KV", store.root.display().to_string()),
+        ];
+        let record =
+            [("DYN_RELAY_RECORD_DIR", blocker.path().join("journal").display().to_string())];
+        let config = relay_config(&discovery, &nats, None, None, &record);
+        let relay = kvrelay::serve::start(config, start_options(7)).await.unwrap();
+        let consumer = start_consumer(&relay);
+        converge(&consumer, "the pool", pool_ready).await;
+        let (status, text) = http_get_async(relay.ops_address.unwrap(), "/metrics").await;
+        assert_eq!(status, 200);
+        assert_eq!(metric(&text, "kvrelay_journal_recording"), Some(0), "{text}");
+        assert_eq!(metric(&text, "kvrelay_journal_records_written_total"), Some(0));
+        assert_eq!(metric(&text, "kvrelay_healthy"), Some(1));
+        consumer.shutdown().await;
+        relay.shutdown().await.unwrap();
+    })
+    .await;
+}
