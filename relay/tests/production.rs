@@ -1063,6 +1063,7 @@ fn a_recorded_serve_run_replays_its_checkpoints() {
         .build()
         .unwrap();
     let node_config = kvrelay::serve::node_config(&config, identity, 7);
+    assert_eq!(*header.node, node_config, "the header carries serve's node configuration");
     let report = replaying
         .block_on(journal::replay_journal(
             &dirs[0],

@@ -37,8 +37,10 @@ fn seconds(at: Option<Duration>) -> String {
     at.map_or_else(|| "never".to_owned(), |at| format!("{:.6} s", at.as_secs_f64()))
 }
 
-/// The lines `kvrelay-sim replay` prints for `report`; with `dump_state`, the state after the
-/// last replayed input follows (catalog, readiness, per-pool ownership).
+/// The lines `kvrelay-sim replay` prints for `report`: the header, one progress line per
+/// reproduced checkpoint, gaps, a journal fault, the verdict (the first divergence with its
+/// differing entries, or the count reproduced); with `dump_state`, the state after the last
+/// replayed input follows (catalog, readiness, per-pool ownership).
 #[must_use]
 pub fn render(report: &ReplayReport, dump_state: bool) -> String {
     let mut out = String::new();
@@ -58,6 +60,19 @@ pub fn render(report: &ReplayReport, dump_state: bool) -> String {
         "replayed {} inputs, {} recorded recovery answers, {} checkpoints compared",
         report.inputs_replayed, report.recoveries_recorded, report.checkpoints_compared
     );
+    let reproduced = report
+        .divergence
+        .as_ref()
+        .map_or(report.checkpoints_compared, |divergence| divergence.index);
+    for (index, (at, checkpoint)) in report.checkpoints.iter().take(reproduced).enumerate() {
+        let _ = writeln!(
+            out,
+            "checkpoint {index} at {}: {} inputs, {} pools, reproduced",
+            seconds(Some(*at)),
+            checkpoint.inputs_handled,
+            checkpoint.pools.len()
+        );
+    }
     for gap in &report.gaps {
         let _ = writeln!(
             out,

@@ -143,6 +143,8 @@ fn a_recorded_simulated_run_replays_every_checkpoint_from_the_journal_alone() {
     assert!(text.contains(&format!("\n{checkpoints} checkpoints reproduced\n")), "{text}");
     assert!(!text.contains("DIVERGED"), "{text}");
     assert!(!text.contains("state at"), "no dump without --until: {text}");
+    let progress = text.lines().filter(|line| line.ends_with(" pools, reproduced")).count();
+    assert_eq!(progress, checkpoints, "one progress line per checkpoint: {text}");
 
     let (output, until) = sim(&["replay", path(dir.path()), "--until", "1.5"]);
     assert!(output.status.success(), "{until}");
