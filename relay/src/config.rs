@@ -12,6 +12,13 @@
 //! prefixes) and the file's namespaces narrow it at run time; `DYN_RELAY_CONNECTION_REVISION`
 //! is read only then. The operations listener (`--ops-bind` / `DYN_RELAY_OPS_BIND`) defaults to
 //! loopback [`OPS_BIND_DEFAULT`] and `off` disables it.
+//!
+//! Recording (`--record DIR` / `DYN_RELAY_RECORD_DIR`) keeps at most `--record-max-bytes` /
+//! `DYN_RELAY_RECORD_MAX_BYTES` (default 1 GiB, at least 1 MiB) and closes a segment after
+//! `--record-max-age` / `DYN_RELAY_RECORD_MAX_AGE_SECS` seconds (default 3600); either limit
+//! without a directory is a conflict. Checkpoints are taken every
+//! `DYN_RELAY_RECORD_CHECKPOINT_INPUTS` inputs (default 10,000) or
+//! `DYN_RELAY_RECORD_CHECKPOINT_INTERVAL_MS` (default 10,000) with at least one input.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -55,10 +62,40 @@ pub struct CliValues {
     pub sources_file: Option<PathBuf>,
     /// `--ops-bind`.
     pub ops_bind: Option<String>,
+    /// `--record` (journal root directory).
+    pub record: Option<PathBuf>,
+    /// `--record-max-bytes`.
+    pub record_max_bytes: Option<String>,
+    /// `--record-max-age` (seconds).
+    pub record_max_age: Option<String>,
 }
 
 /// Default address of the operations HTTP endpoints (`--ops-bind`): loopback only.
 pub const OPS_BIND_DEFAULT: &str = "127.0.0.1:9090";
+
+/// Default bound on a recording's total size (`--record-max-bytes`): 1 GiB.
+pub const RECORD_MAX_BYTES_DEFAULT: u64 = 1 << 30;
+/// Smallest accepted `--record-max-bytes`: 1 MiB (segments of 64 KiB).
+pub const RECORD_MAX_BYTES_MIN: u64 = 1 << 20;
+/// Default age at which a journal segment is closed (`--record-max-age`): one hour.
+pub const RECORD_MAX_AGE_SECS_DEFAULT: u64 = 3600;
+
+/// `--record`: journal every input into a directory (docs/journal.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordSettings {
+    /// The root directory; each start records into a fresh subdirectory of it.
+    pub root: PathBuf,
+    /// Bound on the recording's total size in bytes.
+    pub max_total_bytes: u64,
+    /// A segment is closed once its records span this long.
+    pub max_segment_age: Duration,
+    /// A checkpoint after this many inputs (`DYN_RELAY_RECORD_CHECKPOINT_INPUTS`, default
+    /// 10,000)...
+    pub checkpoint_every_inputs: u64,
+    /// ...or after this long with at least one input
+    /// (`DYN_RELAY_RECORD_CHECKPOINT_INTERVAL_MS`, default 10 s).
+    pub checkpoint_interval: Duration,
+}
 
 /// A configuration the relay cannot start with.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -209,6 +246,8 @@ pub struct RelayConfig {
     pub discovery: DiscoveryBackend,
     /// Event plane.
     pub event_plane: EventPlane,
+    /// Input journal (`--record` / `DYN_RELAY_RECORD_DIR`), if any.
+    pub record: Option<RecordSettings>,
 }
 
 struct Env<'a>(&'a BTreeMap<String, String>);
@@ -350,7 +389,68 @@ pub fn resolve(
         wan,
         discovery: resolve_discovery(&env)?,
         event_plane: resolve_event_plane(&env)?,
+        record: resolve_record(cli, &env)?,
     })
+}
+
+/// `--record DIR` / `DYN_RELAY_RECORD_DIR` with its limits; a limit without a directory is a
+/// conflict (it would silently do nothing).
+fn resolve_record(cli: &CliValues, env: &Env<'_>) -> Result<Option<RecordSettings>, ConfigError> {
+    let root = cli
+        .record
+        .clone()
+        .or_else(|| env.get("DYN_RELAY_RECORD_DIR").map(|dir| PathBuf::from(dir.trim())));
+    let bytes = match (&cli.record_max_bytes, env.get("DYN_RELAY_RECORD_MAX_BYTES")) {
+        (Some(value), _) => Some(("--record-max-bytes", value.as_str())),
+        (None, Some(value)) => Some(("DYN_RELAY_RECORD_MAX_BYTES", value)),
+        (None, None) => None,
+    };
+    let age = match (&cli.record_max_age, env.get("DYN_RELAY_RECORD_MAX_AGE_SECS")) {
+        (Some(value), _) => Some(("--record-max-age", value.as_str())),
+        (None, Some(value)) => Some(("DYN_RELAY_RECORD_MAX_AGE_SECS", value)),
+        (None, None) => None,
+    };
+    const CHECKPOINT: [&str; 2] =
+        ["DYN_RELAY_RECORD_CHECKPOINT_INPUTS", "DYN_RELAY_RECORD_CHECKPOINT_INTERVAL_MS"];
+    let Some(root) = root else {
+        let checkpoint = CHECKPOINT.iter().find(|name| env.get(name).is_some()).copied();
+        if let Some(setting) = bytes.or(age).map(|(setting, _)| setting).or(checkpoint) {
+            return Err(ConfigError::Conflict { first: setting, second: "no --record directory" });
+        }
+        return Ok(None);
+    };
+    if root.as_os_str().is_empty() {
+        return Err(invalid("--record / DYN_RELAY_RECORD_DIR", "", "expected a directory"));
+    }
+    let max_total_bytes = match bytes {
+        Some((setting, value)) => {
+            let parsed = parse_positive(setting, value, u64::MAX)?;
+            if parsed < RECORD_MAX_BYTES_MIN {
+                return Err(invalid(
+                    setting,
+                    value,
+                    format!("must be at least {RECORD_MAX_BYTES_MIN}"),
+                ));
+            }
+            parsed
+        }
+        None => RECORD_MAX_BYTES_DEFAULT,
+    };
+    let max_age_secs = match age {
+        Some((setting, value)) => parse_positive(setting, value, TIMER_MS_MAX / 1000)?,
+        None => RECORD_MAX_AGE_SECS_DEFAULT,
+    };
+    Ok(Some(RecordSettings {
+        root,
+        max_total_bytes,
+        max_segment_age: Duration::from_secs(max_age_secs),
+        checkpoint_every_inputs: env
+            .get(CHECKPOINT[0])
+            .map(|v| parse_positive(CHECKPOINT[0], v, u64::MAX))
+            .transpose()?
+            .unwrap_or(10_000),
+        checkpoint_interval: millis(env, CHECKPOINT[1], 10_000)?,
+    }))
 }
 
 fn millis(env: &Env<'_>, name: &'static str, default_ms: u64) -> Result<Duration, ConfigError> {
@@ -576,6 +676,78 @@ mod tests {
             DiscoveryBackend::Etcd(EtcdDiscoveryConfig::new(vec!["http://localhost:2379".into()]))
         );
         assert_eq!(config.event_plane, EventPlane::Nats { url: "nats://localhost:4222".into() });
+        assert_eq!(config.record, None);
+    }
+
+    #[test]
+    fn recording_has_defaults_and_validated_limits_naming_the_setting() {
+        let cli = CliValues { record: Some("/var/kvrelay/journal".into()), ..cli_dc() };
+        let config = resolve(&cli, &env(&[])).unwrap();
+        assert_eq!(
+            config.record,
+            Some(RecordSettings {
+                root: "/var/kvrelay/journal".into(),
+                max_total_bytes: 1_073_741_824,
+                max_segment_age: Duration::from_secs(3600),
+                checkpoint_every_inputs: 10_000,
+                checkpoint_interval: Duration::from_secs(10),
+            })
+        );
+        let from_env = env(&[
+            ("DYN_RELAY_RECORD_DIR", "/j"),
+            ("DYN_RELAY_RECORD_MAX_BYTES", "2097152"),
+            ("DYN_RELAY_RECORD_MAX_AGE_SECS", "60"),
+            ("DYN_RELAY_RECORD_CHECKPOINT_INPUTS", "100"),
+            ("DYN_RELAY_RECORD_CHECKPOINT_INTERVAL_MS", "250"),
+        ]);
+        let record = resolve(&cli_dc(), &from_env).unwrap().record.unwrap();
+        assert_eq!(record.root, PathBuf::from("/j"));
+        assert_eq!(record.checkpoint_every_inputs, 100);
+        assert_eq!(record.checkpoint_interval, Duration::from_millis(250));
+        assert_eq!(record.max_total_bytes, 2_097_152);
+        assert_eq!(record.max_segment_age, Duration::from_secs(60));
+        let overridden = CliValues {
+            record_max_bytes: Some("4194304".into()),
+            record_max_age: Some("5".into()),
+            ..cli.clone()
+        };
+        let record = resolve(&overridden, &from_env).unwrap().record.unwrap();
+        assert_eq!(record.root, PathBuf::from("/var/kvrelay/journal"), "the flag wins");
+        assert_eq!((record.max_total_bytes, record.max_segment_age.as_secs()), (4_194_304, 5));
+
+        let small = CliValues { record_max_bytes: Some("1048575".into()), ..cli.clone() };
+        let error = resolve(&small, &env(&[])).unwrap_err();
+        assert!(matches!(error, ConfigError::Invalid { setting: "--record-max-bytes", .. }));
+        assert!(error.to_string().contains("at least 1048576"), "{error}");
+        let zero_age = env(&[("DYN_RELAY_RECORD_MAX_AGE_SECS", "0")]);
+        assert!(matches!(
+            resolve(&cli, &zero_age).unwrap_err(),
+            ConfigError::Invalid { setting: "DYN_RELAY_RECORD_MAX_AGE_SECS", .. }
+        ));
+        let not_numeric = CliValues { record_max_age: Some("1h".into()), ..cli.clone() };
+        assert!(matches!(
+            resolve(&not_numeric, &env(&[])).unwrap_err(),
+            ConfigError::Invalid { setting: "--record-max-age", .. }
+        ));
+        let without_dir = CliValues { record_max_bytes: Some("4194304".into()), ..cli_dc() };
+        assert_eq!(
+            resolve(&without_dir, &env(&[])).unwrap_err(),
+            ConfigError::Conflict { first: "--record-max-bytes", second: "no --record directory" }
+        );
+        assert!(matches!(
+            resolve(&cli_dc(), &env(&[("DYN_RELAY_RECORD_MAX_AGE_SECS", "5")])).unwrap_err(),
+            ConfigError::Conflict { first: "DYN_RELAY_RECORD_MAX_AGE_SECS", .. }
+        ));
+        let cadence_only = env(&[("DYN_RELAY_RECORD_CHECKPOINT_INTERVAL_MS", "5")]);
+        assert!(matches!(
+            resolve(&cli_dc(), &cadence_only).unwrap_err(),
+            ConfigError::Conflict { first: "DYN_RELAY_RECORD_CHECKPOINT_INTERVAL_MS", .. }
+        ));
+        let zero_inputs = env(&[("DYN_RELAY_RECORD_CHECKPOINT_INPUTS", "0")]);
+        assert!(matches!(
+            resolve(&cli, &zero_inputs).unwrap_err(),
+            ConfigError::Invalid { setting: "DYN_RELAY_RECORD_CHECKPOINT_INPUTS", .. }
+        ));
     }
 
     #[test]

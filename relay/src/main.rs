@@ -72,6 +72,19 @@ struct ServeArgs {
     /// IP:port or `off` (DYN_RELAY_OPS_BIND; default 127.0.0.1:9090, loopback only).
     #[arg(long)]
     ops_bind: Option<String>,
+    /// Journal every input into a fresh subdirectory of DIR for replay with `kvrelay-sim
+    /// replay` (DYN_RELAY_RECORD_DIR). A recording that cannot start or write never stops
+    /// serving; its losses are counted in /metrics.
+    #[arg(long, value_name = "DIR")]
+    record: Option<PathBuf>,
+    /// Bound on the recording's total size in bytes, at least 1 MiB
+    /// (DYN_RELAY_RECORD_MAX_BYTES; default 1 GiB).
+    #[arg(long, value_name = "N")]
+    record_max_bytes: Option<String>,
+    /// Close a journal segment once it spans this many seconds
+    /// (DYN_RELAY_RECORD_MAX_AGE_SECS; default 3600).
+    #[arg(long, value_name = "SECS")]
+    record_max_age: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -188,6 +201,9 @@ async fn serve_command(args: ServeArgs) -> Result<()> {
         bind: args.bind,
         sources_file: args.sources_file,
         ops_bind: args.ops_bind,
+        record: args.record,
+        record_max_bytes: args.record_max_bytes,
+        record_max_age: args.record_max_age,
     };
     let config = config::resolve(&cli, &environment).context("invalid configuration")?;
     let options = ServeOptions {

@@ -53,7 +53,9 @@ pub struct ReadinessUnit {
 /// The relay's configuration chooses. The default reports duplicates as a fact and leaves the
 /// state alone; the strict policy treats an ambiguous topology as not ready for remote KV
 /// sourcing (`ready && ambiguous.is_empty()`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum AmbiguityPolicy {
     /// Ambiguity is reported, readiness unchanged.

@@ -8,8 +8,9 @@
 //! Covered: catalog, readiness, load and filter contents; a worker leaving by TTL expiry of its
 //! discovery files; a publisher restart (new incarnation); an event-id gap; malformed discovery
 //! records and malformed envelopes (counted and skipped, nothing else disturbed); the
-//! live-reloaded `--sources-file`; `/metrics`, `/health`, `/ready`; and SIGTERM of the built
-//! binary (streams end with UNAVAILABLE, exit status 0).
+//! live-reloaded `--sources-file`; `/metrics`, `/health`, `/ready`; SIGTERM of the built
+//! binary (streams end with UNAVAILABLE, exit status 0); and `--record`: a recorded run replays
+//! in the simulator reproducing every input-determined part of its checkpoints.
 //!
 //! Every wait is bounded; servers are killed by PID when their guards drop.
 
@@ -446,6 +447,18 @@ async fn start_relay_with(
     sources_file: Option<PathBuf>,
     guard: Option<&str>,
 ) -> RunningRelay {
+    let config = relay_config(discovery, nats, sources_file, guard, &[]);
+    kvrelay::serve::start(config, start_options(7)).await.unwrap()
+}
+
+/// The configuration [`start_relay_with`] starts, with `extra` environment variables.
+fn relay_config(
+    discovery: &[(&str, String)],
+    nats: &NatsServer,
+    sources_file: Option<PathBuf>,
+    guard: Option<&str>,
+    extra: &[(&str, String)],
+) -> config::RelayConfig {
     let cli = CliValues {
         dc_id: Some("dc-a".into()),
         bind: Some("127.0.0.1:0".into()),
@@ -460,13 +473,13 @@ async fn start_relay_with(
     ]
     .into_iter()
     .chain(discovery.iter().cloned())
+    .chain(extra.iter().cloned())
     .map(|(name, value)| (name.to_owned(), value))
     .collect();
     if let Some(guard) = guard {
         environment.insert("DYN_RELAY_CONNECTION_REVISION".into(), guard.to_owned());
     }
-    let config = config::resolve(&cli, &environment).unwrap();
-    kvrelay::serve::start(config, start_options(7)).await.unwrap()
+    config::resolve(&cli, &environment).unwrap()
 }
 
 fn start_consumer(relay: &RunningRelay) -> RelayConsumer {
@@ -946,6 +959,217 @@ async fn sources_file_narrows_etcd_discovery_by_relisting() {
             snapshot.pools.is_empty() && snapshot.readiness.is_empty()
         })
         .await;
+        consumer.shutdown().await;
+        relay.shutdown().await.unwrap();
+    })
+    .await;
+}
+
+/// Record a `serve` run (two workers, blocks, load, a publisher restart, a departure) into a
+/// fresh directory under `root`; returns the configuration and identity a replay needs.
+async fn record_serve_run(root: &Path) -> (config::RelayConfig, kvrelay::identity::RelayIdentity) {
+    let nats = NatsServer::start().await;
+    let store = FileStore::new();
+    let a = Worker { namespace: "dynamo", instance: WORKER_A, publisher: PUBLISHER_A };
+    let b = Worker { namespace: "dynamo", instance: WORKER_B, publisher: PUBLISHER_B };
+    a.register(&store);
+    b.register(&store);
+    let discovery = [
+        ("DYN_DISCOVERY_BACKEND", "file".to_owned()),
+        ("DYN_FILE_KV", store.root.display().to_string()),
+    ];
+    let recording = [
+        ("DYN_RELAY_RECORD_DIR", root.display().to_string()),
+        ("DYN_RELAY_RECORD_CHECKPOINT_INTERVAL_MS", "300".to_owned()),
+    ];
+    let config = relay_config(&discovery, &nats, None, None, &recording);
+    let relay = kvrelay::serve::start(config.clone(), start_options(7)).await.unwrap();
+    let ops = relay.ops_address.unwrap();
+    let consumer = start_consumer(&relay);
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    converge(&consumer, "the pool", pool_ready).await;
+
+    let prompt_a = prompt(1, 4);
+    tokio::time::timeout(CONVERGE, async {
+        let mut sequence = 0;
+        while matched(&consumer, &prompt_a) != Some(4) {
+            sequence += 1;
+            let envelope = store_envelope(&a, sequence, sequence, &prompt_a);
+            publish(&client, a.subject(KV_EVENTS_TOPIC), envelope).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .expect("worker A's blocks never reached the consumer");
+    let prompt_b = prompt(2, 3);
+    publish(&client, b.subject(KV_EVENTS_TOPIC), store_envelope(&b, 1, 1, &prompt_b)).await;
+    publish(&client, a.subject(KV_METRICS_TOPIC), load_envelope(&a, 1, 30)).await;
+    publish(&client, b.subject(KV_METRICS_TOPIC), load_envelope(&b, 1, 12)).await;
+    converge(&consumer, "worker B's blocks", |_| matched(&consumer, &prompt_b) == Some(3)).await;
+
+    // Worker A restarts as a new publisher incarnation.
+    let restarted = Worker { publisher: PUBLISHER_A_RESTARTED, ..a };
+    store.remove(&a.source_file());
+    restarted.register(&store);
+    let prompt_a2 = prompt(4, 3);
+    tokio::time::timeout(CONVERGE, async {
+        let mut event_id = 0;
+        while matched(&consumer, &prompt_a2) != Some(3) {
+            event_id += 1;
+            let envelope = store_envelope(&restarted, event_id, event_id, &prompt_a2);
+            publish(&client, a.subject(KV_EVENTS_TOPIC), envelope).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    })
+    .await
+    .expect("the restarted publisher's blocks never arrived");
+    converge(&consumer, "the old incarnation's blocks gone", |_| {
+        matched(&consumer, &prompt_a) == Some(0)
+    })
+    .await;
+    // Worker B leaves; a checkpoint interval passes with the last inputs.
+    b.unregister(&store);
+    converge(&consumer, "worker B gone", |_| matched(&consumer, &prompt_b) == Some(0)).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    publish(&client, restarted.subject(KV_METRICS_TOPIC), load_envelope(&restarted, 1, 7)).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+
+    let written = tokio::time::timeout(CONVERGE, async {
+        loop {
+            let (_, text) = http_get_async(ops, "/metrics").await;
+            match metric(&text, "kvrelay_journal_records_written_total") {
+                Some(written) if written > 0 => return text,
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    })
+    .await
+    .expect("the journal counters never moved");
+    assert_eq!(metric(&written, "kvrelay_journal_recording"), Some(1));
+    assert_eq!(metric(&written, "kvrelay_journal_records_dropped_total"), Some(0));
+    assert_eq!(metric(&written, "kvrelay_journal_write_errors_total"), Some(0));
+    consumer.shutdown().await;
+    let identity = relay.relay;
+    relay.shutdown().await.unwrap();
+    (config, identity)
+}
+
+/// `serve --record` journals a real run (NATS + file discovery, a publisher restart); the
+/// journal replays in the simulator (paused clock) against the configuration `serve` ran with.
+#[test]
+fn a_recorded_serve_run_replays_its_checkpoints() {
+    use kvrelay::journal::{self, Record, ReplayOptions};
+    let root = tempfile::tempdir().unwrap();
+    let serving =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (config, identity) = serving.block_on(bounded(record_serve_run(root.path())));
+    drop(serving);
+
+    let dirs: Vec<PathBuf> =
+        std::fs::read_dir(root.path()).unwrap().map(|entry| entry.unwrap().path()).collect();
+    assert_eq!(dirs.len(), 1, "one recording per start: {dirs:?}");
+    let (header, records, fault) = journal::read_journal(&dirs[0]).unwrap();
+    assert_eq!(fault, None);
+    assert_eq!(header.relay_incarnation, identity.relay_incarnation);
+    let inputs = records.iter().filter(|record| matches!(record, Record::Input { .. })).count();
+    let checkpoints =
+        records.iter().filter(|record| matches!(record, Record::Checkpoint { .. })).count();
+    assert!(!records.iter().any(|record| matches!(record, Record::Gap { .. })), "nothing lost");
+    assert!(inputs >= 10, "{inputs} inputs recorded");
+    assert!(checkpoints >= 3, "{checkpoints} checkpoints recorded");
+
+    let replaying = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let node_config = kvrelay::serve::node_config(&config, identity, 7);
+    assert_eq!(*header.node, node_config, "the header carries serve's node configuration");
+    let report = replaying
+        .block_on(journal::replay_journal(
+            &dirs[0],
+            node_config,
+            Arc::new(kvrelay::runtime::InlineExecutor),
+            ReplayOptions::default(),
+        ))
+        .unwrap();
+    assert_eq!(report.journal_fault, None);
+    assert_eq!(report.inputs_replayed as usize, inputs);
+    assert_eq!(report.checkpoints_compared, checkpoints);
+
+    // What production timing decides is not in the journal (docs/journal.md, "Determinism and
+    // its limits"): a checkpoint is taken after the node step that finds it due, and the host
+    // reaches that step a little later than the simulator (the recorded time is later by the
+    // processing delay), and the pool actors publish on their own timers, so the published
+    // sequence at a checkpoint can differ. So `report.divergence` may name exactly those two.
+    // Everything the inputs determine must be reproduced: at an equal number of inputs
+    // handled, the catalog, the readiness entries and, per pool generation, the exact-block
+    // count and the digests of the canonical hash set and of the filter words.
+    fn logical(checkpoint: &journal::Checkpoint) -> journal::Checkpoint {
+        let mut logical = checkpoint.clone();
+        for pool in &mut logical.pools {
+            pool.sequence = 0;
+        }
+        logical
+    }
+    let recorded: Vec<&journal::Checkpoint> = records
+        .iter()
+        .filter_map(|record| match record {
+            Record::Checkpoint { checkpoint, .. } => Some(checkpoint),
+            _ => None,
+        })
+        .collect();
+    let mut paired = 0;
+    for checkpoint in &recorded {
+        let replayed = report
+            .checkpoints
+            .iter()
+            .find(|(_, replayed)| replayed.inputs_handled == checkpoint.inputs_handled);
+        if let Some((at, replayed)) = replayed {
+            let diff = journal::compare_checkpoints(&logical(checkpoint), &logical(replayed));
+            assert_eq!(
+                diff, None,
+                "checkpoint after {} inputs (replayed at {at:?})",
+                checkpoint.inputs_handled
+            );
+            paired += 1;
+        }
+    }
+    assert!(paired >= 2, "only {paired} of {checkpoints} checkpoints paired by inputs handled");
+    // The recording ends with a checkpoint after its last input: the final state, blocks and
+    // filter included, is reproduced.
+    let last = recorded.last().unwrap();
+    assert_eq!(last.inputs_handled as usize, inputs, "the last checkpoint follows every input");
+    let (_, final_state) = report.final_state.as_ref().expect("a final state");
+    assert_eq!(journal::compare_checkpoints(&logical(last), &logical(final_state)), None);
+    assert!(last.pools.iter().any(|pool| pool.exact_blocks > 0), "{:?}", last.pools);
+}
+
+/// A record directory that cannot be created (its parent is a file) disables recording, and
+/// the relay serves regardless; `/metrics` says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recording_that_cannot_start_does_not_stop_serving() {
+    bounded(async {
+        let nats = NatsServer::start().await;
+        let store = FileStore::new();
+        let worker = Worker { namespace: "dynamo", instance: WORKER_A, publisher: PUBLISHER_A };
+        worker.register(&store);
+        let blocker = tempfile::NamedTempFile::new().unwrap();
+        let discovery = [
+            ("DYN_DISCOVERY_BACKEND", "file".to_owned()),
+            ("DYN_FILE_KV", store.root.display().to_string()),
+        ];
+        let record =
+            [("DYN_RELAY_RECORD_DIR", blocker.path().join("journal").display().to_string())];
+        let config = relay_config(&discovery, &nats, None, None, &record);
+        let relay = kvrelay::serve::start(config, start_options(7)).await.unwrap();
+        let consumer = start_consumer(&relay);
+        converge(&consumer, "the pool", pool_ready).await;
+        let (status, text) = http_get_async(relay.ops_address.unwrap(), "/metrics").await;
+        assert_eq!(status, 200);
+        assert_eq!(metric(&text, "kvrelay_journal_recording"), Some(0), "{text}");
+        assert_eq!(metric(&text, "kvrelay_journal_records_written_total"), Some(0));
+        assert_eq!(metric(&text, "kvrelay_healthy"), Some(1));
         consumer.shutdown().await;
         relay.shutdown().await.unwrap();
     })

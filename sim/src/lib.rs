@@ -21,6 +21,7 @@
 pub mod net;
 pub mod oracles;
 pub mod plane;
+pub mod replay;
 pub mod scenario;
 pub mod timeline;
 pub mod trace;

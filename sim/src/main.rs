@@ -1,11 +1,12 @@
 //! `kvrelay-sim`: run one scenario file for one seed, sweep a directory of scenarios over a seed
-//! range, or check that a seed replays to the same trace digest.
+//! range, check that a seed replays to the same trace digest, or replay a recorded journal.
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use kvrelay_sim::scenario::Scenario;
 use kvrelay_sim::{Outcome, Sim, trace};
@@ -40,6 +41,17 @@ enum Command {
         /// The seed range, `A..B`.
         #[arg(long)]
         seeds: String,
+    },
+    /// Replay a journal recorded by `kvrelay serve --record` (or a simulated run) through the
+    /// relay node under a paused clock, with the recorded configuration and seed, and compare
+    /// every checkpoint. Exits non-zero on a divergence or a journal fault.
+    Replay {
+        /// The recording directory (or one segment file).
+        journal: PathBuf,
+        /// Stop after the inputs recorded in the first SECS seconds (node time) and dump the
+        /// state there: catalog, readiness and per-pool ownership.
+        #[arg(long, value_name = "SECS")]
+        until: Option<f64>,
     },
     /// Run a seed twice and compare the trace digests.
     Determinism {
@@ -156,6 +168,33 @@ fn main() -> anyhow::Result<ExitCode> {
             Ok(if outcome.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         Command::Sweep { dir, seeds } => sweep(&dir, parse_range(&seeds)?),
+        Command::Replay { journal, until } => {
+            let until = until
+                .map(|seconds| {
+                    anyhow::ensure!(
+                        seconds.is_finite() && seconds >= 0.0,
+                        "--until {seconds}: expected a non-negative number of seconds"
+                    );
+                    Ok(std::time::Duration::from_secs_f64(seconds))
+                })
+                .transpose()?;
+            println!(
+                "replaying {}{}",
+                journal.display(),
+                match until {
+                    Some(until) => format!(" until {:.3} s", until.as_secs_f64()),
+                    None => String::new(),
+                }
+            );
+            let report = kvrelay_sim::replay::replay(&journal, until)
+                .with_context(|| format!("replaying {}", journal.display()))?;
+            print!("{}", kvrelay_sim::replay::render(&report, until.is_some()));
+            Ok(if kvrelay_sim::replay::verdict(&report) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
         Command::Determinism { file, seed } => {
             let scenario = Scenario::load(&file)?;
             let first = Sim::new(seed).run(&scenario);

@@ -27,7 +27,7 @@ pub const LOAD_WINDOW_MS_DEFAULT: u64 = 1_000;
 pub const INSTANCE_LISTINGS_MAX: usize = 65_536;
 
 /// Relay-level settings of a [`ControlPlane`](super::ControlPlane).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ControlConfig {
     /// This relay start; its incarnation is every producer's incarnation.
     pub relay: RelayIdentity,

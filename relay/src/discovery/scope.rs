@@ -71,7 +71,7 @@ pub enum ScopeError {
 }
 
 /// Which namespaces a scope watches.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NamespaceSelection {
     /// Every namespace (one `AllModels` query).
@@ -94,10 +94,33 @@ pub enum DiscoveryQuery {
 }
 
 /// The validated set of endpoints a relay watches. See the module docs for its invariants.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// Deserializing validates like [`DiscoveryScope::new`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(try_from = "ScopeShape")]
 pub struct DiscoveryScope {
     namespaces: NamespaceSelection,
     endpoint_prefixes: BTreeSet<String>,
+}
+
+/// The serialized shape of a [`DiscoveryScope`], validated on the way in.
+#[derive(serde::Deserialize)]
+struct ScopeShape {
+    namespaces: NamespaceSelection,
+    endpoint_prefixes: BTreeSet<String>,
+}
+
+impl TryFrom<ScopeShape> for DiscoveryScope {
+    type Error = ScopeError;
+
+    fn try_from(shape: ScopeShape) -> Result<Self, ScopeError> {
+        let prefixes = shape.endpoint_prefixes.into_iter().collect();
+        match shape.namespaces {
+            NamespaceSelection::All => DiscoveryScope::new(Vec::new(), prefixes, true),
+            NamespaceSelection::Namespaces(names) => {
+                DiscoveryScope::new(names.into_iter().collect(), prefixes, false)
+            }
+        }
+    }
 }
 
 impl DiscoveryScope {

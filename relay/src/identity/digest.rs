@@ -161,7 +161,9 @@ impl fmt::Display for IndexerDomainId {
 ///
 /// Stable across restarts as long as the string is; never derived from endpoint identity, and
 /// meaningful only as part of a `PoolId`. Displayed as 16 lowercase hex digits, zero padded.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct DcId(pub u64);
 
 impl fmt::Display for DcId {

@@ -146,7 +146,9 @@ pub struct LaneLease {
 ///
 /// `drt_instance_id` can stay equal across an in-process restart; `relay_incarnation` is drawn
 /// fresh for every start and becomes every producer's `producer_incarnation`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct RelayIdentity {
     /// The distributed runtime's connection id.
     pub drt_instance_id: u64,

@@ -11,13 +11,14 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use super::checkpoint::Checkpoint;
 use crate::inputs::{DcInput, RecoveryTarget};
+use crate::node::NodeConfig;
 use crate::sources::{RecoveryRequest, RecoveryResponse};
 
 /// The first four bytes of every segment.
 pub const SEGMENT_MAGIC: [u8; 4] = *b"KVRJ";
 
 /// The format version this build writes and reads.
-pub const FORMAT_VERSION: u16 = 1;
+pub const FORMAT_VERSION: u16 = 2;
 
 /// Bytes before the first frame of a segment.
 pub const SEGMENT_PREAMBLE_BYTES: usize = 8;
@@ -53,6 +54,8 @@ pub struct JournalHeader {
     pub kvrelay_version: String,
     /// The node configuration, rendered with `{:?}` (replay refuses a different one).
     pub config: String,
+    /// The node configuration itself, from which a replay rebuilds the node (version 2).
+    pub node: Box<NodeConfig>,
     /// The data center id every pool carries.
     pub dc_id: u64,
     /// The relay incarnation.

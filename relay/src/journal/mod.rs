@@ -32,7 +32,9 @@ pub use checkpoint::{
 };
 pub use format::{FORMAT_VERSION, JournalHeader, Record, RecoveryOutcome, Stamp};
 pub use reader::{JournalError, JournalErrorKind, JournalReader, read_journal};
-pub use recorder::{Recorder, RecorderConfig, RecorderStats, recording_dir, start_recorder};
+pub use recorder::{
+    Recorder, RecorderConfig, RecorderProbe, RecorderStats, recording_dir, start_recorder,
+};
 pub use replay::{Divergence, ReplayError, ReplayOptions, ReplayReport, replay_journal};
 pub use segments::{SegmentLimits, SegmentWriter};
 pub use tap::NodeTap;

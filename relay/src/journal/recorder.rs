@@ -226,6 +226,7 @@ pub fn start_recorder(
     let header = JournalHeader {
         kvrelay_version: env!("CARGO_PKG_VERSION").to_owned(),
         config: format!("{node:?}"),
+        node: Box::new(node.clone()),
         dc_id: node.control.dc_id.0,
         relay_incarnation: node.control.relay.relay_incarnation,
         rng_seed: node.rng_seed,
@@ -268,6 +269,12 @@ impl Recorder {
         Recorder::stats_of(&self.shared)
     }
 
+    /// A handle reading the counters, usable after [`Recorder::finish`] took the recorder.
+    #[must_use]
+    pub fn probe(&self) -> RecorderProbe {
+        RecorderProbe(Arc::clone(&self.shared))
+    }
+
     fn stats_of(shared: &Shared) -> RecorderStats {
         let counters = &shared.counters;
         RecorderStats {
@@ -286,6 +293,18 @@ impl Recorder {
         let Recorder { shared, task, .. } = self;
         let _ = task.await;
         Recorder::stats_of(&shared)
+    }
+}
+
+/// Reads a recorder's counters (for `/metrics`); cheap to clone.
+#[derive(Debug, Clone)]
+pub struct RecorderProbe(Arc<Shared>);
+
+impl RecorderProbe {
+    /// The counters now.
+    #[must_use]
+    pub fn stats(&self) -> RecorderStats {
+        Recorder::stats_of(&self.0)
     }
 }
 

@@ -30,6 +30,7 @@ fn header() -> JournalHeader {
     JournalHeader {
         kvrelay_version: "test".to_owned(),
         config: "NodeConfig { .. }".to_owned(),
+        node: Box::new(node_config()),
         dc_id: 7,
         relay_incarnation: 9,
         rng_seed: 11,

@@ -30,7 +30,7 @@ use crate::wan::{RelayService, WanPublisher, WanViews, wan_channels};
 use crate::wire::encode;
 
 /// How a node runs.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NodeConfig {
     /// The control plane's configuration (relay identity, DC, scope, sizing, policies).
     pub control: ControlConfig,

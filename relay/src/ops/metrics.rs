@@ -5,7 +5,8 @@
 //! lagged and limit-rejected subscribers, pool heartbeats, load updates, catalog pools,
 //! publication hubs by state, terminal publication failures, serving topology by state,
 //! degraded load coverage); the input, fence and transport counters the
-//! crate keeps are exported under `kvrelay_`. Counters end in `_total`. Every family is written
+//! crate keeps are exported under `kvrelay_`, the input journal's (with `--record`) under
+//! `kvrelay_journal_`. Counters end in `_total`. Every family is written
 //! even at zero, so a dashboard sees the series from the first scrape.
 
 use std::fmt::Write as _;
@@ -100,6 +101,7 @@ pub fn render_metrics(snapshot: &OpsSnapshot) -> String {
     relay_families(&mut out, snapshot);
     host_families(&mut out, snapshot);
     input_families(&mut out, snapshot);
+    journal_families(&mut out, snapshot);
     out.text
 }
 
@@ -433,5 +435,40 @@ fn input_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
             "1 if the latest sources file read was refused.",
             u64::from(sources.report.last_error.is_some()),
         );
+    }
+}
+
+/// The input journal's counters, with `--record`.
+fn journal_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
+    let Some(recording) = &snapshot.recording else {
+        return;
+    };
+    out.single(
+        "kvrelay_journal_recording",
+        Kind::Gauge,
+        "1 if the input journal is recording (0: it could not start).",
+        u64::from(recording.active),
+    );
+    let stats = &recording.stats;
+    for (name, help, value) in [
+        (
+            "kvrelay_journal_records_written_total",
+            "Journal records on disk (gap markers included).",
+            stats.records_written,
+        ),
+        (
+            "kvrelay_journal_records_dropped_total",
+            "Journal records lost (queue full, write failure, unencodable).",
+            stats.records_dropped,
+        ),
+        ("kvrelay_journal_write_errors_total", "Journal write errors.", stats.write_errors),
+        ("kvrelay_journal_bytes_written_total", "Journal bytes written.", stats.bytes_written),
+        (
+            "kvrelay_journal_segments_deleted_total",
+            "Journal segments deleted by retention.",
+            stats.segments_deleted,
+        ),
+    ] {
+        out.single(name, Kind::Counter, help, value);
     }
 }

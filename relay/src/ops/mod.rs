@@ -17,4 +17,4 @@ mod tests;
 pub use health::{EngineState, HealthReport, ReadinessReport, engine_state, health, readiness};
 pub use http::{SnapshotSource, serve_ops};
 pub use metrics::{METRICS_CONTENT_TYPE, render_metrics};
-pub use snapshot::{OpsSnapshot, SourcesSnapshot, TopologyCounts, WanSnapshot};
+pub use snapshot::{OpsSnapshot, RecordingSnapshot, SourcesSnapshot, TopologyCounts, WanSnapshot};

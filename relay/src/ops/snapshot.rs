@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::discovery_plane::DiscoveryStats;
 use crate::event_plane::EventPlaneStats;
+use crate::journal::RecorderStats;
 use crate::node::NodeStatus;
 use crate::publication::HubCounts;
 use crate::request_plane::RequestPlaneStats;
@@ -53,6 +54,15 @@ pub struct SourcesSnapshot {
     pub refusals: u64,
 }
 
+/// The input journal (`--record`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordingSnapshot {
+    /// The recorder started (false: it could not, and the relay serves without recording).
+    pub active: bool,
+    /// Its counters (zero when it did not start).
+    pub stats: RecorderStats,
+}
+
 /// Everything the operations endpoints report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpsSnapshot {
@@ -78,4 +88,6 @@ pub struct OpsSnapshot {
     pub recovery: RequestPlaneStats,
     /// The sources file, in file mode.
     pub sources: Option<SourcesSnapshot>,
+    /// The input journal, with `--record`.
+    pub recording: Option<RecordingSnapshot>,
 }

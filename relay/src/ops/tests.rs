@@ -84,6 +84,7 @@ fn snapshot() -> OpsSnapshot {
             ..RequestPlaneStats::default()
         },
         sources: None,
+        recording: None,
     }
 }
 
@@ -129,6 +130,7 @@ fn metrics_render_the_relay_names_and_the_existing_counters() {
         assert!(text.lines().any(|candidate| candidate == line), "missing {line:?} in\n{text}");
     }
     assert!(!text.contains("kvrelay_sources_"), "no sources families without a sources file");
+    assert!(!text.contains("kvrelay_journal_"), "no journal families without --record");
     // Every sample line is `name[{labels}] value` and belongs to a declared family.
     let mut declared = std::collections::BTreeSet::new();
     for line in text.lines() {
@@ -239,4 +241,38 @@ fn engine_state_has_dynamos_shape() {
     assert!(text.contains("\nkvrelay_sources_namespace_count 2\n"), "{text}");
     assert!(text.contains("\nkvrelay_sources_refusals_total 1\n"), "{text}");
     assert!(text.contains("\nkvrelay_sources_last_read_refused 1\n"), "{text}");
+}
+
+#[test]
+fn recording_counters_are_exported_with_record() {
+    let mut recording = snapshot();
+    recording.recording = Some(RecordingSnapshot {
+        active: true,
+        stats: crate::journal::RecorderStats {
+            records_queued: 120,
+            records_dropped: 3,
+            records_written: 118,
+            bytes_written: 34_000,
+            write_errors: 2,
+            segments_deleted: 1,
+        },
+    });
+    let text = render_metrics(&recording);
+    for line in [
+        "# TYPE kvrelay_journal_recording gauge",
+        "kvrelay_journal_recording 1",
+        "# TYPE kvrelay_journal_records_written_total counter",
+        "kvrelay_journal_records_written_total 118",
+        "kvrelay_journal_records_dropped_total 3",
+        "kvrelay_journal_write_errors_total 2",
+        "kvrelay_journal_bytes_written_total 34000",
+        "kvrelay_journal_segments_deleted_total 1",
+    ] {
+        assert!(text.lines().any(|candidate| candidate == line), "missing {line:?} in\n{text}");
+    }
+    let mut failed = snapshot();
+    failed.recording = Some(RecordingSnapshot { active: false, stats: Default::default() });
+    let text = render_metrics(&failed);
+    assert!(text.lines().any(|line| line == "kvrelay_journal_recording 0"), "{text}");
+    assert!(text.lines().any(|line| line == "kvrelay_journal_records_written_total 0"), "{text}");
 }

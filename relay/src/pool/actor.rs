@@ -35,7 +35,7 @@ use crate::kv_events::{RouterEvent, SourceKey};
 use crate::runtime::{BlockingExecutor, run_blocking};
 
 /// Bounds and cadence of one pool actor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ActorConfig {
     /// Commands queued before senders wait.
     pub mailbox_capacity: usize,

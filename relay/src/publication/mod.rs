@@ -30,7 +30,7 @@ pub use registry::{FenceRequests, HubCounts, PoolPublications};
 pub use stream::{PoolStream, StreamItem};
 
 /// Bounds of publication.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HubConfig {
     /// Frames queued per subscriber.
     pub subscriber_queue_frames: usize,

@@ -10,7 +10,13 @@
 //! 3. cancel the input planes and wait for them, so no fact is half-delivered;
 //! 4. shut the node down: pools are withdrawn and every actor stops after its last complete
 //!    publication (nothing half-published);
-//! 5. stop the operations listener.
+//! 5. with `--record`, finish the journal (queued records written, a final gap for losses,
+//!    fsync);
+//! 6. stop the operations listener.
+//!
+//! With `--record`, a [`journal::Recorder`] taps the node (every input and recovery answer,
+//! periodic checkpoints) into a fresh subdirectory of the record root; a recorder that cannot
+//! start is logged and the relay serves without recording.
 //!
 //! The input planes take the node's input boundary (an `mpsc::Sender<DcInput>`) as a parameter,
 //! so a recorder can put its own channel in between.
@@ -31,15 +37,18 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::config::{EventPlane, RelayConfig};
+use crate::config::{EventPlane, RecordSettings, RelayConfig};
 use crate::control::{ControlConfig, ControlError};
 use crate::discovery::NamespaceSelection;
 use crate::discovery_plane::{self, DiscoverySink, DiscoveryStats, NamespaceLimit};
 use crate::event_plane::{self, EventPlaneCounters, NatsEventPlaneConfig, NatsNamespaces};
 use crate::identity::RelayIdentity;
 use crate::inputs::{DcInput, RecoveryTarget};
-use crate::node::{NodeConfig, NodeHandle, RecoveryTransport, start_node};
-use crate::ops::{self, OpsSnapshot, SourcesSnapshot, TopologyCounts, WanSnapshot};
+use crate::journal::{self, NodeTap, Recorder, RecorderProbe};
+use crate::node::{NodeConfig, NodeHandle, RecoveryTransport, start_node_with_tap};
+use crate::ops::{
+    self, OpsSnapshot, RecordingSnapshot, SourcesSnapshot, TopologyCounts, WanSnapshot,
+};
 use crate::pool::ActorConfig;
 use crate::publication::HubConfig;
 use crate::request_plane::{RecoveryClient, RecoveryClientConfig, RecoveryError};
@@ -346,11 +355,19 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
     };
     let wan_address = wan_listener.as_ref().and_then(|listener| listener.local_addr().ok());
     let ops_address = ops_listener.as_ref().and_then(|listener| listener.local_addr().ok());
-    let node = start_node(
-        node_config(&config, relay, seed),
+    let node_config = node_config(&config, relay, seed);
+    let transport: Arc<dyn RecoveryTransport> = Arc::new(TcpRecovery(Arc::clone(&recovery)));
+    let (transport, tap, recorder) = match &config.record {
+        Some(settings) => start_recording(settings, &node_config, &options, transport),
+        None => (transport, None, None),
+    };
+    let recording = config.record.as_ref().map(|_| recorder.as_ref().map(Recorder::probe));
+    let node = start_node_with_tap(
+        node_config,
         Arc::clone(&options.executor),
         Arc::clone(&options.clock),
-        Arc::new(TcpRecovery(Arc::clone(&recovery))),
+        transport,
+        tap,
     )?;
     info!(dc = %config.dc_name, dc_id = %config.dc_id, incarnation = relay.relay_incarnation,
         wan = ?wan_address, ops = ?ops_address, "relay started");
@@ -394,6 +411,7 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
             EventPlane::Zmq => "zmq",
         },
         connection_revision: config.connection_revision.clone(),
+        recording,
     });
     let ops_stop = CancellationToken::new();
     let ops_task = ops_listener.map(|listener| {
@@ -430,6 +448,10 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
         };
         planes.stop().await;
         node.shutdown().await;
+        if let Some(recorder) = recorder {
+            let stats = recorder.finish().await;
+            info!(?stats, "journal closed");
+        }
         ops_stop.cancel();
         if let Some(ops_task) = ops_task {
             let _ = ops_task.await;
@@ -441,6 +463,48 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
         }
     });
     Ok(RunningRelay { relay, wan_address, ops_address, stop, task })
+}
+
+/// What [`start_recording`] hands the node: the recovery transport (wrapped when recording),
+/// the tap and the recorder.
+type Recording = (Arc<dyn RecoveryTransport>, Option<Arc<dyn NodeTap>>, Option<Recorder>);
+
+/// Start the journal for `node` in a fresh subdirectory of `settings.root`; on failure log it
+/// and go on without recording (a recording must never stop serving).
+fn start_recording(
+    settings: &RecordSettings,
+    node: &NodeConfig,
+    options: &ServeOptions,
+    transport: Arc<dyn RecoveryTransport>,
+) -> Recording {
+    let dir = journal::recording_dir(
+        &settings.root,
+        options.clock.now_unix_us(),
+        node.control.relay.relay_incarnation,
+    );
+    let mut recording = journal::RecorderConfig::new(
+        dir.clone(),
+        settings.max_total_bytes,
+        settings.max_segment_age,
+    );
+    recording.checkpoint_every_inputs = settings.checkpoint_every_inputs;
+    recording.checkpoint_interval = settings.checkpoint_interval;
+    match journal::start_recorder(
+        &recording,
+        node,
+        Arc::clone(&options.clock),
+        Arc::clone(&options.executor),
+    ) {
+        Ok(recorder) => {
+            info!(dir = %dir.display(), max_bytes = settings.max_total_bytes,
+                max_segment_age = ?settings.max_segment_age, "recording inputs");
+            (recorder.recovery(transport), Some(recorder.tap()), Some(recorder))
+        }
+        Err(error) => {
+            tracing::error!(%error, dir = %dir.display(), "recording disabled: the journal could not start");
+            (transport, None, None)
+        }
+    }
 }
 
 async fn bind(setting: &'static str, address: SocketAddr) -> Result<TcpListener, ServeError> {
@@ -457,6 +521,8 @@ struct SnapshotInputs<'a> {
     recovery: Arc<RecoveryClient>,
     event_plane: &'static str,
     connection_revision: Option<String>,
+    /// `None` without `--record`; `Some(None)` when the recorder could not start.
+    recording: Option<Option<RecorderProbe>>,
 }
 
 /// A closure reading the running relay's state for the operations endpoints.
@@ -475,6 +541,7 @@ fn snapshot_source(inputs: SnapshotInputs<'_>) -> ops::SnapshotSource {
         recovery,
         event_plane,
         connection_revision,
+        recording,
         ..
     } = inputs;
     Arc::new(move || {
@@ -517,6 +584,10 @@ fn snapshot_source(inputs: SnapshotInputs<'_>) -> ops::SnapshotSource {
                     reloads: state.reloads(),
                     refusals: state.refusals(),
                 }
+            }),
+            recording: recording.as_ref().map(|probe| RecordingSnapshot {
+                active: probe.is_some(),
+                stats: probe.as_ref().map(RecorderProbe::stats).unwrap_or_default(),
             }),
         }
     })

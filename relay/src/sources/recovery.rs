@@ -82,7 +82,7 @@ pub const RECOVERY_REBUILD_BATCH_AGE_MAX: Duration = Duration::from_millis(100);
 pub const SOURCE_FAULT_RECOVERIES_MAX: u32 = 8;
 
 /// Tunables of a [`SourceTracker`]; [`Default`] gives the reference values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SourceTrackerConfig {
     /// See [`RECOVERY_ATTEMPT_TIMEOUT`].
     pub recovery_attempt_timeout: Duration,

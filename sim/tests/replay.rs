@@ -1,0 +1,218 @@
+//! `kvrelay-sim replay` on journals recorded from a simulated run: the demo DC (discovery,
+//! traffic, a worker restart with recovery, load) drives a node under a paused clock while a
+//! recorder journals it; the built binary then replays the journal with nothing but the
+//! journal (the configuration comes from its header).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kvrelay::control::ControlConfig;
+use kvrelay::demo::SharedDc;
+use kvrelay::discovery::DiscoveryScope;
+use kvrelay::identity::{RelayIdentity, stable_dc_id};
+use kvrelay::inputs::DcInput;
+use kvrelay::journal::{
+    Record, RecorderConfig, SegmentLimits, SegmentWriter, read_journal, start_recorder,
+};
+use kvrelay::node::{NodeConfig, start_node_with_tap};
+use kvrelay::pool::ActorConfig;
+use kvrelay::publication::HubConfig;
+use kvrelay::rng::{derive_seed, rng_from_seed};
+use kvrelay::runtime::{InlineExecutor, ManualWallClock, WallClock};
+use kvrelay::workload::{Deployment, SimulatedDc, TrafficConfig};
+
+const SEED: u64 = 0x5eed_0007;
+
+fn recorded_node() -> NodeConfig {
+    let mut rng = rng_from_seed(derive_seed(SEED, "replay-test/relay"));
+    let relay = RelayIdentity::start(0x0071_0000_0000_0001, &mut rng);
+    let scope = DiscoveryScope::new(Vec::new(), Vec::new(), true).unwrap();
+    let mut control = ControlConfig::new(relay, stable_dc_id("sim-dc").unwrap(), scope);
+    control.expected_unique_blocks = 4096;
+    NodeConfig {
+        control,
+        actor: ActorConfig::default(),
+        hub: HubConfig::default(),
+        max_kicks: kvrelay::ckf::MAX_KICKS_DEFAULT,
+        rng_seed: derive_seed(SEED, "replay-test/node"),
+        load_window: Duration::from_secs(1),
+        input_queue_capacity: 1024,
+        load_fanout_capacity: 16,
+    }
+}
+
+/// Record 3 s of the demo DC (traffic every 50 ms, a worker restart half way) into `dir`.
+fn record(dir: &Path) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let clock = Arc::new(ManualWallClock::new(1_767_225_600_000_000));
+        let mut recording =
+            RecorderConfig::new(dir.to_path_buf(), 64 << 20, Duration::from_secs(60));
+        recording.checkpoint_every_inputs = 40;
+        recording.checkpoint_interval = Duration::from_millis(400);
+        let node_config = recorded_node();
+        let recorder = start_recorder(
+            &recording,
+            &node_config,
+            Arc::clone(&clock) as Arc<dyn WallClock>,
+            Arc::new(InlineExecutor),
+        )
+        .unwrap();
+        let mut rng = rng_from_seed(derive_seed(SEED, "replay-test/dc"));
+        let dc = SharedDc(Arc::new(Mutex::new(SimulatedDc::start(
+            &Deployment::demo(),
+            TrafficConfig::default(),
+            &mut rng,
+        ))));
+        let node = start_node_with_tap(
+            node_config,
+            Arc::new(InlineExecutor),
+            Arc::clone(&clock) as Arc<dyn WallClock>,
+            recorder.recovery(Arc::new(dc.clone())),
+            Some(recorder.tap()),
+        )
+        .unwrap();
+        for fact in dc.with(|dc| dc.discovery_facts()) {
+            node.inputs.send(fact).await.unwrap();
+        }
+        let mut ticks = tokio::time::interval(Duration::from_millis(50));
+        for tick in 1..=60u64 {
+            ticks.tick().await;
+            clock.advance_us(50_000);
+            let mut facts = dc.with(|dc| dc.step(5, &mut rng));
+            if tick % 8 == 0 {
+                facts.extend(dc.with(|dc| dc.load_facts()));
+            }
+            if tick == 30 {
+                facts.extend(dc.with(|dc| dc.restart_worker(0, &mut rng)));
+            }
+            for fact in facts {
+                node.inputs.send(fact).await.unwrap();
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        node.shutdown().await;
+        let stats = recorder.finish().await;
+        assert_eq!(stats.records_dropped, 0);
+    });
+}
+
+fn sim(args: &[&str]) -> (Output, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_kvrelay-sim")).args(args).output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output, text)
+}
+
+fn path(dir: &Path) -> &str {
+    dir.to_str().unwrap()
+}
+
+fn segments(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> =
+        std::fs::read_dir(dir).unwrap().map(|entry| entry.unwrap().path()).collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn a_recorded_simulated_run_replays_every_checkpoint_from_the_journal_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    record(dir.path());
+    let (header, records, fault) = read_journal(dir.path()).unwrap();
+    assert_eq!(fault, None);
+    assert_eq!(*header.node, recorded_node(), "the header carries the configuration");
+    let checkpoints =
+        records.iter().filter(|record| matches!(record, Record::Checkpoint { .. })).count();
+    let recoveries =
+        records.iter().filter(|record| matches!(record, Record::Recovery { .. })).count();
+    assert!(checkpoints >= 5, "{checkpoints} checkpoints");
+    assert!(recoveries >= 1, "the restart's recovery answers are in the journal");
+
+    let (output, text) = sim(&["replay", path(dir.path())]);
+    assert!(output.status.success(), "{text}");
+    assert!(text.contains(&format!("\n{checkpoints} checkpoints reproduced\n")), "{text}");
+    assert!(!text.contains("DIVERGED"), "{text}");
+    assert!(!text.contains("state at"), "no dump without --until: {text}");
+    let progress = text.lines().filter(|line| line.ends_with(" pools, reproduced")).count();
+    assert_eq!(progress, checkpoints, "one progress line per checkpoint: {text}");
+
+    let (output, until) = sim(&["replay", path(dir.path()), "--until", "1.5"]);
+    assert!(output.status.success(), "{until}");
+    assert!(until.contains("replaying") && until.contains("until 1.500 s"), "{until}");
+    let compared: usize = until
+        .lines()
+        .find_map(|line| line.strip_suffix(" checkpoints reproduced"))
+        .and_then(|count| count.parse().ok())
+        .expect("a verdict line");
+    assert!(compared >= 1 && compared < checkpoints, "{compared} of {checkpoints}: {until}");
+    assert!(until.contains("\nstate at "), "{until}");
+    assert!(until.contains("\ncatalog (revision "), "{until}");
+    assert!(until.contains("\nreadiness (revision "), "{until}");
+    assert!(until.contains(" exact blocks, canonical digest "), "{until}");
+}
+
+#[test]
+fn a_divergence_names_its_time_and_entries_and_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    record(dir.path());
+    let (header, records, _) = read_journal(dir.path()).unwrap();
+    // The journal without one KV event batch from the middle of the run.
+    let victim = records
+        .iter()
+        .enumerate()
+        .filter(|(_, record)| matches!(record, Record::Input { input: DcInput::KvEvents(_), .. }))
+        .map(|(index, _)| index)
+        .nth(40)
+        .expect("enough batches");
+    let tampered = tempfile::tempdir().unwrap();
+    let limits = SegmentLimits {
+        max_segment_bytes: 64 << 20,
+        max_segment_age: Duration::from_secs(3600),
+        max_total_bytes: 1 << 30,
+    };
+    let mut writer = SegmentWriter::create(tampered.path(), header, limits).unwrap();
+    for (index, record) in records.iter().enumerate() {
+        if index != victim {
+            writer.append(record).unwrap();
+        }
+    }
+    writer.flush(true).unwrap();
+    let (output, text) = sim(&["replay", path(tampered.path())]);
+    assert!(!output.status.success(), "{text}");
+    let line = text.lines().find(|line| line.starts_with("DIVERGED at checkpoint ")).expect(&text);
+    assert!(line.contains("recorded at ") && line.contains(" s, replayed at "), "{line}");
+    assert!(text.contains("\n  "), "the differing entries follow: {text}");
+}
+
+#[test]
+fn a_damaged_journal_fails_naming_the_file_and_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    record(dir.path());
+    let segment = segments(dir.path()).pop().unwrap();
+    let length = std::fs::metadata(&segment).unwrap().len();
+    // Cut the last frame short: the records before it replay, the fault is reported.
+    std::fs::OpenOptions::new().write(true).open(&segment).unwrap().set_len(length - 3).unwrap();
+    let (output, text) = sim(&["replay", path(dir.path())]);
+    assert!(!output.status.success(), "{text}");
+    let name = segment.file_name().unwrap().to_str().unwrap();
+    let fault = text.lines().find(|line| line.starts_with("journal error: ")).expect(&text);
+    assert!(fault.contains(name) && fault.contains("byte offset "), "{fault}");
+
+    // A bad magic cannot be opened at all.
+    let mut bytes = std::fs::read(&segment).unwrap();
+    bytes[0] = b'X';
+    std::fs::write(&segment, bytes).unwrap();
+    let (output, text) = sim(&["replay", path(dir.path())]);
+    assert!(!output.status.success(), "{text}");
+    assert!(text.contains(name) && text.contains("byte offset 0"), "{text}");
+}
