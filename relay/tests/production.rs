@@ -824,6 +824,20 @@ async fn metrics_and_health_are_served_over_http() {
         assert!(metric(&text, "kvrelay_discovery_listings_total").unwrap() >= 1);
         assert_eq!(metric(&text, "kvrelay_event_plane_connects_total{plane=\"nats\"}"), Some(1));
         assert_eq!(metric(&text, "kvrelay_healthy"), Some(1));
+        // The pool gauges are refreshed from the actors every second.
+        let text = tokio::time::timeout(CONVERGE, async {
+            loop {
+                let (_, text) = http_get_async(ops, "/metrics").await;
+                if metric(&text, "kvrelay_pool_count") == Some(1) {
+                    return text;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await
+        .expect("the pool gauges never counted the pool");
+        assert_eq!(metric(&text, "kvrelay_pool_owned_blocks"), Some(0));
+        assert_eq!(metric(&text, "kvrelay_pool_capacity_omissions"), Some(0));
         let (status, health) = http_get_async(ops, "/health").await;
         assert_eq!(status, 200);
         let health: serde_json::Value = serde_json::from_str(&health).unwrap();

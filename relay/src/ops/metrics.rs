@@ -201,6 +201,40 @@ fn relay_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
     ] {
         out.sample("kv_dc_relay_serving_topology_count", &[("state", state)], count(entries));
     }
+    let pools = &snapshot.pools;
+    for (name, help, value) in [
+        ("kvrelay_pool_count", "Active pools whose actor reported its counters.", pools.pools),
+        ("kvrelay_pool_owned_blocks", "Distinct canonical blocks owned.", pools.owned_blocks),
+        ("kvrelay_pool_resident_blocks", "Occupied filter slots.", pools.resident_blocks),
+        (
+            "kvrelay_pool_events_applied",
+            "KV events applied by the active pool generations.",
+            pools.counters.events_applied,
+        ),
+        (
+            "kvrelay_pool_events_ignored",
+            "Valid KV events ignored (not for the primary residency).",
+            pools.counters.events_ignored,
+        ),
+        (
+            "kvrelay_pool_events_rejected",
+            "KV events rejected with an error.",
+            pools.counters.events_rejected,
+        ),
+        (
+            "kvrelay_pool_capacity_omissions",
+            "Blocks owned without filter residency because the filter had no room.",
+            pools.counters.capacity_omissions,
+        ),
+        (
+            "kvrelay_pool_unknown_removals",
+            "Removals of blocks the source never stored.",
+            pools.counters.unknown_removals,
+        ),
+    ] {
+        // Gauges: a retired pool generation takes its counts with it.
+        out.single(name, Kind::Gauge, help, value);
+    }
     let control = snapshot.node.control.as_ref();
     out.single(
         "kv_dc_relay_degraded_load_coverage_pool_count",

@@ -10,6 +10,7 @@ use crate::discovery_plane::DiscoveryStats;
 use crate::event_plane::EventPlaneStats;
 use crate::journal::RecorderStats;
 use crate::node::NodeStatus;
+use crate::pool::PoolTotals;
 use crate::publication::HubCounts;
 use crate::request_plane::RequestPlaneStats;
 use crate::serve::SourcesReport;
@@ -78,6 +79,8 @@ pub struct OpsSnapshot {
     pub topology: TopologyCounts,
     /// Publication hubs by state.
     pub hubs: HubCounts,
+    /// Ownership totals over the active pools (refreshed every second).
+    pub pools: PoolTotals,
     /// The discovery transport's counters.
     pub discovery: DiscoveryStats,
     /// The event plane's name (`nats` or `zmq`).

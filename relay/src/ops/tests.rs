@@ -8,6 +8,7 @@ use crate::discovery_plane::DiscoveryStats;
 use crate::event_plane::EventPlaneStats;
 use crate::inputs::{InputCounters, InputError};
 use crate::node::NodeStatus;
+use crate::pool::{OwnershipCounters, PoolTotals};
 use crate::publication::HubCounts;
 use crate::registry::HostHealth;
 use crate::request_plane::RequestPlaneStats;
@@ -74,6 +75,18 @@ fn snapshot() -> OpsSnapshot {
         catalog_pool_count: 2,
         topology: TopologyCounts { unknown: 0, unavailable: 1, ready: 1 },
         hubs: HubCounts { requested: 1, initialized: 2, ready: 2, idle: 1 },
+        pools: PoolTotals {
+            pools: 2,
+            owned_blocks: 700,
+            resident_blocks: 690,
+            counters: OwnershipCounters {
+                events_applied: 1000,
+                events_ignored: 3,
+                events_rejected: 2,
+                capacity_omissions: 10,
+                unknown_removals: 4,
+            },
+        },
         discovery: DiscoveryStats { records, listings: 4, ..DiscoveryStats::default() },
         event_plane: "nats",
         events: EventPlaneStats { decode, delivered: 5, connects: 1, ..EventPlaneStats::default() },
@@ -110,6 +123,13 @@ fn metrics_render_the_relay_names_and_the_existing_counters() {
         "kv_dc_relay_pool_heartbeats_total 9",
         "kv_dc_relay_load_updates_total 11",
         "kv_dc_relay_terminal_publication_failures_total 1",
+        "# TYPE kvrelay_pool_capacity_omissions gauge",
+        "kvrelay_pool_capacity_omissions 10",
+        "kvrelay_pool_owned_blocks 700",
+        "kvrelay_pool_resident_blocks 690",
+        "kvrelay_pool_events_applied 1000",
+        "kvrelay_pool_events_rejected 2",
+        "kvrelay_pool_unknown_removals 4",
         "kv_dc_relay_serving_topology_count{state=\"unavailable\"} 1",
         "kv_dc_relay_serving_topology_count{state=\"ready\"} 1",
         "kv_dc_relay_degraded_load_coverage_pool_count 1",

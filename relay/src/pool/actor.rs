@@ -107,6 +107,34 @@ pub struct Subscription {
     pub deltas: broadcast::Receiver<Arc<Delta>>,
 }
 
+/// Sums of [`ActorStats`] over several pools (the operations surface's pool gauges).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolTotals {
+    /// Pools whose actor answered.
+    pub pools: u64,
+    /// Distinct owned canonical hashes.
+    pub owned_blocks: u64,
+    /// Occupied filter slots.
+    pub resident_blocks: u64,
+    /// Ownership counters, summed.
+    pub counters: OwnershipCounters,
+}
+
+impl PoolTotals {
+    /// Add one pool's reading.
+    pub fn add(&mut self, stats: &ActorStats) {
+        let counters = &mut self.counters;
+        self.pools += 1;
+        self.owned_blocks += stats.owned_blocks as u64;
+        self.resident_blocks += stats.resident_blocks;
+        counters.events_applied += stats.counters.events_applied;
+        counters.events_ignored += stats.counters.events_ignored;
+        counters.events_rejected += stats.counters.events_rejected;
+        counters.capacity_omissions += stats.counters.capacity_omissions;
+        counters.unknown_removals += stats.counters.unknown_removals;
+    }
+}
+
 /// Point-in-time counters of an actor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ActorStats {

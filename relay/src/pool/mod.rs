@@ -9,7 +9,7 @@ mod tables;
 
 pub use actor::{
     ActorConfig, ActorExit, ActorFault, ActorGone, ActorStats, FaultSink, PoolActorHandle,
-    PoolDigest, SubscribeError, Subscription, spawn_pool_actor,
+    PoolDigest, PoolTotals, SubscribeError, Subscription, spawn_pool_actor,
 };
 pub use ownership::{
     ApplyError, ApplyOutcome, FailureDisposition, OwnershipCounters, PoolOwnership,

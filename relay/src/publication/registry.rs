@@ -12,7 +12,7 @@ use super::hub::Hub;
 use super::stream::PoolStream;
 use super::{HubConfig, PublicationError};
 use crate::identity::{PoolId, ProducerIdentity};
-use crate::pool::PoolActorHandle;
+use crate::pool::{PoolActorHandle, PoolTotals};
 use crate::runtime::BlockingExecutor;
 
 /// Generations whose publication failed and that the host must fence.
@@ -172,6 +172,19 @@ impl PoolPublications {
             }
         }
         counts
+    }
+
+    /// Ownership totals over the active pool generations; an actor that has stopped is skipped.
+    pub async fn pool_totals(&self) -> PoolTotals {
+        let actors: Vec<PoolActorHandle> =
+            self.pools().values().map(|entry| entry.actor.clone()).collect();
+        let mut totals = PoolTotals::default();
+        for actor in actors {
+            if let Ok(stats) = actor.stats().await {
+                totals.add(&stats);
+            }
+        }
+        totals
     }
 
     /// Subscribe to exactly `expected`: its snapshot, then its deltas.

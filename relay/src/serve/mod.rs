@@ -49,8 +49,8 @@ use crate::node::{NodeConfig, NodeHandle, RecoveryTransport, start_node_with_tap
 use crate::ops::{
     self, OpsSnapshot, RecordingSnapshot, SourcesSnapshot, TopologyCounts, WanSnapshot,
 };
-use crate::pool::ActorConfig;
-use crate::publication::HubConfig;
+use crate::pool::{ActorConfig, PoolTotals};
+use crate::publication::{HubConfig, PoolPublications};
 use crate::request_plane::{RecoveryClient, RecoveryClientConfig, RecoveryError};
 use crate::rng::{derive_seed, rng_from_seed};
 use crate::runtime::{BlockingExecutor, WallClock};
@@ -398,8 +398,15 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
             result
         })
     });
+    let ops_stop = CancellationToken::new();
+    let (pool_totals_tx, pool_totals) = watch::channel(PoolTotals::default());
+    if ops_listener.is_some() {
+        let publications = Arc::clone(&node.publications);
+        tokio::spawn(poll_pool_totals(publications, pool_totals_tx, ops_stop.clone()));
+    }
     let source = snapshot_source(SnapshotInputs {
         node: &node,
+        pool_totals,
         service,
         wan_address,
         wan_state,
@@ -413,7 +420,6 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
         connection_revision: config.connection_revision.clone(),
         recording,
     });
-    let ops_stop = CancellationToken::new();
     let ops_task = ops_listener.map(|listener| {
         let ops_stop = ops_stop.clone();
         tokio::spawn(async move {
@@ -511,8 +517,34 @@ async fn bind(setting: &'static str, address: SocketAddr) -> Result<TcpListener,
     TcpListener::bind(address).await.map_err(|error| ServeError::Bind { setting, address, error })
 }
 
+/// How often the pool gauges of `/metrics` are refreshed from the pool actors.
+const POOL_TOTALS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Keep `totals` current until `stop`: each round asks every active pool actor for its counters
+/// (behind the commands already queued to it), so the metrics page itself never waits on them.
+async fn poll_pool_totals(
+    publications: Arc<PoolPublications>,
+    totals: watch::Sender<PoolTotals>,
+    stop: CancellationToken,
+) {
+    loop {
+        let reading = tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            reading = publications.pool_totals() => reading,
+        };
+        totals.send_replace(reading);
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(POOL_TOTALS_INTERVAL) => {}
+        }
+    }
+}
+
 struct SnapshotInputs<'a> {
     node: &'a NodeHandle,
+    pool_totals: watch::Receiver<PoolTotals>,
     service: RelayService,
     wan_address: Option<SocketAddr>,
     wan_state: watch::Receiver<WanState>,
@@ -534,6 +566,7 @@ fn snapshot_source(inputs: SnapshotInputs<'_>) -> ops::SnapshotSource {
     let events = inputs.planes.events.clone();
     let sources = inputs.planes.sources.clone();
     let SnapshotInputs {
+        pool_totals,
         service,
         wan_address,
         wan_state,
@@ -572,6 +605,7 @@ fn snapshot_source(inputs: SnapshotInputs<'_>) -> ops::SnapshotSource {
             catalog_pool_count,
             topology,
             hubs: publications.hub_counts(),
+            pools: *pool_totals.borrow(),
             discovery: discovery.borrow().clone(),
             event_plane,
             events: events.snapshot(),
