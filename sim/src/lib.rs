@@ -16,7 +16,7 @@
 //!   the oracles (see [`oracles`] for the trace oracles and [`Sim::run`] for the final ones).
 //!
 //! Everything random derives from the one seed, so the trace digest is a function of seed and
-//! scenario file. Run `cargo run -p kvrelay-sim -- run scenarios/steady.toml --seed 0`.
+//! scenario file. Run `cargo run --profile test -p kvrelay-sim -- run scenarios/steady.toml --seed 0` (the test profile reuses the build `cargo test` made).
 
 pub mod net;
 pub mod oracles;
@@ -178,7 +178,7 @@ impl Outcome {
     /// The one command that reproduces this run.
     #[must_use]
     pub fn reproduce_command(&self) -> String {
-        format!("cargo run -p kvrelay-sim -- run {} --seed {}", self.file, self.seed)
+        format!("cargo run --profile test -p kvrelay-sim -- run {} --seed {}", self.file, self.seed)
     }
 
     /// The first failing oracle (or the simulation error), one line.

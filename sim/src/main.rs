@@ -211,7 +211,7 @@ fn main() -> anyhow::Result<ExitCode> {
                     .unwrap_or(first.trace.len().min(second.trace.len()));
                 println!(
                     "NOT deterministic: {} seed {seed}: digests {} and {}, traces diverge at \
-                     event {diverged}; reproduce: cargo run -p kvrelay-sim -- determinism {} \
+                     event {diverged}; reproduce: cargo run --profile test -p kvrelay-sim -- determinism {} \
                      --seed {seed}",
                     scenario.name,
                     first.digest,
