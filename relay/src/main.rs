@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 use kvrelay::config::{self, CliValues};
 use kvrelay::consumer::{self, ConsumerConfig, RelayConsumer, render};
 use kvrelay::demo::{Demo, DemoOptions};
-use kvrelay::rng::{derive_seed, rng_from_seed};
+use kvrelay::rng::{derive_seed, os_seed, rng_from_seed};
 use kvrelay::runtime::{SystemWallClock, TokioBlockingExecutor, WallClock};
 use kvrelay::serve::ServeOptions;
 use kvrelay::wan::serve;
@@ -156,23 +156,6 @@ fn run() -> Result<()> {
             Command::Query(args) => query_command(args).await,
         }
     })
-}
-
-/// Production seeds come from the OS once, here; everything else derives from them.
-fn os_seed() -> u64 {
-    use std::io::Read;
-    let mut bytes = [0u8; 8];
-    match std::fs::File::open("/dev/urandom").and_then(|mut random| random.read_exact(&mut bytes)) {
-        Ok(()) => u64::from_le_bytes(bytes),
-        Err(_) => fallback_seed(),
-    }
-}
-
-#[allow(clippy::disallowed_methods, reason = "seed fallback when the OS offers no random device")]
-fn fallback_seed() -> u64 {
-    let now =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    (now.as_nanos() as u64) ^ u64::from(std::process::id()).rotate_left(32)
 }
 
 async fn shutdown_signal(limit: Option<u64>) {

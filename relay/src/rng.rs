@@ -2,14 +2,31 @@
 //!
 //! Every random choice the relay makes (cuckoo kick choices, incarnations, jitter) is drawn from a
 //! [`RelayRng`] that was seeded explicitly. Production seeds the root generator once from the OS
-//! at start-up (in the binary, outside this crate's pure core); the simulator derives every seed
+//! at start-up ([`os_seed`], called by the binary); the simulator derives every seed
 //! from its one scenario seed. Child generators are derived by label so that adding a consumer of
 //! randomness in one place does not shift the stream seen by another.
 
 use rand_core::SeedableRng;
 
+use crate::runtime::WallClock as _;
+
 /// The seeded generator used everywhere in the relay.
 pub type RelayRng = rand_chacha::ChaCha8Rng;
+
+/// A production root seed: eight bytes of OS entropy, read once at start-up (the RNG seam's one
+/// read of the OS); without a random device, the wall-clock seam mixed with the process id.
+#[must_use]
+pub fn os_seed() -> u64 {
+    use std::io::Read;
+    let mut bytes = [0u8; 8];
+    match std::fs::File::open("/dev/urandom").and_then(|mut random| random.read_exact(&mut bytes)) {
+        Ok(()) => u64::from_le_bytes(bytes),
+        Err(_) => {
+            let now_us = crate::runtime::SystemWallClock.now_unix_us();
+            now_us ^ u64::from(std::process::id()).rotate_left(32)
+        }
+    }
+}
 
 /// Build a generator from a 64-bit seed.
 #[must_use]
