@@ -5,21 +5,23 @@
 //! Every wait is bounded; nothing talks to anything but 127.0.0.1. The etcd tests need the
 //! `etcd` binary and fail with an install hint when it is missing.
 
+mod servers;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use kvrelay::discovery::DiscoveryScope;
 use kvrelay::discovery_plane::{
     ChannelChange, DiscoveryOutput, DiscoveryPlaneError, DiscoverySink, DiscoveryStats, EtcdClient,
-    EtcdConnectOptions, EtcdDiscoveryConfig, FileDiscovery, FileDiscoveryConfig, FileScanError,
-    WatchBatch, run_etcd_discovery, run_file_discovery,
+    EtcdDiscoveryConfig, FileDiscovery, FileDiscoveryConfig, FileScanError, WatchBatch,
+    run_etcd_discovery, run_file_discovery,
 };
 use kvrelay::identity::EndpointPath;
 use kvrelay::inputs::{CardInstanceId, DcInput, EndpointInstances, InputErrorKind};
 use kvrelay::runtime::{ManualWallClock, WallClock};
+use servers::{EtcdProcess, etcd_options, free_port};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -353,115 +355,9 @@ async fn file_discovery_loop_ends_when_the_fact_receiver_is_gone() {
 // ---------------------------------------------------------------------------------------------
 // etcd backend.
 
-/// The etcd binary on `PATH`; the etcd tests fail (not skip) without it.
-fn etcd_binary() -> PathBuf {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|dir| dir.join("etcd"))
-        .find(|candidate| candidate.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "the `etcd` binary is not installed, and the etcd discovery tests need it: \
-                 run `apt-get update && apt-get install -y etcd-server`"
-            )
-        })
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// A real etcd on 127.0.0.1 with a temporary data dir; killed (by its PID) when dropped, also
-/// when the test fails.
-struct EtcdProcess {
-    binary: PathBuf,
-    dir: tempfile::TempDir,
-    peer_port: u16,
-    client_port: u16,
-    child: Option<Child>,
-}
-
-impl EtcdProcess {
-    async fn start() -> Self {
-        let mut etcd = EtcdProcess {
-            binary: etcd_binary(),
-            dir: tempfile::tempdir().unwrap(),
-            peer_port: free_port(),
-            client_port: free_port(),
-            child: None,
-        };
-        etcd.spawn(etcd.client_port).await;
-        etcd
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
-    }
-
-    /// Start etcd on the same data dir, serving clients on `client_port`; wait until it answers.
-    async fn spawn(&mut self, client_port: u16) {
-        assert!(self.child.is_none(), "etcd is already running");
-        let client = format!("http://127.0.0.1:{client_port}");
-        let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let log = std::fs::File::options()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("etcd.log"))
-            .unwrap();
-        let child = Command::new(&self.binary)
-            .args(["--name", "kvrelay-test"])
-            .arg("--data-dir")
-            .arg(self.dir.path().join("data"))
-            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("kvrelay-test={peer}")])
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(log.try_clone().unwrap()))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(mut probe) = EtcdClient::connect(&client, &options()).await
-                && probe.range_prefix(b"v1/", 1, 1 << 16).await.is_ok()
-            {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "etcd did not answer on {client} within 30 s; see {}",
-                self.dir.path().join("etcd.log").display()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for EtcdProcess {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn options() -> EtcdConnectOptions {
-    EtcdConnectOptions {
-        connect_timeout: Duration::from_secs(2),
-        request_timeout: Duration::from_secs(5),
-        ..EtcdConnectOptions::default()
-    }
-}
-
 fn relay_config(url: String) -> EtcdDiscoveryConfig {
     EtcdDiscoveryConfig {
-        connect: options(),
+        connect: etcd_options(),
         reconnect_backoff_max: Duration::from_millis(500),
         ..EtcdDiscoveryConfig::new(vec![url])
     }
@@ -530,7 +426,7 @@ fn contains(facts: &[DcInput], fact: &DcInput) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_backend_lists_watches_leases_and_rewatches_across_a_restart() {
     let mut etcd = EtcdProcess::start().await;
-    let mut client = EtcdClient::connect(&etcd.url(), &options()).await.unwrap();
+    let mut client = EtcdClient::connect(&etcd.url(), &etcd_options()).await.unwrap();
     let first = register_worker(&mut client, PUBLISHER).await;
 
     // The initial listing: cards, the authoritative instance set, the source, the channel.
@@ -586,7 +482,7 @@ async fn etcd_backend_lists_watches_leases_and_rewatches_across_a_restart() {
     // revision and misses nothing.
     etcd.kill();
     etcd.spawn(etcd.client_port).await;
-    let mut client = EtcdClient::connect(&etcd.url(), &options()).await.unwrap();
+    let mut client = EtcdClient::connect(&etcd.url(), &etcd_options()).await.unwrap();
     let third = register_worker(&mut client, PUBLISHER + 2).await;
     relay
         .until("worker registered across the restart", |facts| {
@@ -618,7 +514,7 @@ async fn etcd_backend_lists_watches_leases_and_rewatches_across_a_restart() {
 async fn etcd_compaction_past_the_watch_revision_forces_a_relist() {
     let mut etcd = EtcdProcess::start().await;
     let relay_port = etcd.client_port;
-    let mut client = EtcdClient::connect(&etcd.url(), &options()).await.unwrap();
+    let mut client = EtcdClient::connect(&etcd.url(), &etcd_options()).await.unwrap();
     let first = register_worker(&mut client, PUBLISHER).await;
     let mut relay = RelayUnderTest::start(relay_config(etcd.url()));
     relay.until("initial listing", |facts| facts.len() >= 3).await;
@@ -629,7 +525,9 @@ async fn etcd_compaction_past_the_watch_revision_forces_a_relist() {
     let hidden_port = free_port();
     etcd.spawn(hidden_port).await;
     let mut hidden =
-        EtcdClient::connect(&format!("http://127.0.0.1:{hidden_port}"), &options()).await.unwrap();
+        EtcdClient::connect(&format!("http://127.0.0.1:{hidden_port}"), &etcd_options())
+            .await
+            .unwrap();
     hidden.lease_revoke(i64::try_from(first).unwrap()).await.unwrap();
     let second = register_worker(&mut hidden, PUBLISHER + 1).await;
     // Another subsystem's key (ignored) and a record key of unknown layout (counted).

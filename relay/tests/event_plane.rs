@@ -9,8 +9,8 @@
 //! Every test is bounded in time; the NATS server is killed by PID when its guard drops, also
 //! when a test fails.
 
-use std::net::TcpListener as StdTcpListener;
-use std::process::{Child, Command, Stdio};
+mod servers;
+
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -29,6 +29,7 @@ use kvrelay::kv_events::{
     KvCacheEvent, KvCacheEventData, ResidencyDomain, RouterEvent, SourceKey, StorageTier,
     StoreData, StoredBlock,
 };
+use servers::{NatsServer, free_port};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -115,10 +116,6 @@ fn endpoint(namespace: &str, component: &str, name: &str) -> EndpointPath {
     EndpointPath::new(namespace, component, name).unwrap()
 }
 
-fn free_port() -> u16 {
-    StdTcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 async fn bounded<F: std::future::Future>(test: F) -> F::Output {
     tokio::time::timeout(TEST_TIMEOUT, test).await.expect("test exceeded its time bound")
 }
@@ -145,56 +142,6 @@ async fn next_input(inputs: &mut mpsc::Receiver<DcInput>, wait: Duration) -> DcI
 
 fn is_probe(input: &DcInput) -> bool {
     matches!(input, DcInput::Load { observation, .. } if observation.source.worker_id == PROBE_WORKER)
-}
-
-/// A `nats-server` child process on 127.0.0.1, killed by PID when dropped.
-struct NatsServer {
-    child: Child,
-    port: u16,
-}
-
-impl NatsServer {
-    async fn start(port: u16) -> Self {
-        // Debian installs the server in /usr/sbin, which a non-root PATH may lack.
-        let mut spawned = Err(std::io::Error::other("no candidate"));
-        for program in ["nats-server", "/usr/sbin/nats-server", "/usr/bin/nats-server"] {
-            spawned = Command::new(program)
-                .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn();
-            if spawned.is_ok() {
-                break;
-            }
-        }
-        let child = match spawned {
-            Ok(child) => child,
-            Err(error) => panic!(
-                "cannot start `nats-server` ({error}): install it with \
-                 `apt-get update && apt-get install -y nats-server` (.ci/run does this)"
-            ),
-        };
-        let server = NatsServer { child, port };
-        for _ in 0..200 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-                return server;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("nats-server did not listen on 127.0.0.1:{port} within 10 s");
-    }
-
-    fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for NatsServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Publish a probe on `subject` every 100 ms until one comes through `inputs` (a live
@@ -226,7 +173,7 @@ async fn probe_until_live(
 async fn nats_plane_delivers_dynamo_envelopes_and_survives_a_server_restart() {
     bounded(async {
         let port = free_port();
-        let server = NatsServer::start(port).await;
+        let server = NatsServer::start_on(port).await;
         let url = server.url();
         let namespaces = NatsNamespaces::Only(["dynamo".to_owned(), "team.a".to_owned()].into());
         let config = NatsEventPlaneConfig::new(url.clone(), namespaces);
@@ -291,7 +238,7 @@ async fn nats_plane_delivers_dynamo_envelopes_and_survives_a_server_restart() {
 
         // Restart the server on the same port: the client reconnects and re-subscribes.
         drop(server);
-        let server = NatsServer::start(port).await;
+        let server = NatsServer::start_on(port).await;
         probe_until_live(&publisher, metrics_subject, &mut inputs, Duration::from_secs(40)).await;
         publisher.publish(events_subject, Bytes::from(captured_envelope())).await.unwrap();
         publisher.flush().await.unwrap();

@@ -14,17 +14,19 @@
 //!
 //! Every wait is bounded; servers are killed by PID when their guards drop.
 
+mod servers;
+
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener as StdTcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
 use bytes::Bytes;
 use kvrelay::config::{self, CliValues};
 use kvrelay::consumer::{self, ConsumerConfig, ConsumerSnapshot, FilterStatus, RelayConsumer};
-use kvrelay::discovery_plane::{EtcdClient, EtcdConnectOptions};
+use kvrelay::discovery_plane::EtcdClient;
 use kvrelay::hashing::{
     ExternalBlockHash, HashFormat, LocalBlockHash, block_hash_seed, local_block_hashes,
 };
@@ -39,6 +41,7 @@ use kvrelay::readiness::ReadinessState;
 use kvrelay::rng::rng_from_seed;
 use kvrelay::runtime::{SystemWallClock, TokioBlockingExecutor, WallClock};
 use kvrelay::serve::{RunningRelay, ServeOptions};
+use servers::{EtcdProcess, NatsServer, etcd_options, free_port};
 
 /// Bound of every test.
 const TEST_TIMEOUT: Duration = Duration::from_secs(120);
@@ -58,114 +61,8 @@ const PUBLISHER_A_RESTARTED: u64 = 0x1a_0000_0000_00a2;
 // ---------------------------------------------------------------------------------------------
 // Servers.
 
-fn free_port() -> u16 {
-    StdTcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 async fn bounded<F: std::future::Future>(test: F) -> F::Output {
     tokio::time::timeout(TEST_TIMEOUT, test).await.expect("test exceeded its time bound")
-}
-
-/// A `nats-server` child process on 127.0.0.1, killed by PID when dropped.
-struct NatsServer {
-    child: Child,
-    port: u16,
-}
-
-impl NatsServer {
-    async fn start() -> Self {
-        let port = free_port();
-        let mut spawned = Err(std::io::Error::other("no candidate"));
-        for program in ["nats-server", "/usr/sbin/nats-server", "/usr/bin/nats-server"] {
-            spawned = Command::new(program)
-                .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn();
-            if spawned.is_ok() {
-                break;
-            }
-        }
-        let child = spawned.unwrap_or_else(|error| {
-            panic!(
-                "cannot start `nats-server` ({error}): install it with \
-                 `apt-get update && apt-get install -y nats-server` (.ci/run does this)"
-            )
-        });
-        let server = NatsServer { child, port };
-        for _ in 0..200 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-                return server;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("nats-server did not listen on 127.0.0.1:{port} within 10 s");
-    }
-
-    fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for NatsServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A real etcd on 127.0.0.1 with a temporary data dir, killed by PID when dropped.
-struct EtcdServer {
-    _dir: tempfile::TempDir,
-    child: Child,
-    url: String,
-}
-
-impl EtcdServer {
-    async fn start() -> Self {
-        let path = std::env::var_os("PATH").unwrap_or_default();
-        let binary = std::env::split_paths(&path)
-            .map(|dir| dir.join("etcd"))
-            .find(|candidate| candidate.is_file())
-            .expect("the `etcd` binary is not installed: apt-get install -y etcd-server");
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("http://127.0.0.1:{}", free_port());
-        let peer = format!("http://127.0.0.1:{}", free_port());
-        let child = Command::new(binary)
-            .args(["--name", "kvrelay-production"])
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
-            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("kvrelay-production={peer}")])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let server = EtcdServer { _dir: dir, child, url };
-        for _ in 0..300 {
-            if let Ok(mut client) = server.client().await
-                && client.range_prefix(b"v1/", 1, 16).await.is_ok()
-            {
-                return server;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("etcd did not answer on {} within 30 s", server.url);
-    }
-
-    async fn client(&self) -> Result<EtcdClient, kvrelay::discovery_plane::EtcdError> {
-        EtcdClient::connect(&self.url, &EtcdConnectOptions::default()).await
-    }
-}
-
-impl Drop for EtcdServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -933,8 +830,8 @@ async fn sigterm_ends_streams_with_unavailable_and_exits_zero() {
 async fn sources_file_narrows_etcd_discovery_by_relisting() {
     bounded(async {
         let nats = NatsServer::start().await;
-        let etcd = EtcdServer::start().await;
-        let mut client = etcd.client().await.unwrap();
+        let etcd = EtcdProcess::start().await;
+        let mut client = EtcdClient::connect(&etcd.url(), &etcd_options()).await.unwrap();
         let lease = client.lease_grant(120).await.unwrap();
         let dynamo = Worker { namespace: "dynamo", instance: WORKER_A, publisher: PUBLISHER_A };
         let ver = Worker { namespace: "ver", instance: WORKER_C, publisher: PUBLISHER_C };
@@ -947,7 +844,7 @@ async fn sources_file_narrows_etcd_discovery_by_relisting() {
         let sources = sources_dir.path().join("sources.json");
         std::fs::write(&sources, r#"{"version":1,"sources":[{"namespace":"dynamo"}]}"#).unwrap();
         let discovery =
-            [("DYN_DISCOVERY_BACKEND", "etcd".to_owned()), ("ETCD_ENDPOINTS", etcd.url.clone())];
+            [("DYN_DISCOVERY_BACKEND", "etcd".to_owned()), ("ETCD_ENDPOINTS", etcd.url())];
         let relay = start_relay_with(&discovery, &nats, Some(sources.clone()), None).await;
         let consumer = start_consumer(&relay);
         let only_dynamo = converge(&consumer, "only the dynamo pool", |snapshot| {
