@@ -47,7 +47,7 @@ use kvrelay::publication::{HubConfig, PoolPublications};
 use kvrelay::rng::{RelayRng, derive_seed, rng_from_seed};
 use kvrelay::runtime::{InlineExecutor, WallClock};
 use kvrelay::sources::{RecoveryRequest, RecoveryResponse};
-use kvrelay::wan::{RelayService, WanViews, serve};
+use kvrelay::wan::{WanViews, serve};
 use kvrelay::wire::{validate_catalog_update, validate_readiness_update};
 use kvrelay::workload::SimulatedDc;
 use serde::Serialize;
@@ -436,13 +436,7 @@ async fn run_relay(world: World) -> HostResult {
         Arc::clone(&node.publications),
     ));
     let tuning = WanTuning::default();
-    let service = RelayService::new(
-        node.relay,
-        node.views.clone(),
-        Arc::clone(&node.publications),
-        clock,
-        tuning,
-    );
+    let service = node.relay_service(clock, tuning);
     let listener = turmoil::net::TcpListener::bind(("0.0.0.0", RELAY_PORT)).await?;
     serve(service, Box::pin(net::incoming(listener)), &tuning, std::future::pending()).await?;
     node.shutdown().await;
