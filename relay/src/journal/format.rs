@@ -12,13 +12,14 @@ use xxhash_rust::xxh3::xxh3_64;
 use super::checkpoint::Checkpoint;
 use crate::inputs::{DcInput, RecoveryTarget};
 use crate::node::NodeConfig;
+use crate::pool::PublicationPoint;
 use crate::sources::{RecoveryRequest, RecoveryResponse};
 
 /// The first four bytes of every segment.
 pub const SEGMENT_MAGIC: [u8; 4] = *b"KVRJ";
 
 /// The format version this build writes and reads.
-pub const FORMAT_VERSION: u16 = 2;
+pub const FORMAT_VERSION: u16 = 3;
 
 /// Bytes before the first frame of a segment.
 pub const SEGMENT_PREAMBLE_BYTES: usize = 8;
@@ -113,6 +114,17 @@ pub enum Record {
         /// How many records were lost.
         lost: u64,
     },
+    /// A pool actor's publication point that its commands do not determine (version 3).
+    Publication {
+        /// When the actor reported it.
+        at: Stamp,
+        /// The pool id (`<domain>/<dc>`).
+        pool: String,
+        /// The generation.
+        layout_generation: u64,
+        /// What happened, after which of the actor's deterministic commands.
+        point: PublicationPoint,
+    },
 }
 
 impl Record {
@@ -124,7 +136,8 @@ impl Record {
             Record::Input { at, .. }
             | Record::Recovery { at, .. }
             | Record::Checkpoint { at, .. }
-            | Record::Gap { at, .. } => Some(*at),
+            | Record::Gap { at, .. }
+            | Record::Publication { at, .. } => Some(*at),
         }
     }
 }

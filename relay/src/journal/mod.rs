@@ -20,6 +20,7 @@ pub mod format;
 pub mod reader;
 pub mod recorder;
 pub mod replay;
+mod scripts;
 pub mod segments;
 mod tap;
 

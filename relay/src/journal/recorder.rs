@@ -25,8 +25,10 @@ use super::checkpoint::{Checkpoint, CheckpointSchedule};
 use super::format::{JournalHeader, Record, Stamp};
 use super::segments::{SegmentLimits, SegmentWriter, WriteTally};
 use super::tap::NodeTap;
+use crate::identity::PoolId;
 use crate::inputs::{DcInput, RecoveryTarget};
 use crate::node::{NodeConfig, RecoveryTransport};
+use crate::pool::{PublicationMode, PublicationPoint, PublicationSink};
 use crate::runtime::{BlockingExecutor, WallClock, run_blocking};
 use crate::sources::{RecoveryRequest, RecoveryResponse};
 
@@ -156,24 +158,57 @@ impl Shared {
     }
 }
 
-impl NodeTap for Shared {
+/// The recorder's node tap.
+#[derive(Debug)]
+struct RecorderTap(Arc<Shared>);
+
+impl NodeTap for RecorderTap {
     fn node_started(&self, origin: Instant) {
-        let _ = self.origin.set(origin);
+        let _ = self.0.origin.set(origin);
     }
 
     fn input(&self, at: Duration, input: &DcInput) {
-        self.enqueue(Record::Input { at: self.stamp(at), input: input.clone() });
+        self.0.enqueue(Record::Input { at: self.0.stamp(at), input: input.clone() });
     }
 
     fn checkpoint_due(&self, at: Duration, inputs_handled: u64) -> bool {
-        self.schedule
+        self.0
+            .schedule
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .due(at, inputs_handled)
     }
 
     fn checkpoint(&self, at: Duration, checkpoint: Checkpoint) {
-        self.enqueue(Record::Checkpoint { at: self.stamp(at), checkpoint });
+        self.0.enqueue(Record::Checkpoint { at: self.0.stamp(at), checkpoint });
+    }
+
+    fn publication_mode(&self, pool_id: &PoolId, layout_generation: u64) -> PublicationMode {
+        PublicationMode::Reported(Arc::new(PoolRecorder {
+            shared: Arc::clone(&self.0),
+            pool: pool_id.to_string(),
+            layout_generation,
+        }))
+    }
+}
+
+/// Records one pool actor's publication points (queued like every record: never waits).
+#[derive(Debug)]
+struct PoolRecorder {
+    shared: Arc<Shared>,
+    pool: String,
+    layout_generation: u64,
+}
+
+impl PublicationSink for PoolRecorder {
+    fn point(&self, point: PublicationPoint) {
+        let at = self.shared.stamp(self.shared.since_origin());
+        self.shared.enqueue(Record::Publication {
+            at,
+            pool: self.pool.clone(),
+            layout_generation: self.layout_generation,
+            point,
+        });
     }
 }
 
@@ -254,7 +289,7 @@ impl Recorder {
     /// The tap for the node.
     #[must_use]
     pub fn tap(&self) -> Arc<dyn NodeTap> {
-        Arc::clone(&self.shared) as Arc<dyn NodeTap>
+        Arc::new(RecorderTap(Arc::clone(&self.shared)))
     }
 
     /// `inner`, with every answer recorded.

@@ -8,7 +8,8 @@
 //! recorded outcome at the recorded time (a query with no recorded answer never answers, so the
 //! node's own timeout decides, as it did when recording), and takes checkpoints on the same
 //! schedule. Internal reports (pool starts, actor faults, fences) are not read from the journal:
-//! the node regenerates them.
+//! the node regenerates them. Pool actors run scripted: each performs its recorded publication
+//! points after the same commands, with no timer, until the end of the replayed window.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
@@ -22,10 +23,13 @@ use tokio::time::Instant;
 use super::checkpoint::{Checkpoint, CheckpointDiff, CheckpointSchedule, compare_checkpoints};
 use super::format::{JournalHeader, Record, RecoveryOutcome};
 use super::reader::{JournalError, read_journal};
+use super::scripts::PublicationScripts;
 use super::tap::NodeTap;
 use crate::control::ControlError;
+use crate::identity::PoolId;
 use crate::inputs::{DcInput, RecoveryTarget};
 use crate::node::{NodeConfig, RecoveryTransport, start_node_with_tap};
+use crate::pool::PublicationMode;
 use crate::runtime::{BlockingExecutor, ManualWallClock, WallClock};
 use crate::sources::{RecoveryRequest, RecoveryResponse};
 
@@ -128,6 +132,7 @@ struct ReplayShared {
     origin: OnceLock<Instant>,
     state: Mutex<TapState>,
     answers: Mutex<BTreeMap<RecoveryKey, VecDeque<(Duration, RecoveryOutcome)>>>,
+    scripts: PublicationScripts,
 }
 
 impl ReplayShared {
@@ -160,6 +165,10 @@ impl NodeTap for ReplayShared {
         if scheduled {
             state.checkpoints.push((at, checkpoint));
         }
+    }
+
+    fn publication_mode(&self, pool_id: &PoolId, layout_generation: u64) -> PublicationMode {
+        self.scripts.mode(self.origin.get().copied(), pool_id, layout_generation)
     }
 }
 
@@ -215,6 +224,7 @@ pub async fn replay_journal(
     let mut gaps = Vec::new();
     let mut answers: BTreeMap<RecoveryKey, VecDeque<(Duration, RecoveryOutcome)>> = BTreeMap::new();
     let mut recoveries_recorded = 0u64;
+    let mut scripts = PublicationScripts::default();
     let mut last_at = Duration::ZERO;
     for record in records {
         let Some(at) = record.stamp().filter(|stamp| in_window(stamp.mono())) else { continue };
@@ -230,9 +240,13 @@ pub async fn replay_journal(
             }
             Record::Checkpoint { checkpoint, .. } => recorded.push((at.mono(), checkpoint)),
             Record::Gap { .. } => gaps.push(at.mono()),
+            Record::Publication { pool, layout_generation, point, .. } => {
+                scripts.push(pool, layout_generation, point);
+            }
             Record::Header(_) => {}
         }
     }
+    scripts.end_at(options.until.unwrap_or(last_at));
     let interval = Duration::from_nanos(header.checkpoint_interval_ns);
     let shared = Arc::new(ReplayShared {
         origin: OnceLock::new(),
@@ -244,6 +258,7 @@ pub async fn replay_journal(
             final_state: None,
         }),
         answers: Mutex::new(answers),
+        scripts,
     });
     let clock = Arc::new(ManualWallClock::new(header.wall_origin_us));
     let node = start_node_with_tap(

@@ -6,7 +6,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::checkpoint::Checkpoint;
+use crate::identity::PoolId;
 use crate::inputs::DcInput;
+use crate::pool::PublicationMode;
 
 /// What the node tells a journal tap. Times are the node's monotonic time (since
 /// [`NodeTap::node_started`]'s origin), the same `now` the control plane is given.
@@ -20,10 +22,19 @@ pub trait NodeTap: Send + Sync + Debug + 'static {
     /// The node took `input` off its queue and is about to handle it.
     fn input(&self, at: Duration, input: &DcInput);
 
-    /// Whether to take a checkpoint now, after `inputs_handled` inputs and the commands of the
-    /// step just finished. Must be a function of the step sequence and `at` only.
+    /// Whether to take a checkpoint after the step of input number `inputs_handled`, taken at
+    /// `at` (the time [`NodeTap::input`] was given). Must be a function of those two only, so
+    /// a checkpoint follows the same input at the same time in every replay.
     fn checkpoint_due(&self, at: Duration, inputs_handled: u64) -> bool;
 
-    /// The checkpoint the node took because [`NodeTap::checkpoint_due`] said so.
+    /// The checkpoint the node took because [`NodeTap::checkpoint_due`] said so, with the same
+    /// `at`.
     fn checkpoint(&self, at: Duration, checkpoint: Checkpoint);
+
+    /// How the actor of `(pool_id, layout_generation)`, about to start, publishes: reported to
+    /// a recorder, scripted from a journal, or free (the default).
+    fn publication_mode(&self, pool_id: &PoolId, layout_generation: u64) -> PublicationMode {
+        let _ = (pool_id, layout_generation);
+        PublicationMode::Free
+    }
 }

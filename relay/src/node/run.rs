@@ -18,8 +18,8 @@ use crate::inputs::DcInput;
 use crate::journal::{NodeTap, capture_checkpoint};
 use crate::kv_events::SourceKey;
 use crate::pool::{
-    ActorConfig, ActorFault, FaultSink, PoolActorHandle, PoolOwnership, RankReplacement,
-    spawn_pool_actor,
+    ActorConfig, ActorFault, FaultSink, PoolActorHandle, PoolOwnership, PublicationMode,
+    RankReplacement, spawn_pool_actor_with,
 };
 use crate::publication::{FenceRequests, HubConfig, PoolPublications};
 use crate::registry::{ActorFaultAction, HostCommand, StopMode, TargetDisposition};
@@ -173,7 +173,9 @@ pub fn start_node(
 }
 
 /// [`start_node`] with a journal tap at the input boundary: the tap sees every input as the
-/// node takes it, and is asked after every step whether to take a checkpoint.
+/// node takes it, is asked after every input's step whether to take a checkpoint (with that
+/// input's time, so the decision is a function of the input stream), and gives each pool actor
+/// its publication mode.
 pub fn start_node_with_tap(
     config: NodeConfig,
     executor: Arc<dyn BlockingExecutor>,
@@ -232,6 +234,7 @@ impl Node {
         let fences = self.publications.fence_requests().clone();
         let mut inputs_handled = 0u64;
         loop {
+            let mut input_at = None;
             let wake = self.plane.poll_timeout().map(|at| self.origin + at);
             let commands = tokio::select! {
                 biased;
@@ -255,16 +258,21 @@ impl Node {
                 input = inputs.recv() => match input {
                     Some(input) => {
                         inputs_handled += 1;
+                        // One reading: the journal's stamp is the time the plane is given.
+                        let now = self.now();
                         if let Some(tap) = &self.tap {
-                            tap.input(self.now(), &input);
+                            tap.input(now, &input);
                         }
-                        self.plane.handle(input, self.now(), &mut self.rng)
+                        input_at = Some(now);
+                        self.plane.handle(input, now, &mut self.rng)
                     }
                     None => break,
                 },
             };
             self.execute(commands).await;
-            self.checkpoint_if_due(inputs_handled).await;
+            if let Some(at) = input_at {
+                self.checkpoint_if_due(at, inputs_handled).await;
+            }
             self.publish_status(inputs_handled, false);
         }
         let commands = self.plane.begin_shutdown(self.now(), &mut self.rng);
@@ -364,8 +372,16 @@ impl Node {
                     reports: self.reports.clone(),
                     fences: self.publications.fence_requests().clone(),
                 });
-                let (actor, _task) =
-                    spawn_pool_actor(pool, self.config.actor, Arc::clone(&self.executor), faults);
+                let mode = self.tap.as_ref().map_or(PublicationMode::Free, |tap| {
+                    tap.publication_mode(&producer.pool_id(), generation)
+                });
+                let (actor, _task) = spawn_pool_actor_with(
+                    pool,
+                    self.config.actor,
+                    Arc::clone(&self.executor),
+                    faults,
+                    mode,
+                );
                 self.publications.activate(producer, actor.clone());
                 self.actors.insert((producer.pool_id(), generation), actor);
                 self.plane.start_succeeded(&endpoint, generation, now, &mut self.rng)
@@ -515,12 +531,13 @@ impl Node {
         }
     }
 
-    async fn checkpoint_if_due(&self, inputs_handled: u64) {
+    /// After the step of the input taken at `at`: a checkpoint if the tap says one is due,
+    /// stamped `at` (the state it captures is the one after that step).
+    async fn checkpoint_if_due(&self, at: Duration, inputs_handled: u64) {
         let Some(tap) = &self.tap else { return };
-        let now = self.now();
-        if tap.checkpoint_due(now, inputs_handled) {
+        if tap.checkpoint_due(at, inputs_handled) {
             let checkpoint = capture_checkpoint(&self.plane, &self.actors, inputs_handled).await;
-            tap.checkpoint(now, checkpoint);
+            tap.checkpoint(at, checkpoint);
         }
     }
 

@@ -13,6 +13,15 @@
 //! `publication_delay` after the first pending one, or on `flush`; never inside a command.
 //! Shutdown is graceful (publish the tail, retire the lease) unless the actor is fenced, which
 //! discards the unpublished tail.
+//!
+//! Journaling ([`PublicationMode`], `pool::script`): a reported actor tells its sink every
+//! publication point its commands do not determine (timer, flush, barrier, lease retirement,
+//! failed delivery). A scripted actor (replay) has no timer and performs the recorded points
+//! after the same deterministic commands until the script's end, then runs free. While
+//! scripted, a subscription never moves the publisher: it is answered once the publisher holds
+//! its lease with nothing unpublished (so the snapshot is exactly the state at the last published
+//! sequence and the next delta continues it), and held until then; a retirement from a
+//! subscriber is ignored (the recording's retirements are in the script).
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -29,6 +38,10 @@ use super::ownership::{ApplyError, OwnershipCounters, PoolOwnership, RankReplace
 use super::publisher::{
     Delta, FenceReason, PUBLICATION_DELAY_MS, PUBLICATION_THRESHOLD_EVENTS, PublicationCadence,
     PublishError, PublishOutcome, Publisher, Snapshot,
+};
+use super::script::{
+    PublicationMode, PublicationPoint, PublicationSink, PublicationStep, ScriptPosition,
+    ScriptState,
 };
 use crate::identity::LaneLease;
 use crate::kv_events::{RouterEvent, SourceKey};
@@ -216,20 +229,157 @@ pub struct PoolActorHandle {
     fence: CancellationToken,
 }
 
+/// The actor's journaling role (see [`PublicationMode`]).
+#[derive(Debug)]
+enum Journal {
+    Free,
+    Reported(Arc<dyn PublicationSink>),
+    Scripted(ScriptState),
+}
+
+/// A subscription held by a scripted actor until it can be answered.
+type Held = (LaneLease, oneshot::Sender<Result<Subscription, SubscribeError>>);
+
 struct ActorCore {
     pool: PoolOwnership,
     publisher: Publisher,
     cadence: PublicationCadence,
     deltas: broadcast::Sender<Arc<Delta>>,
+    /// Deltas offered to the broadcast so far (delivered or not).
+    offered: u64,
+    /// Deterministic commands processed so far.
+    position: ScriptPosition,
+    journal: Journal,
+    /// The lease a scripted actor handed to its subscribers.
+    served: Option<LaneLease>,
+}
+
+/// Hand `delta` to the broadcast. A scripted actor fails exactly the recorded ordinals (and
+/// ignores a missing receiver); otherwise a missing receiver fails it, reported when reporting.
+fn offer(
+    deltas: &broadcast::Sender<Arc<Delta>>,
+    offered: &mut u64,
+    journal: &Journal,
+    position: ScriptPosition,
+    delta: Delta,
+) -> Result<(), Delta> {
+    let ordinal = *offered;
+    *offered += 1;
+    if let Journal::Scripted(script) = journal {
+        if script.failures.contains(&ordinal) {
+            return Err(delta);
+        }
+        let _ = deltas.send(Arc::new(delta));
+        return Ok(());
+    }
+    let sequence = delta.base_sequence;
+    deltas.send(Arc::new(delta)).map(|_| ()).map_err(|returned| {
+        if let Journal::Reported(sink) = journal {
+            let step = PublicationStep::DeliveryFailed(ordinal);
+            sink.point(PublicationPoint { position, step, sequence });
+        }
+        unwrap_delta(returned.0)
+    })
 }
 
 impl ActorCore {
     fn publish(&mut self) -> Result<PublishOutcome, PublishError> {
         self.cadence.reset();
-        let deltas = &self.deltas;
-        self.publisher.publish(&mut self.pool, &mut |delta| {
-            deltas.send(Arc::new(delta)).map(|_| ()).map_err(|returned| unwrap_delta(returned.0))
+        let ActorCore { pool, publisher, deltas, offered, journal, position, .. } = self;
+        publisher.publish(pool, &mut |delta| offer(deltas, offered, journal, *position, delta))
+    }
+
+    /// Publish the pending tail and install `lease` (the publisher's barrier).
+    fn barrier(&mut self, lease: LaneLease) -> Result<Snapshot, PublishError> {
+        self.cadence.reset();
+        let ActorCore { pool, publisher, deltas, offered, journal, position, .. } = self;
+        publisher.snapshot_after_barrier(pool, lease, &mut |delta| {
+            offer(deltas, offered, journal, *position, delta)
         })
+    }
+
+    /// Report `step` if reporting.
+    fn report(&self, step: PublicationStep) {
+        if let Journal::Reported(sink) = &self.journal {
+            let sequence = self.publisher.last_sequence();
+            sink.point(PublicationPoint { position: self.position, step, sequence });
+        }
+    }
+
+    fn is_scripted(&self) -> bool {
+        matches!(self.journal, Journal::Scripted(_))
+    }
+
+    fn script_until(&self) -> Option<Instant> {
+        match &self.journal {
+            Journal::Scripted(script) => Some(script.until),
+            _ => None,
+        }
+    }
+
+    /// Perform every scripted point reached, then answer the held subscriptions that can be.
+    fn advance(&mut self, held: &mut Vec<Held>) {
+        loop {
+            let Journal::Scripted(script) = &mut self.journal else { return };
+            let Some(point) = script.next_due(self.position) else { break };
+            match point.step {
+                PublicationStep::Publish => {
+                    let _ = self.publish();
+                }
+                PublicationStep::Barrier(lease) => {
+                    let _ = self.barrier(lease.into());
+                }
+                PublicationStep::RetireLease(lease) => {
+                    let lease = LaneLease::from(lease);
+                    // Taking the lease from a live subscriber would leave it stale: keep it (the
+                    // sequence then leaves the recording, and the checkpoint says so).
+                    if self.served != Some(lease) || self.deltas.receiver_count() == 0 {
+                        self.publisher.retire_lease(lease);
+                    }
+                }
+                PublicationStep::DeliveryFailed(_) => {}
+            }
+            let replayed = self.publisher.last_sequence();
+            if replayed != point.sequence {
+                if let Journal::Scripted(script) = &mut self.journal {
+                    script.mismatches += 1;
+                }
+                tracing::debug!(
+                    ?point,
+                    replayed,
+                    "scripted publication point left the recorded sequence"
+                );
+            }
+        }
+        self.answer_held(held);
+    }
+
+    /// Answer each held subscription whose lease the publisher holds, unfenced, with nothing
+    /// unpublished: the snapshot is the state at the last published sequence.
+    fn answer_held(&mut self, held: &mut Vec<Held>) {
+        if held.is_empty() {
+            return;
+        }
+        let ready = self.publisher.fence_reason().is_none() && !self.pool.has_unpublished_writes();
+        let current = self.publisher.lease();
+        let mut waiting = Vec::new();
+        for (lease, reply) in held.drain(..) {
+            if reply.is_closed() {
+                continue;
+            }
+            if !(ready && current == Some(lease)) {
+                waiting.push((lease, reply));
+                continue;
+            }
+            let snapshot = Snapshot {
+                lease,
+                sequence: self.publisher.last_sequence(),
+                words: self.pool.filter().words().to_vec(),
+            };
+            self.served = Some(lease);
+            let _ = reply.send(Ok(Subscription { snapshot, deltas: self.deltas.subscribe() }));
+        }
+        *held = waiting;
     }
 
     fn stats(&self) -> ActorStats {
@@ -284,6 +434,17 @@ pub fn spawn_pool_actor(
     executor: Arc<dyn BlockingExecutor>,
     faults: Arc<dyn FaultSink>,
 ) -> (PoolActorHandle, JoinHandle<ActorExit>) {
+    spawn_pool_actor_with(pool, config, executor, faults, PublicationMode::Free)
+}
+
+/// [`spawn_pool_actor`] in a journaling [`PublicationMode`].
+pub fn spawn_pool_actor_with(
+    pool: PoolOwnership,
+    config: ActorConfig,
+    executor: Arc<dyn BlockingExecutor>,
+    faults: Arc<dyn FaultSink>,
+    mode: PublicationMode,
+) -> (PoolActorHandle, JoinHandle<ActorExit>) {
     let (commands, mailbox) = mpsc::channel(config.mailbox_capacity.max(1));
     let permits_max = config.pending_block_permits.max(1);
     let permits = Arc::new(Semaphore::new(permits_max as usize));
@@ -294,6 +455,14 @@ pub fn spawn_pool_actor(
         publisher: Publisher::new(),
         cadence: PublicationCadence::new(config.publication_threshold_events),
         deltas,
+        offered: 0,
+        position: ScriptPosition::default(),
+        journal: match mode {
+            PublicationMode::Free => Journal::Free,
+            PublicationMode::Reported(sink) => Journal::Reported(sink),
+            PublicationMode::Scripted(script) => Journal::Scripted(ScriptState::new(script)),
+        },
+        served: None,
     };
     let task = tokio::spawn(run(core, mailbox, config, executor, faults, fence.clone()));
     (PoolActorHandle { commands, permits, permits_max, fence }, task)
@@ -308,13 +477,31 @@ async fn run(
     fence: CancellationToken,
 ) -> ActorExit {
     let mut deadline: Option<Instant> = None;
+    let mut held: Vec<Held> = Vec::new();
+    core.advance(&mut held);
     loop {
+        let script_until = core.script_until();
         let command = tokio::select! {
             biased;
             () = fence.cancelled() => return ActorExit::Fenced,
             () = sleep_until(deadline), if deadline.is_some() => {
                 deadline = None;
                 let _ = core.publish();
+                core.report(PublicationStep::Publish);
+                continue;
+            }
+            () = sleep_until(script_until), if script_until.is_some() => {
+                core.journal = Journal::Free;
+                if core.pool.has_unpublished_writes() {
+                    deadline = Some(Instant::now() + config.publication_delay);
+                }
+                for (lease, reply) in std::mem::take(&mut held) {
+                    let Some(returned) = subscribe(core, lease, reply, executor.as_ref()).await
+                    else {
+                        return ActorExit::Fenced;
+                    };
+                    core = returned;
+                }
                 continue;
             }
             command = mailbox.recv() => command,
@@ -323,6 +510,7 @@ async fn run(
             let _ = core.publish();
             return ActorExit::Abandoned;
         };
+        let scripted = core.is_scripted();
         match command {
             Command::Apply { events, _permit } => {
                 let mut due = false;
@@ -343,15 +531,17 @@ async fn run(
                 if due {
                     deadline = None;
                     let _ = core.publish();
-                } else if deadline.is_none() && core.pool.has_unpublished_writes() {
+                } else if !scripted && deadline.is_none() && core.pool.has_unpublished_writes() {
                     deadline = Some(Instant::now() + config.publication_delay);
                 }
+                core.position.commands += 1;
             }
             Command::ReplaceRanks { replacements, reply } => {
                 let result = core.pool.replace_ranks(replacements);
                 deadline = None;
                 let _ = core.publish();
                 let _ = reply.send(result);
+                core.position.commands += 1;
             }
             Command::ResetRank { source } => {
                 if let Err(error) = core.pool.remove_rank(source) {
@@ -359,45 +549,36 @@ async fn run(
                 }
                 deadline = None;
                 let _ = core.publish();
+                core.position.commands += 1;
+            }
+            Command::Flush { reply } if scripted => {
+                let _ = reply.send(Ok(core.publisher.last_sequence()));
             }
             Command::Flush { reply } => {
                 deadline = None;
                 let result = core.publish().map(|_| core.publisher.last_sequence());
+                core.report(PublicationStep::Publish);
                 let _ = reply.send(result);
             }
+            Command::Subscribe { lease, reply } if scripted => held.push((lease, reply)),
             Command::Subscribe { lease, reply } => {
                 deadline = None;
-                let (returned, result) = barrier_snapshot(core, lease, executor.as_ref()).await;
-                core = match returned {
-                    Some(core) => core,
-                    None => {
-                        let _ = reply.send(Err(SubscribeError::SnapshotJob));
-                        return ActorExit::Fenced;
-                    }
+                let Some(returned) = subscribe(core, lease, reply, executor.as_ref()).await else {
+                    return ActorExit::Fenced;
                 };
-                match result {
-                    Ok(snapshot) => {
-                        // Subscribe before the next command mutates anything: the first delta
-                        // this receiver sees is exactly S → S + 1.
-                        let subscription =
-                            Subscription { snapshot, deltas: core.deltas.subscribe() };
-                        if let Err(Ok(dropped)) = reply.send(Ok(subscription)) {
-                            core.publisher.retire_lease(dropped.snapshot.lease);
-                        }
-                    }
-                    Err(error) => {
-                        let _ = reply.send(Err(error));
-                    }
-                }
+                core = returned;
             }
+            Command::RetireLease { .. } if scripted => {}
             Command::RetireLease { lease } => {
                 core.publisher.retire_lease(lease);
+                core.report(PublicationStep::RetireLease(lease.into()));
             }
             Command::Stats { reply } => {
                 let _ = reply.send(core.stats());
             }
             Command::Digest { reply } => {
                 let _ = reply.send(core.digest());
+                core.position.digests += 1;
             }
             Command::Shutdown => {
                 let _ = core.publish();
@@ -407,7 +588,40 @@ async fn run(
                 return ActorExit::Graceful;
             }
         }
+        if scripted {
+            core.advance(&mut held);
+        }
     }
+}
+
+/// A subscription's barrier; `None` when the snapshot job died (the actor must stop).
+async fn subscribe(
+    core: ActorCore,
+    lease: LaneLease,
+    reply: oneshot::Sender<Result<Subscription, SubscribeError>>,
+    executor: &dyn BlockingExecutor,
+) -> Option<ActorCore> {
+    let (returned, result) = barrier_snapshot(core, lease, executor).await;
+    let Some(mut core) = returned else {
+        let _ = reply.send(Err(SubscribeError::SnapshotJob));
+        return None;
+    };
+    core.report(PublicationStep::Barrier(lease.into()));
+    match result {
+        Ok(snapshot) => {
+            // Subscribe before the next command mutates anything: the first delta this
+            // receiver sees is exactly S → S + 1.
+            let subscription = Subscription { snapshot, deltas: core.deltas.subscribe() };
+            if let Err(Ok(dropped)) = reply.send(Ok(subscription)) {
+                core.publisher.retire_lease(dropped.snapshot.lease);
+                core.report(PublicationStep::RetireLease(dropped.snapshot.lease.into()));
+            }
+        }
+        Err(error) => {
+            let _ = reply.send(Err(error));
+        }
+    }
+    Some(core)
 }
 
 async fn sleep_until(deadline: Option<Instant>) {
@@ -425,11 +639,7 @@ async fn barrier_snapshot(
 ) -> (Option<ActorCore>, Result<Snapshot, SubscribeError>) {
     let job = run_blocking(executor, move || {
         let mut core = core;
-        core.cadence.reset();
-        let deltas = core.deltas.clone();
-        let result = core.publisher.snapshot_after_barrier(&mut core.pool, lease, &mut |delta| {
-            deltas.send(Arc::new(delta)).map(|_| ()).map_err(|returned| unwrap_delta(returned.0))
-        });
+        let result = core.barrier(lease);
         (core, result)
     })
     .await;

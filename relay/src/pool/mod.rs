@@ -5,11 +5,12 @@
 mod actor;
 mod ownership;
 mod publisher;
+mod script;
 mod tables;
 
 pub use actor::{
     ActorConfig, ActorExit, ActorFault, ActorGone, ActorStats, FaultSink, PoolActorHandle,
-    PoolDigest, PoolTotals, SubscribeError, Subscription, spawn_pool_actor,
+    PoolDigest, PoolTotals, SubscribeError, Subscription, spawn_pool_actor, spawn_pool_actor_with,
 };
 pub use ownership::{
     ApplyError, ApplyOutcome, FailureDisposition, OwnershipCounters, PoolOwnership,
@@ -18,5 +19,9 @@ pub use ownership::{
 pub use publisher::{
     Delta, FenceReason, PUBLICATION_DELAY_MS, PUBLICATION_THRESHOLD_EVENTS, PublicationCadence,
     PublishError, PublishOutcome, Publisher, Snapshot,
+};
+pub use script::{
+    LeaseRecord, PublicationMode, PublicationPoint, PublicationScript, PublicationSink,
+    PublicationStep, ScriptPosition,
 };
 pub use tables::{OWNERS_MAX, OwnerState};
