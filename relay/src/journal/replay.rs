@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use super::checkpoint::{Checkpoint, CheckpointDiff, CheckpointSchedule, compare_checkpoints};
 use super::format::{JournalHeader, Record, RecoveryOutcome};
 use super::reader::{JournalError, read_journal};
-use super::scripts::PublicationScripts;
+use super::scripts::RecordedTiming;
 use super::tap::NodeTap;
 use crate::control::ControlError;
 use crate::identity::PoolId;
@@ -132,7 +132,7 @@ struct ReplayShared {
     origin: OnceLock<Instant>,
     state: Mutex<TapState>,
     answers: Mutex<BTreeMap<RecoveryKey, VecDeque<(Duration, RecoveryOutcome)>>>,
-    scripts: PublicationScripts,
+    timing: RecordedTiming,
 }
 
 impl ReplayShared {
@@ -149,6 +149,7 @@ impl NodeTap for ReplayShared {
     fn input(&self, _at: Duration, _input: &DcInput) {}
 
     fn checkpoint_due(&self, at: Duration, inputs_handled: u64) -> bool {
+        let at = self.timing.input_at(inputs_handled).unwrap_or(at);
         let mut state = self.state();
         let scheduled = state.schedule.due(at, inputs_handled);
         let last = inputs_handled == state.final_inputs && state.final_state.is_none();
@@ -157,6 +158,7 @@ impl NodeTap for ReplayShared {
     }
 
     fn checkpoint(&self, at: Duration, checkpoint: Checkpoint) {
+        let at = self.timing.input_at(checkpoint.inputs_handled).unwrap_or(at);
         let mut state = self.state();
         let (scheduled, last) = std::mem::take(&mut state.pending);
         if last {
@@ -168,7 +170,7 @@ impl NodeTap for ReplayShared {
     }
 
     fn publication_mode(&self, pool_id: &PoolId, layout_generation: u64) -> PublicationMode {
-        self.scripts.mode(self.origin.get().copied(), pool_id, layout_generation)
+        self.timing.mode(self.origin.get().copied(), pool_id, layout_generation)
     }
 }
 
@@ -224,7 +226,7 @@ pub async fn replay_journal(
     let mut gaps = Vec::new();
     let mut answers: BTreeMap<RecoveryKey, VecDeque<(Duration, RecoveryOutcome)>> = BTreeMap::new();
     let mut recoveries_recorded = 0u64;
-    let mut scripts = PublicationScripts::default();
+    let mut timing = RecordedTiming::default();
     let mut last_at = Duration::ZERO;
     for record in records {
         let Some(at) = record.stamp().filter(|stamp| in_window(stamp.mono())) else { continue };
@@ -241,12 +243,13 @@ pub async fn replay_journal(
             Record::Checkpoint { checkpoint, .. } => recorded.push((at.mono(), checkpoint)),
             Record::Gap { .. } => gaps.push(at.mono()),
             Record::Publication { pool, layout_generation, point, .. } => {
-                scripts.push(pool, layout_generation, point);
+                timing.push(pool, layout_generation, point);
             }
             Record::Header(_) => {}
         }
     }
-    scripts.end_at(options.until.unwrap_or(last_at));
+    timing.end_at(options.until.unwrap_or(last_at));
+    timing.inputs_at(inputs.iter().map(|(at, _)| at.mono()));
     let interval = Duration::from_nanos(header.checkpoint_interval_ns);
     let shared = Arc::new(ReplayShared {
         origin: OnceLock::new(),
@@ -258,7 +261,7 @@ pub async fn replay_journal(
             final_state: None,
         }),
         answers: Mutex::new(answers),
-        scripts,
+        timing,
     });
     let clock = Arc::new(ManualWallClock::new(header.wall_origin_us));
     let node = start_node_with_tap(

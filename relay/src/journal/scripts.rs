@@ -1,4 +1,6 @@
-//! A journal's publication points, grouped per pool actor for a replay.
+//! What a recording decided that its replay must follow, beyond the inputs themselves: when
+//! each input was taken (the checkpoint schedule runs on those times), and each pool actor's
+//! publication points.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -9,17 +11,32 @@ use tokio::time::Instant;
 use crate::identity::PoolId;
 use crate::pool::{PublicationMode, PublicationPoint, PublicationScript};
 
-/// The recorded [`PublicationPoint`]s of a journal per `(pool, generation)`, handed to each
-/// actor as the replaying node starts it. A journal with no point at all (a window cut out of a
-/// recording, whose actors' command counts start elsewhere) replays with free actors.
+/// The recorded input times, and the recorded [`PublicationPoint`]s per `(pool, generation)`,
+/// handed to each actor as the replaying node starts it. A journal with no point at all (a
+/// window cut out of a recording, whose actors' command counts start elsewhere) replays with
+/// free actors.
 #[derive(Debug, Default)]
-pub(super) struct PublicationScripts {
+pub(super) struct RecordedTiming {
+    inputs: Vec<Duration>,
     points: Mutex<BTreeMap<(String, u64), Vec<PublicationPoint>>>,
     any: bool,
     end: Duration,
 }
 
-impl PublicationScripts {
+impl RecordedTiming {
+    /// The recorded times of the inputs, in order.
+    pub(super) fn inputs_at(&mut self, times: impl IntoIterator<Item = Duration>) {
+        self.inputs = times.into_iter().collect();
+    }
+
+    /// The recorded time of input number `inputs_handled` (from 1), if the journal has it. The
+    /// replay decides and stamps checkpoints with it rather than with its own clock, whose
+    /// timer may only reach the input's time rounded up (tokio's millisecond wheel).
+    pub(super) fn input_at(&self, inputs_handled: u64) -> Option<Duration> {
+        let index = usize::try_from(inputs_handled.checked_sub(1)?).ok()?;
+        self.inputs.get(index).copied()
+    }
+
     /// Add a recorded point (in journal order).
     pub(super) fn push(&mut self, pool: String, layout_generation: u64, point: PublicationPoint) {
         self.any = true;
