@@ -343,6 +343,51 @@ fn another_format_version_is_refused_at_offset_zero() {
 }
 
 #[test]
+fn publication_points_round_trip() {
+    use crate::pool::{LeaseRecord, PublicationPoint, PublicationStep, ScriptPosition};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let position = ScriptPosition { commands: 12, digests: 3 };
+    let lease = LeaseRecord(0xabc, 0, 4);
+    let steps = [
+        PublicationStep::Publish,
+        PublicationStep::Barrier(lease),
+        PublicationStep::RetireLease(lease),
+        PublicationStep::DeliveryFailed(u64::MAX),
+    ];
+    let mut records = sample_records();
+    records.extend(steps.iter().enumerate().map(|(index, step)| Record::Publication {
+        at: stamp(6 + index as u64),
+        pool: "domain/dc".to_owned(),
+        layout_generation: 2,
+        point: PublicationPoint { position, step: *step, sequence: index as u64 },
+    }));
+    write_all(dir.path(), &records, generous());
+    let (_, read) = read_ok(dir.path());
+    assert_eq!(read, records);
+    assert_eq!(read.last().and_then(Record::stamp), Some(stamp(9)));
+}
+
+#[test]
+fn a_version_2_journal_is_refused_with_the_version_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_all(dir.path(), &sample_records(), generous());
+    let path = single_segment(dir.path());
+    let mut bytes = std::fs::read(&path).expect("read");
+    bytes[4..6].copy_from_slice(&2u16.to_le_bytes());
+    std::fs::write(&path, &bytes).expect("write");
+    let error = JournalReader::open(dir.path()).expect_err("refused");
+    assert_eq!(error.offset, 0);
+    assert_eq!(error.kind, JournalErrorKind::Format(FormatErrorAlias::Version { found: 2 }));
+    let text = error.to_string();
+    assert!(text.contains("journal format version 2, this build reads version 3"), "{text}");
+    let (_, records, fault) = read_journal(dir.path()).map_or_else(
+        |error| (None, Vec::new(), Some(error)),
+        |(header, records, fault)| (Some(header), records, fault),
+    );
+    assert!(records.is_empty() && fault.is_some(), "nothing is read past the refusal");
+}
+
+#[test]
 fn a_missing_middle_segment_is_a_fault() {
     let dir = tempfile::tempdir().expect("tempdir");
     let limits = SegmentLimits { max_segment_bytes: 1024, ..generous() };

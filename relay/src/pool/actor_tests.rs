@@ -6,6 +6,10 @@ use super::*;
 use crate::ckf::{CkfFormat, DEFAULT_SEED, MAX_KICKS_DEFAULT};
 use crate::hashing::{ExternalBlockHash, LocalBlockHash};
 use crate::kv_events::{KvCacheEvent, KvCacheEventData, StorageTier, StoreData, StoredBlock};
+use crate::pool::script::{
+    PublicationMode, PublicationPoint, PublicationScript, PublicationSink, PublicationStep,
+    ScriptPosition,
+};
 use crate::rng::rng_from_seed;
 use crate::runtime::InlineExecutor;
 
@@ -225,4 +229,171 @@ async fn the_digest_follows_the_commands_queued_before_it() {
         (cleared.canonical_digest, cleared.filter_digest),
         (empty.canonical_digest, empty.filter_digest)
     );
+}
+
+#[derive(Debug, Default)]
+struct RecordedPoints(Mutex<Vec<PublicationPoint>>);
+
+impl PublicationSink for RecordedPoints {
+    fn point(&self, point: PublicationPoint) {
+        self.0.lock().expect("not poisoned").push(point);
+    }
+}
+
+fn start_with(mode: PublicationMode) -> (PoolActorHandle, JoinHandle<ActorExit>) {
+    let pool =
+        PoolOwnership::new(CkfFormat::v1(DEFAULT_SEED, 1024), MAX_KICKS_DEFAULT, rng_from_seed(2))
+            .expect("pool");
+    let faults = Arc::new(RecordedFaults::default());
+    spawn_pool_actor_with(pool, ActorConfig::default(), Arc::new(InlineExecutor), faults, mode)
+}
+
+fn at(commands: u64, digests: u64) -> ScriptPosition {
+    ScriptPosition { commands, digests }
+}
+
+fn point(position: ScriptPosition, step: PublicationStep, sequence: u64) -> PublicationPoint {
+    PublicationPoint { position, step, sequence }
+}
+
+fn scripted(points: Vec<PublicationPoint>, after: Duration) -> PublicationMode {
+    PublicationMode::Scripted(PublicationScript { points, until: Instant::now() + after })
+}
+
+/// The deterministic commands both runs below send: events and digests, nothing else.
+async fn deterministic_commands(actor: &PoolActorHandle, sleep: bool) -> Vec<PoolDigest> {
+    let mut digests = Vec::new();
+    let pause = || async move {
+        if sleep {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    actor.apply(vec![store(1, None)]).await.unwrap();
+    pause().await;
+    actor.apply((10..26).map(|i| store(i, None)).collect()).await.unwrap();
+    actor.apply(vec![store(2, None)]).await.unwrap();
+    digests.push(actor.digest().await.unwrap());
+    pause().await;
+    digests.push(actor.digest().await.unwrap());
+    pause().await;
+    actor.apply(vec![store(3, None)]).await.unwrap();
+    pause().await;
+    digests.push(actor.digest().await.unwrap());
+    digests
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_scripted_actor_publishes_exactly_at_the_recorded_points() {
+    let recorded = Arc::new(RecordedPoints::default());
+    let (actor, _task) = start_with(PublicationMode::Reported(recorded.clone()));
+    let subscription = actor.subscribe(lease(1)).await.unwrap();
+    let mut digests = Vec::new();
+    actor.apply(vec![store(1, None)]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2)).await; // the timer publishes: 1
+    actor.apply((10..26).map(|i| store(i, None)).collect()).await.unwrap(); // threshold: 2
+    actor.apply(vec![store(2, None)]).await.unwrap();
+    digests.push(actor.digest().await.unwrap());
+    tokio::time::sleep(Duration::from_millis(2)).await; // the timer publishes: 3
+    digests.push(actor.digest().await.unwrap());
+    actor.retire_lease(lease(1)).await.unwrap();
+    actor.apply(vec![store(3, None)]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2)).await; // no lease: nothing numbered
+    digests.push(actor.digest().await.unwrap());
+    drop(subscription);
+    let points = recorded.0.lock().unwrap().clone();
+    assert_eq!(
+        points,
+        vec![
+            point(at(0, 0), PublicationStep::Barrier(lease(1).into()), 0),
+            point(at(1, 0), PublicationStep::Publish, 1),
+            point(at(3, 1), PublicationStep::Publish, 3),
+            point(at(3, 2), PublicationStep::RetireLease(lease(1).into()), 3),
+            point(at(4, 2), PublicationStep::Publish, 3),
+        ]
+    );
+    assert_eq!(digests.iter().map(|d| d.sequence).collect::<Vec<_>>(), vec![2, 3, 3]);
+
+    // The replay sends the same deterministic commands, with no subscriber and no pause: the
+    // script alone reproduces every digest, sequence included.
+    let (replay, _task) = start_with(scripted(points, Duration::from_secs(3600)));
+    assert_eq!(deterministic_commands(&replay, false).await, digests);
+    // With pauses, a scripted actor has no timer: still the same.
+    let (paused, _task) =
+        start_with(scripted(recorded.0.lock().unwrap().clone(), Duration::from_secs(3600)));
+    assert_eq!(deterministic_commands(&paused, true).await, digests);
+    // A free actor without the consumer's lease never numbers anything.
+    let (free, _task) = start_with(PublicationMode::Free);
+    let free_digests = deterministic_commands(&free, true).await;
+    assert!(free_digests.iter().all(|d| d.sequence == 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_recorded_failed_delivery_fences_the_replay_at_the_same_delta() {
+    let recorded = Arc::new(RecordedPoints::default());
+    let (actor, _task) = start_with(PublicationMode::Reported(recorded.clone()));
+    drop(actor.subscribe(lease(1)).await.unwrap());
+    actor.apply(vec![store(1, None)]).await.unwrap();
+    assert_eq!(actor.flush().await.unwrap(), Err(PublishError::DeliveryFailed));
+    let points = recorded.0.lock().unwrap().clone();
+    assert_eq!(
+        points,
+        vec![
+            point(at(0, 0), PublicationStep::Barrier(lease(1).into()), 0),
+            point(at(1, 0), PublicationStep::DeliveryFailed(0), 0),
+            point(at(1, 0), PublicationStep::Publish, 0),
+        ]
+    );
+    let (replay, _task) = start_with(scripted(points, Duration::from_secs(3600)));
+    replay.apply(vec![store(1, None)]).await.unwrap();
+    let stats = replay.stats().await.unwrap();
+    assert_eq!((stats.fence, stats.sequence), (Some(FenceReason::DeliveryUncertain), 0));
+}
+
+fn mirror_of(snapshot: &Snapshot, deltas: &[Arc<Delta>]) -> Vec<u64> {
+    let mut words = snapshot.words.clone();
+    for delta in deltas {
+        for image in &delta.images {
+            words[image.bucket as usize] = image.word;
+        }
+    }
+    words
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replay_subscriber_waits_for_a_published_state_and_adds_no_publication() {
+    let script = vec![
+        point(at(0, 0), PublicationStep::Barrier(lease(1).into()), 0),
+        point(at(1, 0), PublicationStep::Publish, 1),
+        point(at(2, 1), PublicationStep::Publish, 2),
+    ];
+    let (actor, _task) = start_with(scripted(script, Duration::from_secs(1)));
+    let other_lease = tokio::spawn({
+        let actor = actor.clone();
+        async move { actor.subscribe(lease(2)).await }
+    });
+    actor.apply(vec![store(1, None)]).await.unwrap(); // then the script publishes 1
+    actor.apply(vec![store(2, None)]).await.unwrap(); // pending until after the next digest
+    let waiting = tokio::spawn({
+        let actor = actor.clone();
+        async move { actor.subscribe(lease(1)).await }
+    });
+    assert_eq!(actor.digest().await.unwrap().sequence, 1);
+    tokio::task::yield_now().await;
+    assert!(!other_lease.is_finished(), "a lease the recording never held is not installed");
+    let mut subscription = waiting.await.unwrap().unwrap();
+    assert_eq!(subscription.snapshot.sequence, 2, "answered at the next recorded publication");
+    assert_eq!(actor.digest().await.unwrap().sequence, 2);
+    // A write after the last recorded point stays pending while the script runs...
+    actor.apply(vec![store(3, None)]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(actor.stats().await.unwrap().sequence, 2);
+    assert!(subscription.deltas.try_recv().is_err());
+    // ...and once the script ends the actor runs free: the held subscription of another lease
+    // gets its barrier, which publishes the tail to the first subscriber under its lease.
+    let other = other_lease.await.unwrap().unwrap();
+    assert_eq!(other.snapshot.sequence, 3);
+    let tail = subscription.deltas.recv().await.unwrap();
+    assert_eq!((tail.base_sequence, tail.sequence, tail.lease), (2, 3, lease(1)));
+    assert_eq!(mirror_of(&subscription.snapshot, &[tail]), other.snapshot.words);
+    assert_eq!(actor.stats().await.unwrap().resident_blocks, 3);
 }
