@@ -92,9 +92,10 @@ fn pool_checkpoint(pool_id: &PoolId, layout_generation: u64, digest: PoolDigest)
     }
 }
 
-/// When checkpoints are taken: after `every_inputs` inputs, or once `interval` has passed with
-/// at least one input since the last one. A pure function of the node's step sequence and
-/// times, so a replay takes its checkpoints at the same points as the recording.
+/// When checkpoints are taken: after `every_inputs` inputs, or at the first input `interval` or
+/// more after the last checkpoint. Asked after each input with that input's recorded time, it
+/// is a pure function of the input stream, so a replay takes its checkpoints after the same
+/// inputs, with the same times, as the recording.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CheckpointSchedule {
     every_inputs: u64,

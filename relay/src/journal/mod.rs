@@ -6,8 +6,11 @@
 //! answer as the transport delivers it, each with the node's monotonic time and the wall clock;
 //! plus the seed and configuration in the header. Everything the node's own tasks report back
 //! (pool starts, actor faults, fences, host recovery acknowledgements) is a deterministic
-//! function of those and is regenerated on replay, not recorded. Periodic [`Checkpoint`]s of
-//! the logical state let a replay prove it reproduced the recording.
+//! function of those and is regenerated on replay, not recorded, except the pool actors'
+//! publication points that timing or WAN subscribers decide (`Record::Publication`), which a
+//! replay's actors perform at the same command counts. Periodic [`Checkpoint`]s of the logical
+//! state, taken after inputs on their recorded times, let a replay prove it reproduced the
+//! recording.
 //!
 //! - [`format`]: records, frames and segment preambles (pure);
 //! - [`segments`]: segment files, rotation and retention (synchronous I/O);

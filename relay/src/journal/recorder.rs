@@ -1,5 +1,5 @@
-//! The recorder: a [`NodeTap`] and a recovery-transport wrapper that queue records, and a
-//! writer task that drains the queue into segment files.
+//! The recorder: a [`NodeTap`], a recovery-transport wrapper and the pool actors' publication
+//! sinks that queue records, and a writer task that drains the queue into segment files.
 //!
 //! Serving never waits for the disk: taps `try_send` into a bounded queue of
 //! [`RecorderConfig::queue_capacity`] records (memory is bounded by that many records) and a
