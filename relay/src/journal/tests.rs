@@ -450,6 +450,46 @@ fn node_config() -> NodeConfig {
 /// Record a simulated DC run: discovery, traffic every 50 ms, a worker restart (fresh
 /// incarnations, so recovery queries) and load reports. Returns the recorder's counters.
 async fn record_simulated_run(dir: &Path, ticks: u64) -> RecorderStats {
+    record_simulated_run_with(dir, ticks, false).await
+}
+
+/// A tap that forwards to the recorder's and remembers the pools whose actors started.
+#[derive(Debug)]
+struct PoolsSeen {
+    inner: Arc<dyn NodeTap>,
+    pools: Mutex<Vec<crate::identity::PoolId>>,
+}
+
+impl NodeTap for PoolsSeen {
+    fn node_started(&self, origin: tokio::time::Instant) {
+        self.inner.node_started(origin);
+    }
+
+    fn input(&self, at: Duration, input: &DcInput) {
+        self.inner.input(at, input);
+    }
+
+    fn checkpoint_due(&self, at: Duration, inputs_handled: u64) -> bool {
+        self.inner.checkpoint_due(at, inputs_handled)
+    }
+
+    fn checkpoint(&self, at: Duration, checkpoint: Checkpoint) {
+        self.inner.checkpoint(at, checkpoint);
+    }
+
+    fn publication_mode(
+        &self,
+        pool_id: &crate::identity::PoolId,
+        layout_generation: u64,
+    ) -> crate::pool::PublicationMode {
+        self.pools.lock().expect("not poisoned").push(*pool_id);
+        self.inner.publication_mode(pool_id, layout_generation)
+    }
+}
+
+/// [`record_simulated_run`], with a WAN subscriber to every pool from tick 3 on when
+/// `subscribe` (its lease makes the pools number their publications).
+async fn record_simulated_run_with(dir: &Path, ticks: u64, subscribe: bool) -> RecorderStats {
     let clock = Arc::new(ManualWallClock::new(1_700_000_000_000_000));
     let mut recorder_config =
         RecorderConfig::new(dir.to_path_buf(), 64 << 20, Duration::from_secs(60));
@@ -469,21 +509,32 @@ async fn record_simulated_run(dir: &Path, ticks: u64) -> RecorderStats {
         TrafficConfig::default(),
         &mut rng,
     ))));
+    let tap = Arc::new(PoolsSeen { inner: recorder.tap(), pools: Mutex::new(Vec::new()) });
     let node = start_node_with_tap(
         config,
         Arc::new(InlineExecutor),
         Arc::clone(&clock) as Arc<dyn WallClock>,
         recorder.recovery(Arc::new(dc.clone())),
-        Some(recorder.tap()),
+        Some(Arc::clone(&tap) as Arc<dyn NodeTap>),
     )
     .expect("node starts");
     for fact in dc.with(|dc| dc.discovery_facts()) {
         node.inputs.send(fact).await.expect("node runs");
     }
     let mut interval = tokio::time::interval(Duration::from_millis(50));
+    let mut subscribers = Vec::new();
     for tick in 1..=ticks {
         interval.tick().await;
         clock.advance_us(50_000);
+        if subscribe && tick == 3 {
+            let pools = tap.pools.lock().expect("not poisoned").clone();
+            for pool in pools {
+                let Some(producer) = node.publications.producer(&pool) else { continue };
+                let mut stream = node.publications.subscribe(&producer).await.expect("subscribes");
+                subscribers.push(tokio::spawn(async move { while stream.next().await.is_ok() {} }));
+            }
+            assert!(!subscribers.is_empty(), "a pool to subscribe to");
+        }
         let mut facts = dc.with(|dc| dc.step(6, &mut rng));
         if tick % 10 == 0 {
             facts.extend(dc.with(|dc| dc.load_facts()));
@@ -497,6 +548,9 @@ async fn record_simulated_run(dir: &Path, ticks: u64) -> RecorderStats {
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     node.shutdown().await;
+    for subscriber in subscribers {
+        subscriber.abort();
+    }
     recorder.finish().await
 }
 
@@ -547,6 +601,41 @@ async fn a_recorded_simulated_run_replays_every_checkpoint_twice_identically() {
     .await
     .expect("replays");
     assert_eq!(second, first);
+}
+
+/// With a WAN subscriber in the recording (and none in the replay), the pools' published
+/// sequences are reproduced from the recorded publication points.
+#[tokio::test(start_paused = true)]
+async fn a_recorded_subscriber_s_sequences_replay_without_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stats = record_simulated_run_with(dir.path(), 40, true).await;
+    assert_eq!(stats.records_dropped, 0);
+    let (_, records) = read_ok(dir.path());
+    let barriers = records
+        .iter()
+        .filter(|r| {
+            matches!(r, Record::Publication { point, .. }
+                if matches!(point.step, crate::pool::PublicationStep::Barrier(_)))
+        })
+        .count();
+    assert!(barriers > 0, "the subscriber's barriers are recorded");
+    let report = replay_journal(
+        dir.path(),
+        node_config(),
+        Arc::new(InlineExecutor),
+        ReplayOptions::default(),
+    )
+    .await
+    .expect("replays");
+    assert_eq!(report.divergence, None);
+    assert!(report.checkpoints_compared >= 3);
+    let numbered = report
+        .checkpoints
+        .iter()
+        .flat_map(|(_, checkpoint)| &checkpoint.pools)
+        .filter(|pool| pool.sequence > 0)
+        .count();
+    assert!(numbered > 0, "the recorded lease numbered publications: {:?}", report.checkpoints);
 }
 
 #[tokio::test(start_paused = true)]
