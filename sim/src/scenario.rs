@@ -223,6 +223,15 @@ pub struct Noise {
 }
 
 impl Noise {
+    /// Every probability is in `0..=0.5`.
+    pub fn validate(&self) -> Result<(), String> {
+        if [self.loss, self.duplicate, self.reorder].iter().all(|p| (0.0..=0.5).contains(p)) {
+            Ok(())
+        } else {
+            Err("event-noise probabilities must be in 0..=0.5".into())
+        }
+    }
+
     /// No fault at all.
     #[must_use]
     pub fn is_quiet(&self) -> bool {
@@ -336,6 +345,15 @@ pub enum Fault {
 }
 
 impl Fault {
+    /// The fault's `action` as written in scenario files.
+    #[must_use]
+    pub fn action(&self) -> String {
+        serde_json::to_value(self)
+            .ok()
+            .and_then(|value| value.get("action").and_then(|a| a.as_str()).map(str::to_owned))
+            .unwrap_or_default()
+    }
+
     /// The worker index the fault names, if any.
     #[must_use]
     pub fn worker(&self) -> Option<usize> {
@@ -561,11 +579,7 @@ impl Scenario {
                 return Err(format!("fault names worker {index} of {workers}"));
             }
             if let Fault::EventNoise(noise) = &scripted.fault {
-                for p in [noise.loss, noise.duplicate, noise.reorder] {
-                    if !(0.0..=0.5).contains(&p) {
-                        return Err("event-noise probabilities must be in 0..=0.5".into());
-                    }
-                }
+                noise.validate()?;
             }
         }
         if let Some(random) = &self.random_faults
