@@ -54,8 +54,7 @@ impl Incident {
 
     /// Load the incident file at `path`.
     pub fn load(path: &Path) -> anyhow::Result<Incident> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+        let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
         let mut incident: Incident =
             toml::from_str(&text).with_context(|| format!("{}", path.display()))?;
         if incident.name.is_empty() {
@@ -94,15 +93,16 @@ impl Incident {
             faults: self.faults.clone(),
             seed,
             expect: Some(self.expect.clone()),
+            consumer_after_end: false,
         };
-        replay(&self.journal_path(), &setup)
-            .with_context(|| format!("incident {}", self.name))
+        replay(&self.journal_path(), &setup).with_context(|| format!("incident {}", self.name))
     }
 
     /// The one command that reproduces a run.
     #[must_use]
     pub fn reproduce_command(&self, seed: u64) -> String {
-        let file = self.path.as_ref().map_or_else(|| self.name.clone(), |p| p.display().to_string());
+        let file =
+            self.path.as_ref().map_or_else(|| self.name.clone(), |p| p.display().to_string());
         format!("cargo run --profile test -p kvrelay-sim -- run {file} --seed {seed}")
     }
 }

@@ -29,8 +29,8 @@ pub mod trace;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -477,7 +477,12 @@ fn start_sim_recorder(
         kvrelay::journal::RecorderConfig::new(dir, 256 << 20, Duration::from_secs(3600));
     recording.checkpoint_every_inputs = 1000;
     recording.checkpoint_interval = Duration::from_secs(1);
-    kvrelay::journal::start_recorder(&recording, config, Arc::clone(clock), Arc::new(InlineExecutor))
+    kvrelay::journal::start_recorder(
+        &recording,
+        config,
+        Arc::clone(clock),
+        Arc::new(InlineExecutor),
+    )
 }
 
 /// Decode what the DC planes deliver with the relay's decoders and hand it to the node.
@@ -780,11 +785,8 @@ fn meets(snapshot: &ConsumerSnapshot, expect: &Expect) -> bool {
         .iter()
         .map(|entry| (entry.canonical_model_id.as_str(), entry.state))
         .collect();
-    let expected: BTreeMap<&str, _> = expect
-        .readiness
-        .iter()
-        .map(|(model, state)| (model.as_str(), state.state()))
-        .collect();
+    let expected: BTreeMap<&str, _> =
+        expect.readiness.iter().map(|(model, state)| (model.as_str(), state.state())).collect();
     snapshot.pools.len() == expect.pools
         && snapshot.pools.iter().all(|pool| pool.status == FilterStatus::Ready)
         && readiness == expected

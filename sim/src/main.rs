@@ -76,6 +76,10 @@ enum Command {
         /// Replay twice and require identical traces and digests.
         #[arg(long)]
         twice: bool,
+        /// Connect the WAN consumer only after the journal's end: for a journal recorded with
+        /// no WAN subscriber (publication sequences advance only while one holds a lease).
+        #[arg(long)]
+        consumer_after_end: bool,
     },
     /// Cut the window [FROM, TO] (node seconds) of a journal into DIR/NAME.kvj and an incident
     /// file DIR/NAME.toml expecting what the recorded relay published at the window's end.
@@ -168,7 +172,10 @@ fn sweep(dir: &std::path::Path, seeds: std::ops::Range<u64>) -> anyhow::Result<E
                 Some(failure) => {
                     row.failed += 1;
                     let command = incident.reproduce_command(seed);
-                    println!("FAIL incident {} seed {seed}: {failure} — reproduce: {command}", incident.name);
+                    println!(
+                        "FAIL incident {} seed {seed}: {failure} — reproduce: {command}",
+                        incident.name
+                    );
                     failures.push(command);
                 }
             }
@@ -289,7 +296,7 @@ fn main() -> anyhow::Result<ExitCode> {
             Ok(if outcome.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         Command::Sweep { dir, seeds } => sweep(&dir, parse_range(&seeds)?),
-        Command::Replay { journal, until, trace, fault, seed, twice } => {
+        Command::Replay { journal, until, trace, fault, seed, twice, consumer_after_end } => {
             let until = until.map(seconds_arg).transpose()?;
             let faults = fault.as_deref().map(kvrelay_sim::replay::faults::load).transpose()?;
             println!(
@@ -304,7 +311,13 @@ fn main() -> anyhow::Result<ExitCode> {
                     None => String::new(),
                 }
             );
-            let setup = ReplaySetup { until, faults: faults.unwrap_or_default(), seed, expect: None };
+            let setup = ReplaySetup {
+                until,
+                faults: faults.unwrap_or_default(),
+                seed,
+                expect: None,
+                consumer_after_end,
+            };
             let outcome = kvrelay_sim::replay::replay(&journal, &setup)
                 .with_context(|| format!("replaying {}", journal.display()))?;
             print!("{}", outcome.render(until.is_some()));
@@ -326,7 +339,8 @@ fn main() -> anyhow::Result<ExitCode> {
             Ok(exit(passed))
         }
         Command::Cut { journal, from, to, out } => {
-            let cut = kvrelay_sim::incident::cut(&journal, seconds_arg(from)?, seconds_arg(to)?, &out)?;
+            let cut =
+                kvrelay_sim::incident::cut(&journal, seconds_arg(from)?, seconds_arg(to)?, &out)?;
             println!(
                 "cut {} [{from:.3} s, {to:.3} s]: {} listed discovery facts, {} inputs, {} recovery \
                  answers; {} bytes",
@@ -343,7 +357,10 @@ fn main() -> anyhow::Result<ExitCode> {
                 cut.expect.pools,
                 cut.expect.readiness
             );
-            println!("  run it:   cargo run --profile test -p kvrelay-sim -- run {}", cut.incident.display());
+            println!(
+                "  run it:   cargo run --profile test -p kvrelay-sim -- run {}",
+                cut.incident.display()
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Determinism { file, seed } => {

@@ -138,7 +138,7 @@ fn a_recorded_simulated_run_replays_every_checkpoint_from_the_journal_alone() {
     assert!(checkpoints >= 5, "{checkpoints} checkpoints");
     assert!(recoveries >= 1, "the restart's recovery answers are in the journal");
 
-    let (output, text) = sim(&["replay", path(dir.path())]);
+    let (output, text) = sim(&["replay", path(dir.path()), "--consumer-after-end"]);
     assert!(output.status.success(), "{text}");
     assert!(text.contains(&format!("\n{checkpoints} checkpoints reproduced\n")), "{text}");
     assert!(!text.contains("DIVERGED"), "{text}");
@@ -146,7 +146,8 @@ fn a_recorded_simulated_run_replays_every_checkpoint_from_the_journal_alone() {
     let progress = text.lines().filter(|line| line.ends_with(" pools, reproduced")).count();
     assert_eq!(progress, checkpoints, "one progress line per checkpoint: {text}");
 
-    let (output, until) = sim(&["replay", path(dir.path()), "--until", "1.5"]);
+    let (output, until) =
+        sim(&["replay", path(dir.path()), "--until", "1.5", "--consumer-after-end"]);
     assert!(output.status.success(), "{until}");
     assert!(until.contains("replaying") && until.contains("until 1.500 s"), "{until}");
     let compared: usize = until

@@ -62,10 +62,7 @@ pub fn load(path: &Path) -> anyhow::Result<Vec<ScriptedFault>> {
 #[must_use]
 pub fn need_planes(faults: &[ScriptedFault]) -> bool {
     faults.iter().any(|scripted| {
-        matches!(
-            scripted.fault,
-            Fault::DcPartition { .. } | Fault::DcRepair | Fault::EventNoise(_)
-        )
+        matches!(scripted.fault, Fault::DcPartition { .. } | Fault::DcRepair | Fault::EventNoise(_))
     })
 }
 

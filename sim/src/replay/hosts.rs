@@ -52,6 +52,8 @@ pub(super) struct ReplayWorld {
     pub seed: u64,
     pub script: Arc<Vec<ScriptedFault>>,
     pub expect: Option<Arc<Expect>>,
+    /// The consumer connects only once the journal's end has passed.
+    pub consumer_after_end: bool,
     /// The simulated DC planes, when the script has plane faults.
     pub plane: Option<Arc<Mutex<DcPlane>>>,
     pub wall: Arc<ManualWallClock>,
@@ -186,8 +188,19 @@ async fn feed(world: ReplayWorld, base: Instant, sink: Sink) {
     let _ = world.fed.send(true);
 }
 
-/// The long-lived consumer.
+/// Wait until every input was fed and the node's time passed the journal's end.
+async fn journal_end(world: &ReplayWorld) {
+    let _ = world.fed.subscribe().wait_for(|fed| *fed).await;
+    let first = lock(&world.origin).unwrap_or_default();
+    let end = first + world.replay.end() + END_MARGIN + Duration::from_millis(2);
+    tokio::time::sleep(end.saturating_sub(sim_elapsed())).await;
+}
+
+/// The long-lived consumer (from the start, or from the journal's end).
 pub(super) async fn run_consumer_host(world: ReplayWorld) -> HostResult {
+    if world.consumer_after_end {
+        journal_end(&world).await;
+    }
     crate::hold_consumer(world.seed, Arc::clone(&world.consumer), world.done.subscribe()).await
 }
 
@@ -225,10 +238,7 @@ pub(super) async fn run_checker(world: ReplayWorld) -> HostResult {
         apply(&world, &scripted.fault);
         world.trace.record(TraceEvent::Fault { fault: scripted.fault.clone() });
     }
-    let _ = world.fed.subscribe().wait_for(|fed| *fed).await;
-    let first = lock(&world.origin).unwrap_or_default();
-    let end = first + world.replay.end() + END_MARGIN + Duration::from_millis(2);
-    tokio::time::sleep(end.saturating_sub(sim_elapsed())).await;
+    journal_end(&world).await;
     let report = world.replay.report();
     let planes = world.plane.as_ref().map(|plane| lock(plane).counters).unwrap_or_default();
     world.trace.record(TraceEvent::TrafficOff { planes });
@@ -244,7 +254,8 @@ fn same_view(ours: &ConsumerSnapshot, theirs: &ConsumerSnapshot) -> bool {
     let pools = |s: &ConsumerSnapshot| {
         s.pools.iter().map(|pool| (pool.producer, pool.status)).collect::<Vec<_>>()
     };
-    let readiness = |s: &ConsumerSnapshot| s.readiness.iter().map(EntryTrace::of).collect::<Vec<_>>();
+    let readiness =
+        |s: &ConsumerSnapshot| s.readiness.iter().map(EntryTrace::of).collect::<Vec<_>>();
     ours.catalog_revision.is_some()
         && pools(ours) == pools(theirs)
         && readiness(ours) == readiness(theirs)
@@ -318,10 +329,8 @@ async fn evaluate(world: &ReplayWorld, report: &ReplayReport) -> (Vec<Check>, St
             detail: format!("{decode_errors} DC-plane messages the relay's decoders refused"),
         });
     }
-    let digest = crate::digest(
-        &[&consumer.snapshot(), &reference.snapshot()],
-        &[&consumer, &reference],
-    );
+    let digest =
+        crate::digest(&[&consumer.snapshot(), &reference.snapshot()], &[&consumer, &reference]);
     reference.shutdown().await;
     (checks, digest)
 }

@@ -44,6 +44,10 @@ pub struct ReplaySetup {
     pub seed: u64,
     /// The expected outcome of an incident file.
     pub expect: Option<Expect>,
+    /// Connect the WAN consumer only once the journal's end has passed. A pool's publication
+    /// sequence advances only while a subscriber holds a lease, so a journal recorded with no
+    /// WAN subscriber reproduces its checkpoints' sequences only without one.
+    pub consumer_after_end: bool,
 }
 
 /// What one replay produced.
@@ -116,6 +120,7 @@ pub fn replay(path: &Path, setup: &ReplaySetup) -> anyhow::Result<ReplayOutcome>
         seed: setup.seed,
         script: Arc::new(script),
         expect: setup.expect.clone().map(Arc::new),
+        consumer_after_end: setup.consumer_after_end,
         plane,
         skew_ms: Arc::default(),
         next_input: Arc::default(),
