@@ -43,15 +43,19 @@ fn seconds(at: Option<Duration>) -> String {
 pub fn render(report: &ReplayReport, dump_state: bool) -> String {
     let mut out = String::new();
     let header = &report.header;
+    let cadence = if header.checkpoint_every_inputs == u64::MAX {
+        "no scheduled checkpoints (a cut window)".to_owned()
+    } else {
+        format!(
+            "checkpoint every {} inputs or {:.3} s",
+            header.checkpoint_every_inputs,
+            Duration::from_nanos(header.checkpoint_interval_ns).as_secs_f64()
+        )
+    };
     let _ = writeln!(
         out,
-        "journal: kvrelay {}, dc {:016x}, incarnation {:016x}, seed {:#x}, checkpoint every {} inputs or {:.3} s",
-        header.kvrelay_version,
-        header.dc_id,
-        header.relay_incarnation,
-        header.rng_seed,
-        header.checkpoint_every_inputs,
-        Duration::from_nanos(header.checkpoint_interval_ns).as_secs_f64()
+        "journal: kvrelay {}, dc {:016x}, incarnation {:016x}, seed {:#x}, {cadence}",
+        header.kvrelay_version, header.dc_id, header.relay_incarnation, header.rng_seed,
     );
     let _ = writeln!(
         out,
