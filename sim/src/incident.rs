@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::replay::listing::DiscoveryState;
 use crate::replay::{ReplayOutcome, ReplaySetup, replay, replay_paused};
-use crate::scenario::{ConsumerExpectation, Expect, ExpectedState, ScriptedFault};
+use crate::scenario::{ConsumerExpectation, Expect, ExpectedState, ScriptedFault, toml_files};
 
 /// One incident file.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -70,12 +70,7 @@ impl Incident {
         if !dir.is_dir() {
             return Ok(Vec::new());
         }
-        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
-            .with_context(|| format!("{}", dir.display()))?
-            .filter_map(|entry| entry.ok().map(|entry| entry.path()))
-            .filter(|path| path.extension().is_some_and(|ext| ext == "toml"))
-            .collect();
-        paths.sort();
+        let paths = toml_files(dir).with_context(|| format!("{}", dir.display()))?;
         paths.iter().map(|path| Incident::load(path)).collect()
     }
 

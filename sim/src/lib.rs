@@ -43,7 +43,7 @@ use kvrelay::demo::SharedDc;
 use kvrelay::discovery::DiscoveryScope;
 use kvrelay::identity::{ProducerIdentity, RelayIdentity, stable_dc_id};
 use kvrelay::inputs::{DcInput, RecoveryTarget, WorkerType};
-use kvrelay::node::{NodeConfig, RecoveryTransport, start_node_with_tap};
+use kvrelay::node::{NodeConfig, NodeHandle, RecoveryTransport, start_node_with_tap};
 use kvrelay::pool::ActorConfig;
 use kvrelay::publication::{HubConfig, PoolPublications};
 use kvrelay::rng::{RelayRng, derive_seed, rng_from_seed};
@@ -174,7 +174,7 @@ impl Outcome {
     /// Every oracle held and the simulation completed.
     #[must_use]
     pub fn passed(&self) -> bool {
-        self.error.is_none() && !self.checks.is_empty() && self.checks.iter().all(|c| c.passed)
+        all_passed(&self.checks, self.error.as_deref())
     }
 
     /// The one command that reproduces this run.
@@ -186,10 +186,7 @@ impl Outcome {
     /// The first failing oracle (or the simulation error), one line.
     #[must_use]
     pub fn failure(&self) -> Option<String> {
-        if let Some(error) = &self.error {
-            return Some(format!("simulation: {error}"));
-        }
-        self.checks.iter().find(|c| !c.passed).map(|c| format!("{}: {}", c.name, c.detail))
+        first_failure(&self.checks, self.error.as_deref())
     }
 
     /// A human-readable report.
@@ -197,18 +194,36 @@ impl Outcome {
     pub fn render(&self) -> String {
         let mut text = String::new();
         let _ = writeln!(text, "scenario {} seed {}", self.scenario, self.seed);
-        for check in &self.checks {
-            let verdict = if check.passed { "ok  " } else { "FAIL" };
-            let _ = writeln!(text, "  {verdict} {}: {}", check.name, check.detail);
-        }
-        if let Some(error) = &self.error {
-            let _ = writeln!(text, "  FAIL simulation: {error}");
-        }
+        render_checks(&mut text, &self.checks, self.error.as_deref());
         let _ = writeln!(text, "  digest {} ({} trace events)", self.digest, self.trace.len());
         if !self.passed() {
             let _ = writeln!(text, "  reproduce: {}", self.reproduce_command());
         }
         text
+    }
+}
+
+/// Every check held and the simulation completed (`error` is `None`).
+fn all_passed(checks: &[Check], error: Option<&str>) -> bool {
+    error.is_none() && !checks.is_empty() && checks.iter().all(|c| c.passed)
+}
+
+/// The simulation error or the first failing check, one line.
+fn first_failure(checks: &[Check], error: Option<&str>) -> Option<String> {
+    if let Some(error) = error {
+        return Some(format!("simulation: {error}"));
+    }
+    checks.iter().find(|c| !c.passed).map(|c| format!("{}: {}", c.name, c.detail))
+}
+
+/// One line per check, then the simulation error if any.
+fn render_checks(text: &mut String, checks: &[Check], error: Option<&str>) {
+    for check in checks {
+        let verdict = if check.passed { "ok  " } else { "FAIL" };
+        let _ = writeln!(text, "  {verdict} {}: {}", check.name, check.detail);
+    }
+    if let Some(error) = error {
+        let _ = writeln!(text, "  FAIL simulation: {error}");
     }
 }
 
@@ -448,12 +463,17 @@ async fn run_relay(world: World) -> HostResult {
     let listing = world.dc.with(|dc| dc.discovery_facts());
     let receiver = lock(&world.plane).attach(listing);
     tokio::spawn(ingest(receiver, node.inputs.clone(), Arc::clone(&world.decode_errors)));
-    tokio::spawn(observe_relay(
-        world.trace.clone(),
-        boot,
-        node.views.clone(),
-        Arc::clone(&node.publications),
-    ));
+    serve_node(world.trace.clone(), boot, node, clock).await
+}
+
+/// Observe boot `boot`'s `node` into `trace` and serve its WAN contract on the relay port.
+async fn serve_node(
+    trace: Trace,
+    boot: u64,
+    node: NodeHandle,
+    clock: Arc<dyn WallClock>,
+) -> HostResult {
+    tokio::spawn(observe_relay(trace, boot, node.views.clone(), Arc::clone(&node.publications)));
     let tuning = WanTuning::default();
     let service = node.relay_service(clock, tuning);
     let listener = turmoil::net::TcpListener::bind(("0.0.0.0", RELAY_PORT)).await?;

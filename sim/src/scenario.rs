@@ -533,13 +533,7 @@ impl Scenario {
     /// Every `*.toml` scenario in `dir`, sorted by file name.
     pub fn load_dir(dir: &Path) -> Result<Vec<Scenario>, ScenarioError> {
         let read = |source| ScenarioError::Read { path: dir.display().to_string(), source };
-        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(read)?
-            .filter_map(|entry| entry.ok().map(|entry| entry.path()))
-            .filter(|path| path.extension().is_some_and(|ext| ext == "toml"))
-            .collect();
-        paths.sort();
-        paths.iter().map(|path| Scenario::load(path)).collect()
+        toml_files(dir).map_err(read)?.iter().map(|path| Scenario::load(path)).collect()
     }
 
     /// The file to name in a reproduction command.
@@ -656,6 +650,16 @@ impl Scenario {
         script.sort_by_key(|scripted| scripted.at_ms);
         script
     }
+}
+
+/// Every `*.toml` file in `dir` (not its subdirectories), sorted by name.
+pub fn toml_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "toml"))
+        .collect();
+    paths.sort();
+    Ok(paths)
 }
 
 /// Draw `random.count` faults, each with its repair, inside the window.

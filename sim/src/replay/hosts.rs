@@ -21,7 +21,6 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kvrelay::config::WanTuning;
 use kvrelay::consumer::{ConsumerSnapshot, RelayConsumer};
 use kvrelay::identity::RelayIdentity;
 use kvrelay::inputs::DcInput;
@@ -29,7 +28,6 @@ use kvrelay::journal::{END_MARGIN, JournalHeader, JournalReplay, ReplayReport};
 use kvrelay::node::{NoRecovery, NodeConfig, start_node};
 use kvrelay::rng::{derive_seed, rng_from_seed};
 use kvrelay::runtime::{InlineExecutor, ManualWallClock, WallClock};
-use kvrelay::wan::serve;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
@@ -39,7 +37,7 @@ use crate::scenario::{Expect, Fault, ScriptedFault};
 use crate::trace::{EntryTrace, Trace, TraceEvent};
 use crate::{
     CHECKER_HOST, CONSUMER_HOST, CONVERGENCE_TIMEOUT, Check, HostResult, QUIESCENCE, RELAY_HOST,
-    RELAY_PORT, consumer_for, describe, lock, meets, net, oracles, replicas_equal,
+    consumer_for, describe, lock, meets, oracles, replicas_equal,
 };
 
 /// What the checker hands back: the replay's report, the checks and the final-state digest.
@@ -153,18 +151,7 @@ pub(super) async fn run_relay(world: ReplayWorld) -> HostResult {
         }
     };
     tokio::spawn(feed(world.clone(), base, sink));
-    tokio::spawn(crate::observe_relay(
-        world.trace.clone(),
-        boot,
-        node.views.clone(),
-        Arc::clone(&node.publications),
-    ));
-    let tuning = WanTuning::default();
-    let service = node.relay_service(clock, tuning);
-    let listener = turmoil::net::TcpListener::bind(("0.0.0.0", RELAY_PORT)).await?;
-    serve(service, Box::pin(net::incoming(listener)), &tuning, std::future::pending()).await?;
-    node.shutdown().await;
-    Ok(())
+    crate::serve_node(world.trace.clone(), boot, node, clock).await
 }
 
 /// Feed the journal's inputs from the next one on, each at `base + its recorded time`.

@@ -71,29 +71,20 @@ impl ReplayOutcome {
     /// Every check held and the simulation completed.
     #[must_use]
     pub fn passed(&self) -> bool {
-        self.error.is_none() && !self.checks.is_empty() && self.checks.iter().all(|c| c.passed)
+        crate::all_passed(&self.checks, self.error.as_deref())
     }
 
     /// The first failing check (or the simulation error), one line.
     #[must_use]
     pub fn failure(&self) -> Option<String> {
-        if let Some(error) = &self.error {
-            return Some(format!("simulation: {error}"));
-        }
-        self.checks.iter().find(|c| !c.passed).map(|c| format!("{}: {}", c.name, c.detail))
+        crate::first_failure(&self.checks, self.error.as_deref())
     }
 
     /// The report (see [`render`]), then every check and the digest.
     #[must_use]
     pub fn render(&self, dump_state: bool) -> String {
         let mut text = self.report.as_ref().map(|r| render(r, dump_state)).unwrap_or_default();
-        for check in &self.checks {
-            let verdict = if check.passed { "ok  " } else { "FAIL" };
-            let _ = writeln!(text, "  {verdict} {}: {}", check.name, check.detail);
-        }
-        if let Some(error) = &self.error {
-            let _ = writeln!(text, "  FAIL simulation: {error}");
-        }
+        crate::render_checks(&mut text, &self.checks, self.error.as_deref());
         let _ = writeln!(
             text,
             "  digest {} ({} trace events, {:.1} simulated s)",
