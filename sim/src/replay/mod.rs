@@ -125,7 +125,13 @@ pub fn replay(path: &Path, setup: &ReplaySetup) -> anyhow::Result<ReplayOutcome>
         done,
         result: Arc::default(),
     };
-    let mut sim = Sim::new(setup.seed).builder.build();
+    let mut builder = Sim::new(setup.seed).builder;
+    // The journal's span, the last fault, then quiescence and the convergence bounds.
+    let last_fault = world.script.last().map_or(0, |scripted| scripted.at_ms);
+    builder.simulation_duration(
+        world.replay.end().max(Duration::from_millis(last_fault)) + crate::SIMULATION_DURATION,
+    );
+    let mut sim = builder.build();
     let relay_world = world.clone();
     sim.host(RELAY_HOST, move || hosts::run_relay(relay_world.clone()));
     sim.client(CONSUMER_HOST, hosts::run_consumer_host(world.clone()));
