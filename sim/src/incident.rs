@@ -5,7 +5,7 @@
 //! A window cannot start from the recorded node's state: a checkpoint holds digests, not the
 //! state itself. So the cut journal starts a fresh node (the recorded configuration and seed)
 //! on a synthesized listing of the discovery state the inputs before the window leave
-//! ([`DiscoveryState`](crate::replay::listing::DiscoveryState)), stamped at the window's start,
+//! ([`DiscoveryState`](crate::replay::listing)), stamped at the window's start,
 //! then the window's inputs and recovery answers at their times shifted to the window. KV state
 //! from before the window is not carried (the node learns what the window's events and recovery
 //! answers tell it), so the cut journal has no checkpoints of its own: the recorded ones describe

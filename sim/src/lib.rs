@@ -15,6 +15,10 @@
 //!   model, observes the consumer, then stops traffic, lets the system quiesce and evaluates
 //!   the oracles (see [`oracles`] for the trace oracles and [`Sim::run`] for the final ones).
 //!
+//! [`replay`] runs a recorded journal's node on the same kind of relay host, fed the journaled
+//! inputs instead of the DC, with faults layered on; [`incident`] turns a journal window into a
+//! suite entry. [`Sim::record`] journals a run's relay boots as `kvrelay serve --record` does.
+//!
 //! Everything random derives from the one seed, so the trace digest is a function of seed and
 //! scenario file. Run `cargo run --profile test -p kvrelay-sim -- run scenarios/steady.toml --seed 0` (the test profile reuses the build `cargo test` made).
 

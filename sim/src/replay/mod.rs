@@ -8,7 +8,7 @@
 //! `checkpoints` (reproduced; with faults a divergence is expected and only reported),
 //! `consumer-caught-up` (the long-lived consumer's catalog and readiness equal a fresh
 //! subscriber's, every replica ready), `replica-equals-relay`, and for an incident file its
-//! `expected-outcome`. See [`hosts`] for how the hosts run and [`faults`] for which faults apply.
+//! `expected-outcome`. See `hosts.rs` for how the hosts run and [`faults`] for which faults apply.
 
 pub mod faults;
 mod hosts;
