@@ -435,3 +435,19 @@ fn a_scenario_run_records_a_journal_per_relay_boot() {
         assert!(check_line(&replayed, "replica-equals-relay").contains("ok   "), "{replayed}");
     }
 }
+
+#[test]
+fn a_sweep_runs_the_incidents_of_its_directory() {
+    let scenarios = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(scenarios.join("steady.toml"), dir.path().join("steady.toml")).unwrap();
+    let incidents = dir.path().join("incidents");
+    std::fs::create_dir(&incidents).unwrap();
+    for file in ["worker-restart-window.toml", "worker-restart-window.kvj"] {
+        std::fs::copy(scenarios.join("incidents").join(file), incidents.join(file)).unwrap();
+    }
+    let (output, text) = sim(&["sweep", path(dir.path()), "--seeds", "0..2"]);
+    assert!(output.status.success(), "{text}");
+    assert!(text.contains("[4/4] incidents/worker-restart-window done"), "{text}");
+    assert!(text.contains("sweep: 4 passed, 0 failed"), "{text}");
+}
