@@ -15,9 +15,14 @@
 //!   model, observes the consumer, then stops traffic, lets the system quiesce and evaluates
 //!   the oracles (see [`oracles`] for the trace oracles and [`Sim::run`] for the final ones).
 //!
+//! [`replay`] runs a recorded journal's node on the same kind of relay host, fed the journaled
+//! inputs instead of the DC, with faults layered on; [`incident`] turns a journal window into a
+//! suite entry. [`Sim::record`] journals a run's relay boots as `kvrelay serve --record` does.
+//!
 //! Everything random derives from the one seed, so the trace digest is a function of seed and
 //! scenario file. Run `cargo run --profile test -p kvrelay-sim -- run scenarios/steady.toml --seed 0` (the test profile reuses the build `cargo test` made).
 
+pub mod incident;
 pub mod net;
 pub mod oracles;
 pub mod plane;
@@ -28,6 +33,7 @@ pub mod trace;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, UNIX_EPOCH};
@@ -41,7 +47,7 @@ use kvrelay::demo::SharedDc;
 use kvrelay::discovery::DiscoveryScope;
 use kvrelay::identity::{ProducerIdentity, RelayIdentity, stable_dc_id};
 use kvrelay::inputs::{DcInput, RecoveryTarget, WorkerType};
-use kvrelay::node::{NodeConfig, RecoveryTransport, start_node};
+use kvrelay::node::{NodeConfig, NodeHandle, RecoveryTransport, start_node_with_tap};
 use kvrelay::pool::ActorConfig;
 use kvrelay::publication::{HubConfig, PoolPublications};
 use kvrelay::rng::{RelayRng, derive_seed, rng_from_seed};
@@ -54,7 +60,7 @@ use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 
 use crate::plane::{DcPlane, PlaneMessage};
-use crate::scenario::{ConsumerExpectation, Fault, Scenario, ScriptedFault};
+use crate::scenario::{ConsumerExpectation, Expect, Fault, Scenario, ScriptedFault};
 use crate::trace::{ConsumerTrace, EntryTrace, ProducerTrace, Stamped, Trace, TraceEvent};
 
 /// The relay host's name on turmoil's network.
@@ -172,7 +178,7 @@ impl Outcome {
     /// Every oracle held and the simulation completed.
     #[must_use]
     pub fn passed(&self) -> bool {
-        self.error.is_none() && !self.checks.is_empty() && self.checks.iter().all(|c| c.passed)
+        all_passed(&self.checks, self.error.as_deref())
     }
 
     /// The one command that reproduces this run.
@@ -184,10 +190,7 @@ impl Outcome {
     /// The first failing oracle (or the simulation error), one line.
     #[must_use]
     pub fn failure(&self) -> Option<String> {
-        if let Some(error) = &self.error {
-            return Some(format!("simulation: {error}"));
-        }
-        self.checks.iter().find(|c| !c.passed).map(|c| format!("{}: {}", c.name, c.detail))
+        first_failure(&self.checks, self.error.as_deref())
     }
 
     /// A human-readable report.
@@ -195,18 +198,36 @@ impl Outcome {
     pub fn render(&self) -> String {
         let mut text = String::new();
         let _ = writeln!(text, "scenario {} seed {}", self.scenario, self.seed);
-        for check in &self.checks {
-            let verdict = if check.passed { "ok  " } else { "FAIL" };
-            let _ = writeln!(text, "  {verdict} {}: {}", check.name, check.detail);
-        }
-        if let Some(error) = &self.error {
-            let _ = writeln!(text, "  FAIL simulation: {error}");
-        }
+        render_checks(&mut text, &self.checks, self.error.as_deref());
         let _ = writeln!(text, "  digest {} ({} trace events)", self.digest, self.trace.len());
         if !self.passed() {
             let _ = writeln!(text, "  reproduce: {}", self.reproduce_command());
         }
         text
+    }
+}
+
+/// Every check held and the simulation completed (`error` is `None`).
+fn all_passed(checks: &[Check], error: Option<&str>) -> bool {
+    error.is_none() && !checks.is_empty() && checks.iter().all(|c| c.passed)
+}
+
+/// The simulation error or the first failing check, one line.
+fn first_failure(checks: &[Check], error: Option<&str>) -> Option<String> {
+    if let Some(error) = error {
+        return Some(format!("simulation: {error}"));
+    }
+    checks.iter().find(|c| !c.passed).map(|c| format!("{}: {}", c.name, c.detail))
+}
+
+/// One line per check, then the simulation error if any.
+fn render_checks(text: &mut String, checks: &[Check], error: Option<&str>) {
+    for check in checks {
+        let verdict = if check.passed { "ok  " } else { "FAIL" };
+        let _ = writeln!(text, "  {verdict} {}: {}", check.name, check.detail);
+    }
+    if let Some(error) = error {
+        let _ = writeln!(text, "  FAIL simulation: {error}");
     }
 }
 
@@ -230,6 +251,7 @@ struct World {
     trace: Trace,
     done: watch::Sender<bool>,
     result: Arc<Mutex<Option<Verdict>>>,
+    record: Option<PathBuf>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -240,6 +262,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct Sim {
     seed: u64,
     builder: turmoil::Builder,
+    record: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Sim {
@@ -258,7 +281,15 @@ impl Sim {
             .epoch(UNIX_EPOCH + Duration::from_secs(EPOCH_UNIX_SECONDS))
             .simulation_duration(SIMULATION_DURATION)
             .tick_duration(Duration::from_millis(1));
-        Sim { seed, builder }
+        Sim { seed, builder, record: None }
+    }
+
+    /// Journal every relay boot's inputs under `root` (one recording directory per boot, named
+    /// as `kvrelay serve --record` names them), a checkpoint every second of inputs.
+    #[must_use]
+    pub fn record(mut self, root: PathBuf) -> Self {
+        self.record = Some(root);
+        self
     }
 
     /// Play `scenario` to the end and evaluate the oracles: the trace oracles of [`oracles`],
@@ -307,6 +338,7 @@ impl Sim {
             trace: Trace::default(),
             done,
             result: Arc::default(),
+            record: self.record.clone(),
         };
         let mut sim = self.builder.build();
         let relay_world = world.clone();
@@ -418,29 +450,63 @@ impl RecoveryTransport for PlaneRecovery {
 async fn run_relay(world: World) -> HostResult {
     let boot = world.boots.fetch_add(1, Ordering::Relaxed);
     let clock: Arc<dyn WallClock> = Arc::new(SimWallClock { skew_ms: world.skew_ms.clone() });
-    let recovery = PlaneRecovery { dc: world.dc.clone(), plane: Arc::clone(&world.plane) };
-    let node = start_node(
-        node_config(world.seed, boot, &world.scenario),
-        Arc::new(InlineExecutor),
-        Arc::clone(&clock),
-        Arc::new(recovery),
-    )?;
+    let recovery: Arc<dyn RecoveryTransport> =
+        Arc::new(PlaneRecovery { dc: world.dc.clone(), plane: Arc::clone(&world.plane) });
+    let config = node_config(world.seed, boot, &world.scenario);
+    let recorder = match &world.record {
+        Some(root) => Some(start_sim_recorder(root, &config, &clock)?),
+        None => None,
+    };
+    let (recovery, tap) = match &recorder {
+        Some(recorder) => (recorder.recovery(recovery), Some(recorder.tap())),
+        None => (recovery, None),
+    };
+    let node =
+        start_node_with_tap(config, Arc::new(InlineExecutor), Arc::clone(&clock), recovery, tap)?;
     world.trace.record(TraceEvent::RelayBoot { boot, incarnation: node.relay.relay_incarnation });
     let listing = world.dc.with(|dc| dc.discovery_facts());
     let receiver = lock(&world.plane).attach(listing);
     tokio::spawn(ingest(receiver, node.inputs.clone(), Arc::clone(&world.decode_errors)));
-    tokio::spawn(observe_relay(
-        world.trace.clone(),
-        boot,
-        node.views.clone(),
-        Arc::clone(&node.publications),
-    ));
+    serve_node(world.trace.clone(), boot, node, clock).await
+}
+
+/// Observe boot `boot`'s `node` into `trace` and serve its WAN contract on the relay port.
+async fn serve_node(
+    trace: Trace,
+    boot: u64,
+    node: NodeHandle,
+    clock: Arc<dyn WallClock>,
+) -> HostResult {
+    tokio::spawn(observe_relay(trace, boot, node.views.clone(), Arc::clone(&node.publications)));
     let tuning = WanTuning::default();
     let service = node.relay_service(clock, tuning);
     let listener = turmoil::net::TcpListener::bind(("0.0.0.0", RELAY_PORT)).await?;
     serve(service, Box::pin(net::incoming(listener)), &tuning, std::future::pending()).await?;
     node.shutdown().await;
     Ok(())
+}
+
+/// A recorder journaling one relay boot under `root`, as `kvrelay serve --record` does.
+fn start_sim_recorder(
+    root: &std::path::Path,
+    config: &NodeConfig,
+    clock: &Arc<dyn WallClock>,
+) -> std::io::Result<kvrelay::journal::Recorder> {
+    let dir = kvrelay::journal::recording_dir(
+        root,
+        clock.now_unix_us(),
+        config.control.relay.relay_incarnation,
+    );
+    let mut recording =
+        kvrelay::journal::RecorderConfig::new(dir, 256 << 20, Duration::from_secs(3600));
+    recording.checkpoint_every_inputs = 1000;
+    recording.checkpoint_interval = Duration::from_secs(1);
+    kvrelay::journal::start_recorder(
+        &recording,
+        config,
+        Arc::clone(clock),
+        Arc::new(InlineExecutor),
+    )
 }
 
 /// Decode what the DC planes deliver with the relay's decoders and hand it to the node.
@@ -546,11 +612,16 @@ async fn run_dc(world: World, mut rng: RelayRng) -> HostResult {
 }
 
 fn start_consumer(world: &World, host: &'static str) -> Result<RelayConsumer, HostResultError> {
+    consumer_for(world.seed, host)
+}
+
+/// A reference consumer on `host` following the relay host, its generator derived from `seed`.
+fn consumer_for(seed: u64, host: &'static str) -> Result<RelayConsumer, HostResultError> {
     let endpoint = kvrelay::consumer::endpoint(&format!("http://{RELAY_HOST}:{RELAY_PORT}"))?;
     let channel = endpoint.connect_with_connector_lazy(net::connector(RELAY_HOST, RELAY_PORT));
     let config =
         ConsumerConfig { subscriber_id: format!("sim-{host}"), ..ConsumerConfig::default() };
-    let mut rng = rng_from_seed(derive_seed(world.seed, host));
+    let mut rng = rng_from_seed(derive_seed(seed, host));
     Ok(RelayConsumer::start(channel, config, &mut rng)?)
 }
 
@@ -558,9 +629,17 @@ type HostResultError = Box<dyn std::error::Error>;
 
 /// The long-lived consumer: follows the relay until the checker is done.
 async fn run_consumer_host(world: World) -> HostResult {
-    let consumer = Arc::new(start_consumer(&world, CONSUMER_HOST)?);
-    *lock(&world.consumer) = Some(Arc::clone(&consumer));
-    let mut done = world.done.subscribe();
+    hold_consumer(world.seed, Arc::clone(&world.consumer), world.done.subscribe()).await
+}
+
+/// Run the long-lived consumer, shared through `slot`, until `done`.
+async fn hold_consumer(
+    seed: u64,
+    slot: Arc<Mutex<Option<Arc<RelayConsumer>>>>,
+    mut done: watch::Receiver<bool>,
+) -> HostResult {
+    let consumer = Arc::new(consumer_for(seed, CONSUMER_HOST)?);
+    *lock(&slot) = Some(Arc::clone(&consumer));
     let _ = done.wait_for(|done| *done).await;
     consumer.shutdown().await;
     Ok(())
@@ -668,13 +747,21 @@ fn apply(world: &World, fault: &Fault, rng: &mut RelayRng) {
 
 /// Record the long-lived consumer's view whenever it changes.
 async fn observe_consumer(world: World) {
-    let mut done = world.done.subscribe();
+    follow_consumer(world.trace.clone(), Arc::clone(&world.consumer), world.done.subscribe()).await;
+}
+
+/// Record the view of the consumer in `slot` whenever it changes, until `done`.
+async fn follow_consumer(
+    trace: Trace,
+    slot: Arc<Mutex<Option<Arc<RelayConsumer>>>>,
+    mut done: watch::Receiver<bool>,
+) {
     let mut last: Option<ConsumerTrace> = None;
     loop {
-        if let Some(consumer) = lock(&world.consumer).clone() {
+        if let Some(consumer) = lock(&slot).clone() {
             let view = ConsumerTrace::of(&consumer.snapshot());
             if last.as_ref() != Some(&view) {
-                world.trace.record(TraceEvent::Consumer(view.clone()));
+                trace.record(TraceEvent::Consumer(view.clone()));
                 last = Some(view);
             }
         }
@@ -712,18 +799,19 @@ async fn run_checker(world: World) -> HostResult {
 /// The consumer's snapshot has the expected pools (each with a replica) and exactly the
 /// expected readiness.
 fn converged(snapshot: &ConsumerSnapshot, scenario: &Scenario) -> bool {
+    meets(snapshot, &scenario.expect)
+}
+
+/// The snapshot has `expect`'s pool count (each replica ready) and exactly its readiness.
+fn meets(snapshot: &ConsumerSnapshot, expect: &Expect) -> bool {
     let readiness: BTreeMap<&str, _> = snapshot
         .readiness
         .iter()
         .map(|entry| (entry.canonical_model_id.as_str(), entry.state))
         .collect();
-    let expected: BTreeMap<&str, _> = scenario
-        .expect
-        .readiness
-        .iter()
-        .map(|(model, state)| (model.as_str(), state.state()))
-        .collect();
-    snapshot.pools.len() == scenario.expect.pools
+    let expected: BTreeMap<&str, _> =
+        expect.readiness.iter().map(|(model, state)| (model.as_str(), state.state())).collect();
+    snapshot.pools.len() == expect.pools
         && snapshot.pools.iter().all(|pool| pool.status == FilterStatus::Ready)
         && readiness == expected
 }
@@ -942,13 +1030,7 @@ fn final_view(world: &World, snapshot: &ConsumerSnapshot) -> FinalView {
         faults: world
             .script
             .iter()
-            .map(|scripted| {
-                let action = serde_json::to_value(&scripted.fault)
-                    .ok()
-                    .and_then(|v| v.get("action").and_then(|a| a.as_str()).map(str::to_owned))
-                    .unwrap_or_default();
-                format!("{} {action}", scripted.at_ms)
-            })
+            .map(|scripted| format!("{} {}", scripted.at_ms, scripted.fault.action()))
             .collect(),
         relay_boots: world.boots.load(Ordering::Relaxed),
     }

@@ -1,5 +1,6 @@
-//! `kvrelay-sim`: run one scenario file for one seed, sweep a directory of scenarios over a seed
-//! range, check that a seed replays to the same trace digest, or replay a recorded journal.
+//! `kvrelay-sim`: run one scenario (or incident) file for one seed, sweep a directory of
+//! scenarios and its `incidents/` over a seed range, check that a seed replays to the same trace
+//! digest, replay a recorded journal in the simulator, or cut a journal window into an incident.
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -8,8 +9,10 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use kvrelay_sim::incident::Incident;
+use kvrelay_sim::replay::{ReplayOutcome, ReplaySetup};
 use kvrelay_sim::scenario::Scenario;
-use kvrelay_sim::{Outcome, Sim, trace};
+use kvrelay_sim::{Sim, trace};
 
 #[derive(Debug, Parser)]
 #[command(name = "kvrelay-sim", about = "Deterministic simulation of kvrelay")]
@@ -20,9 +23,11 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run one scenario file for one seed and print every oracle's verdict.
+    /// Run one scenario file for one seed and print every oracle's verdict; an incident file
+    /// (`scenarios/incidents/*.toml`, it names a `journal`) replays its journal and checks its
+    /// expectation.
     Run {
-        /// The scenario file (`scenarios/*.toml`).
+        /// The scenario file (`scenarios/*.toml`) or incident file.
         file: PathBuf,
         /// The seed every random choice derives from.
         #[arg(long, default_value_t = 0)]
@@ -33,8 +38,13 @@ enum Command {
         /// Write a timeline (HTML with an SVG) of faults, readiness, catalog and consumer.
         #[arg(long)]
         timeline: Option<PathBuf>,
+        /// Journal every relay boot's inputs under this directory (one recording directory per
+        /// boot, as `kvrelay serve --record` names them).
+        #[arg(long, value_name = "DIR")]
+        record: Option<PathBuf>,
     },
-    /// Run every scenario of a directory for every seed in `A..B` (end exclusive).
+    /// Run every scenario of a directory, and every incident of its `incidents/`, for every
+    /// seed in `A..B` (end exclusive).
     Sweep {
         /// The directory of scenario files.
         dir: PathBuf,
@@ -42,9 +52,11 @@ enum Command {
         #[arg(long)]
         seeds: String,
     },
-    /// Replay a journal recorded by `kvrelay serve --record` (or a simulated run) through the
-    /// relay node under a paused clock, with the recorded configuration and seed, and compare
-    /// every checkpoint. Exits non-zero on a divergence or a journal fault.
+    /// Replay a journal recorded by `kvrelay serve --record` (or a simulated run) in the
+    /// simulator: the relay node on a turmoil host with the recorded configuration and seed, fed
+    /// the inputs at their recorded times, serving a WAN consumer. Compares every checkpoint and
+    /// checks the consumer against a fresh subscriber. Exits non-zero when a check fails (a
+    /// divergence fails only without faults) or the journal is damaged.
     Replay {
         /// The recording directory (or one segment file).
         journal: PathBuf,
@@ -52,6 +64,37 @@ enum Command {
         /// state there: catalog, readiness and per-pool ownership.
         #[arg(long, value_name = "SECS")]
         until: Option<f64>,
+        /// Write the typed trace as JSON lines to this file.
+        #[arg(long)]
+        trace: Option<PathBuf>,
+        /// Layer the `[[faults]]` of this TOML file (scenario schema) on the replay.
+        #[arg(long)]
+        fault: Option<PathBuf>,
+        /// Seed of the simulation's own choices (network, consumers, plane noise).
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Replay twice and require identical traces and digests.
+        #[arg(long)]
+        twice: bool,
+        /// Connect the WAN consumer only after the journal's end: for a journal recorded with
+        /// no WAN subscriber (publication sequences advance only while one holds a lease).
+        #[arg(long)]
+        consumer_after_end: bool,
+    },
+    /// Cut the window [FROM, TO] (node seconds) of a journal into DIR/NAME.kvj and an incident
+    /// file DIR/NAME.toml expecting what the recorded relay published at the window's end.
+    Cut {
+        /// The recording directory (or one segment file).
+        journal: PathBuf,
+        /// Start of the window, seconds of node time.
+        #[arg(long, value_name = "SECS")]
+        from: f64,
+        /// End of the window, seconds of node time.
+        #[arg(long, value_name = "SECS")]
+        to: f64,
+        /// Where to write: DIR/NAME (NAME.kvj and NAME.toml are written).
+        #[arg(long, value_name = "DIR/NAME")]
+        out: PathBuf,
     },
     /// Run a seed twice and compare the trace digests.
     Determinism {
@@ -82,7 +125,8 @@ struct Row {
 fn sweep(dir: &std::path::Path, seeds: std::ops::Range<u64>) -> anyhow::Result<ExitCode> {
     let scenarios = Scenario::load_dir(dir)?;
     anyhow::ensure!(!scenarios.is_empty(), "no *.toml scenario in {}", dir.display());
-    let total = scenarios.len() as u64 * (seeds.end - seeds.start);
+    let incidents = Incident::load_dir(&dir.join("incidents"))?;
+    let total = (scenarios.len() + incidents.len()) as u64 * (seeds.end - seeds.start);
     let mut rows: BTreeMap<String, Row> = BTreeMap::new();
     let mut failures = Vec::new();
     let mut done = 0u64;
@@ -111,6 +155,34 @@ fn sweep(dir: &std::path::Path, seeds: std::ops::Range<u64>) -> anyhow::Result<E
         println!("[{done}/{total}] {} done", scenario.name);
         let _ = std::io::stdout().flush();
     }
+    for incident in &incidents {
+        for seed in seeds.clone() {
+            #[allow(clippy::disallowed_methods)] // the wall time of a run is a report, not logic
+            let started = std::time::Instant::now();
+            let outcome = incident.run(seed);
+            let row = rows.entry(format!("incidents/{}", incident.name)).or_default();
+            row.wall += started.elapsed();
+            done += 1;
+            let failure = match &outcome {
+                Ok(outcome) => outcome.failure(),
+                Err(error) => Some(format!("{error:#}")),
+            };
+            match failure {
+                None => row.passed += 1,
+                Some(failure) => {
+                    row.failed += 1;
+                    let command = incident.reproduce_command(seed);
+                    println!(
+                        "FAIL incident {} seed {seed}: {failure} — reproduce: {command}",
+                        incident.name
+                    );
+                    failures.push(command);
+                }
+            }
+        }
+        println!("[{done}/{total}] incidents/{} done", incident.name);
+        let _ = std::io::stdout().flush();
+    }
     println!("{:<32} {:>6} {:>6} {:>10}", "scenario", "passed", "failed", "wall s");
     for (name, row) in &rows {
         println!("{name:<32} {:>6} {:>6} {:>10.1}", row.passed, row.failed, row.wall.as_secs_f64());
@@ -127,20 +199,73 @@ fn sweep(dir: &std::path::Path, seeds: std::ops::Range<u64>) -> anyhow::Result<E
     }
 }
 
-fn write_trace(outcome: &Outcome, path: &std::path::Path) -> anyhow::Result<()> {
+fn write_trace(events: &[trace::Stamped], path: &std::path::Path) -> anyhow::Result<()> {
     let mut file = std::io::BufWriter::new(std::fs::File::create(path)?);
-    trace::write_json_lines(&outcome.trace, &mut file)?;
+    trace::write_json_lines(events, &mut file)?;
     file.flush()?;
+    Ok(())
+}
+
+fn seconds_arg(seconds: f64) -> anyhow::Result<std::time::Duration> {
+    anyhow::ensure!(
+        seconds.is_finite() && seconds >= 0.0,
+        "{seconds}: expected a non-negative number of seconds"
+    );
+    Ok(std::time::Duration::from_secs_f64(seconds))
+}
+
+fn exit(passed: bool) -> ExitCode {
+    if passed { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+/// Index of the first event where two traces differ.
+fn first_difference(a: &[trace::Stamped], b: &[trace::Stamped]) -> usize {
+    a.iter().zip(b).position(|(a, b)| a != b).unwrap_or(a.len().min(b.len()))
+}
+
+fn write_outputs(
+    outcome: &ReplayOutcome,
+    trace: Option<&std::path::Path>,
+    timeline: Option<&std::path::Path>,
+    title: &str,
+) -> anyhow::Result<()> {
+    if let Some(path) = trace {
+        write_trace(&outcome.trace, path)?;
+        println!("  trace: {} events in {}", outcome.trace.len(), path.display());
+    }
+    if let Some(path) = timeline {
+        std::fs::write(path, kvrelay_sim::timeline::render(title, &outcome.trace))?;
+        println!("  timeline: {}", path.display());
+    }
     Ok(())
 }
 
 fn main() -> anyhow::Result<ExitCode> {
     match Cli::parse().command {
-        Command::Run { file, seed, trace, timeline } => {
+        Command::Run { file, seed, trace, timeline, record } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            if Incident::is_incident(&text) {
+                anyhow::ensure!(record.is_none(), "--record applies to scenarios, not incidents");
+                let incident = Incident::load(&file)?;
+                println!("incident {} seed {seed}: replaying {}", incident.name, incident.journal);
+                let outcome = incident.run(seed)?;
+                print!("{}", outcome.render(false));
+                if !outcome.passed() {
+                    println!("  reproduce: {}", incident.reproduce_command(seed));
+                }
+                let title = format!("{} seed {seed}", incident.name);
+                write_outputs(&outcome, trace.as_deref(), timeline.as_deref(), &title)?;
+                return Ok(exit(outcome.passed()));
+            }
             let scenario = Scenario::load(&file)?;
             #[allow(clippy::disallowed_methods)] // the wall time of a run is a report, not logic
             let started = std::time::Instant::now();
-            let outcome = Sim::new(seed).run(&scenario);
+            let mut sim = Sim::new(seed);
+            if let Some(root) = &record {
+                sim = sim.record(root.clone());
+            }
+            let outcome = sim.run(&scenario);
             let wall = started.elapsed().as_secs_f64();
             print!("{}", outcome.render());
             let simulated = outcome.simulated.as_secs_f64();
@@ -156,8 +281,11 @@ fn main() -> anyhow::Result<ExitCode> {
                 scenario.run_ms as f64 / 1000.0,
                 stored.unwrap_or(0) as f64 * 1000.0 / scenario.run_ms as f64
             );
+            if let Some(root) = &record {
+                println!("  journal: one recording directory per relay boot in {}", root.display());
+            }
             if let Some(path) = trace {
-                write_trace(&outcome, &path)?;
+                write_trace(&outcome.trace, &path)?;
                 println!("  trace: {} events in {}", outcome.trace.len(), path.display());
             }
             if let Some(path) = timeline {
@@ -168,32 +296,72 @@ fn main() -> anyhow::Result<ExitCode> {
             Ok(if outcome.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         Command::Sweep { dir, seeds } => sweep(&dir, parse_range(&seeds)?),
-        Command::Replay { journal, until } => {
-            let until = until
-                .map(|seconds| {
-                    anyhow::ensure!(
-                        seconds.is_finite() && seconds >= 0.0,
-                        "--until {seconds}: expected a non-negative number of seconds"
-                    );
-                    Ok(std::time::Duration::from_secs_f64(seconds))
-                })
-                .transpose()?;
+        Command::Replay { journal, until, trace, fault, seed, twice, consumer_after_end } => {
+            let until = until.map(seconds_arg).transpose()?;
+            let faults = fault.as_deref().map(kvrelay_sim::replay::faults::load).transpose()?;
             println!(
-                "replaying {}{}",
+                "replaying {}{}{}",
                 journal.display(),
                 match until {
                     Some(until) => format!(" until {:.3} s", until.as_secs_f64()),
                     None => String::new(),
+                },
+                match &fault {
+                    Some(path) => format!(" with the faults of {}", path.display()),
+                    None => String::new(),
                 }
             );
-            let report = kvrelay_sim::replay::replay(&journal, until)
+            let setup = ReplaySetup {
+                until,
+                faults: faults.unwrap_or_default(),
+                seed,
+                expect: None,
+                consumer_after_end,
+            };
+            let outcome = kvrelay_sim::replay::replay(&journal, &setup)
                 .with_context(|| format!("replaying {}", journal.display()))?;
-            print!("{}", kvrelay_sim::replay::render(&report, until.is_some()));
-            Ok(if kvrelay_sim::replay::verdict(&report) {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
+            print!("{}", outcome.render(until.is_some()));
+            write_outputs(&outcome, trace.as_deref(), None, "")?;
+            let mut passed = outcome.passed();
+            if twice {
+                let again = kvrelay_sim::replay::replay(&journal, &setup)?;
+                if again.trace == outcome.trace && again.digest == outcome.digest {
+                    println!("deterministic: the second replay's trace and digest are identical");
+                } else {
+                    let at = first_difference(&outcome.trace, &again.trace);
+                    println!(
+                        "NOT deterministic: digests {} and {}, traces diverge at event {at}",
+                        outcome.digest, again.digest
+                    );
+                    passed = false;
+                }
+            }
+            Ok(exit(passed))
+        }
+        Command::Cut { journal, from, to, out } => {
+            let cut =
+                kvrelay_sim::incident::cut(&journal, seconds_arg(from)?, seconds_arg(to)?, &out)?;
+            println!(
+                "cut {} [{from:.3} s, {to:.3} s]: {} listed discovery facts, {} inputs, {} recovery \
+                 answers; {} bytes",
+                journal.display(),
+                cut.listing,
+                cut.inputs,
+                cut.recoveries,
+                cut.bytes
+            );
+            println!("  journal:  {}", cut.journal.display());
+            println!(
+                "  incident: {} (expects {} pools, readiness {:?})",
+                cut.incident.display(),
+                cut.expect.pools,
+                cut.expect.readiness
+            );
+            println!(
+                "  run it:   cargo run --profile test -p kvrelay-sim -- run {}",
+                cut.incident.display()
+            );
+            Ok(ExitCode::SUCCESS)
         }
         Command::Determinism { file, seed } => {
             let scenario = Scenario::load(&file)?;
@@ -203,12 +371,7 @@ fn main() -> anyhow::Result<ExitCode> {
                 println!("deterministic: {} seed {seed} digest {}", scenario.name, first.digest);
                 Ok(ExitCode::SUCCESS)
             } else {
-                let diverged = first
-                    .trace
-                    .iter()
-                    .zip(&second.trace)
-                    .position(|(a, b)| a != b)
-                    .unwrap_or(first.trace.len().min(second.trace.len()));
+                let diverged = first_difference(&first.trace, &second.trace);
                 println!(
                     "NOT deterministic: {} seed {seed}: digests {} and {}, traces diverge at \
                      event {diverged}; reproduce: cargo run --profile test -p kvrelay-sim -- determinism {} \

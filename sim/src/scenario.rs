@@ -223,6 +223,15 @@ pub struct Noise {
 }
 
 impl Noise {
+    /// Every probability is in `0..=0.5`.
+    pub fn validate(&self) -> Result<(), String> {
+        if [self.loss, self.duplicate, self.reorder].iter().all(|p| (0.0..=0.5).contains(p)) {
+            Ok(())
+        } else {
+            Err("event-noise probabilities must be in 0..=0.5".into())
+        }
+    }
+
     /// No fault at all.
     #[must_use]
     pub fn is_quiet(&self) -> bool {
@@ -336,6 +345,15 @@ pub enum Fault {
 }
 
 impl Fault {
+    /// The fault's `action` as written in scenario files.
+    #[must_use]
+    pub fn action(&self) -> String {
+        serde_json::to_value(self)
+            .ok()
+            .and_then(|value| value.get("action").and_then(|a| a.as_str()).map(str::to_owned))
+            .unwrap_or_default()
+    }
+
     /// The worker index the fault names, if any.
     #[must_use]
     pub fn worker(&self) -> Option<usize> {
@@ -515,13 +533,7 @@ impl Scenario {
     /// Every `*.toml` scenario in `dir`, sorted by file name.
     pub fn load_dir(dir: &Path) -> Result<Vec<Scenario>, ScenarioError> {
         let read = |source| ScenarioError::Read { path: dir.display().to_string(), source };
-        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(read)?
-            .filter_map(|entry| entry.ok().map(|entry| entry.path()))
-            .filter(|path| path.extension().is_some_and(|ext| ext == "toml"))
-            .collect();
-        paths.sort();
-        paths.iter().map(|path| Scenario::load(path)).collect()
+        toml_files(dir).map_err(read)?.iter().map(|path| Scenario::load(path)).collect()
     }
 
     /// The file to name in a reproduction command.
@@ -561,11 +573,7 @@ impl Scenario {
                 return Err(format!("fault names worker {index} of {workers}"));
             }
             if let Fault::EventNoise(noise) = &scripted.fault {
-                for p in [noise.loss, noise.duplicate, noise.reorder] {
-                    if !(0.0..=0.5).contains(&p) {
-                        return Err("event-noise probabilities must be in 0..=0.5".into());
-                    }
-                }
+                noise.validate()?;
             }
         }
         if let Some(random) = &self.random_faults
@@ -642,6 +650,16 @@ impl Scenario {
         script.sort_by_key(|scripted| scripted.at_ms);
         script
     }
+}
+
+/// Every `*.toml` file in `dir` (not its subdirectories), sorted by name.
+pub fn toml_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "toml"))
+        .collect();
+    paths.sort();
+    Ok(paths)
 }
 
 /// Draw `random.count` faults, each with its repair, inside the window.

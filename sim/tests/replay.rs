@@ -138,7 +138,7 @@ fn a_recorded_simulated_run_replays_every_checkpoint_from_the_journal_alone() {
     assert!(checkpoints >= 5, "{checkpoints} checkpoints");
     assert!(recoveries >= 1, "the restart's recovery answers are in the journal");
 
-    let (output, text) = sim(&["replay", path(dir.path())]);
+    let (output, text) = sim(&["replay", path(dir.path()), "--consumer-after-end"]);
     assert!(output.status.success(), "{text}");
     assert!(text.contains(&format!("\n{checkpoints} checkpoints reproduced\n")), "{text}");
     assert!(!text.contains("DIVERGED"), "{text}");
@@ -146,7 +146,8 @@ fn a_recorded_simulated_run_replays_every_checkpoint_from_the_journal_alone() {
     let progress = text.lines().filter(|line| line.ends_with(" pools, reproduced")).count();
     assert_eq!(progress, checkpoints, "one progress line per checkpoint: {text}");
 
-    let (output, until) = sim(&["replay", path(dir.path()), "--until", "1.5"]);
+    let (output, until) =
+        sim(&["replay", path(dir.path()), "--until", "1.5", "--consumer-after-end"]);
     assert!(output.status.success(), "{until}");
     assert!(until.contains("replaying") && until.contains("until 1.500 s"), "{until}");
     let compared: usize = until
@@ -215,4 +216,238 @@ fn a_damaged_journal_fails_naming_the_file_and_offset() {
     let (output, text) = sim(&["replay", path(dir.path())]);
     assert!(!output.status.success(), "{text}");
     assert!(text.contains(name) && text.contains("byte offset 0"), "{text}");
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let file = dir.join(name);
+    std::fs::write(&file, text).unwrap();
+    file
+}
+
+fn check_line<'a>(text: &'a str, name: &str) -> &'a str {
+    text.lines()
+        .find(|line| line.trim_start().get(5..).is_some_and(|rest| rest.starts_with(name)))
+        .unwrap_or_else(|| panic!("no {name} check in {text}"))
+}
+
+#[test]
+fn in_the_simulator_the_consumer_ends_equal_to_a_fresh_subscriber() {
+    let dir = tempfile::tempdir().unwrap();
+    record(dir.path());
+    let (_, text) = sim(&["replay", path(dir.path())]);
+    for check in [
+        "consumer-caught-up",
+        "replica-equals-relay",
+        "producer-identity-never-reused",
+        "sequence-contiguity",
+        "withdrawal-precedes-teardown",
+    ] {
+        assert!(check_line(&text, check).trim_start().starts_with("ok   "), "{text}");
+    }
+    assert!(check_line(&text, "consumer-caught-up").contains("consumer-a: 4 pools"), "{text}");
+    assert!(check_line(&text, "checkpoints").contains("checkpoint"), "{text}");
+}
+
+#[test]
+fn replaying_a_journal_twice_gives_identical_traces() {
+    let dir = tempfile::tempdir().unwrap();
+    record(dir.path());
+    let setup = kvrelay_sim::replay::ReplaySetup { seed: 3, ..Default::default() };
+    let first = kvrelay_sim::replay::replay(dir.path(), &setup).unwrap();
+    let second = kvrelay_sim::replay::replay(dir.path(), &setup).unwrap();
+    assert!(first.trace.len() > 5, "{}", first.render(false));
+    assert_eq!(first.trace, second.trace);
+    assert_eq!(first.digest, second.digest);
+    let other = kvrelay_sim::replay::replay(
+        dir.path(),
+        &kvrelay_sim::replay::ReplaySetup { seed: 4, ..Default::default() },
+    )
+    .unwrap();
+    assert_eq!(
+        first.report.as_ref().unwrap().inputs_replayed,
+        other.report.unwrap().inputs_replayed,
+        "the node's inputs do not depend on the simulation's seed"
+    );
+
+    let out = tempfile::tempdir().unwrap();
+    let trace = out.path().join("trace.jsonl");
+    let (output, text) = sim(&[
+        "replay",
+        path(dir.path()),
+        "--consumer-after-end",
+        "--twice",
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "{text}");
+    assert!(text.contains("\ndeterministic: "), "{text}");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert!(text.contains(&format!("trace: {} events in ", lines.len())), "{text}");
+    assert_eq!(lines[0]["kind"], "relay-boot");
+    assert!(lines.iter().any(|line| line["kind"] == "relay-catalog"));
+    assert!(lines.iter().any(|line| line["kind"] == "consumer"));
+}
+
+const FAULTS: &str = r#"
+[[faults]]
+at_ms = 300
+action = "wan-partition"
+[[faults]]
+at_ms = 700
+action = "wan-repair"
+[[faults]]
+at_ms = 800
+action = "dc-partition"
+mode = "drop"
+[[faults]]
+at_ms = 1100
+action = "dc-repair"
+[[faults]]
+at_ms = 1200
+action = "event-noise"
+loss = 0.2
+duplicate = 0.1
+reorder = 0.1
+[[faults]]
+at_ms = 1800
+action = "event-noise"
+[[faults]]
+at_ms = 1900
+action = "clock-skew"
+ms = -4000
+[[faults]]
+at_ms = 2200
+action = "relay-restart"
+"#;
+
+#[test]
+fn faults_layer_on_a_replay_and_the_consumer_still_converges() {
+    let dir = tempfile::tempdir().unwrap();
+    record(dir.path());
+    let out = tempfile::tempdir().unwrap();
+    let faults = write(out.path(), "faults.toml", FAULTS);
+    let trace = out.path().join("trace.jsonl");
+    let (output, text) = sim(&[
+        "replay",
+        path(dir.path()),
+        "--fault",
+        faults.to_str().unwrap(),
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "{text}");
+    assert!(text.contains("with the faults of "), "{text}");
+    let checkpoints = check_line(&text, "checkpoints");
+    assert!(checkpoints.contains("(expected: faults are layered"), "{checkpoints}");
+    assert!(check_line(&text, "inputs-decode").contains(" 0 DC-plane messages"), "{text}");
+    let events: Vec<serde_json::Value> = std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let kinds = |kind: &str| events.iter().filter(|e| e["kind"] == kind).count();
+    assert_eq!(kinds("fault"), 8);
+    assert_eq!(kinds("relay-boot"), 2, "the restart booted a second node");
+    let incarnations: std::collections::BTreeSet<String> = events
+        .iter()
+        .filter(|e| e["kind"] == "relay-boot")
+        .map(|e| e["incarnation"].to_string())
+        .collect();
+    assert_eq!(incarnations.len(), 2, "the restarted relay is a new incarnation");
+    assert!(check_line(&text, "producer-identity-never-reused").contains("retired"), "{text}");
+}
+
+#[test]
+fn worker_level_faults_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    record(dir.path());
+    let out = tempfile::tempdir().unwrap();
+    let faults = write(
+        out.path(),
+        "faults.toml",
+        "[[faults]]\nat_ms = 100\naction = \"expire-lease\"\nworker = 0\n",
+    );
+    let (output, text) = sim(&["replay", path(dir.path()), "--fault", faults.to_str().unwrap()]);
+    assert!(!output.status.success(), "{text}");
+    assert!(text.contains("`expire-lease`") && text.contains("no worker model"), "{text}");
+}
+
+#[test]
+fn a_cut_window_becomes_an_incident_that_run_checks() {
+    let dir = tempfile::tempdir().unwrap();
+    record(dir.path());
+    let out = tempfile::tempdir().unwrap();
+    let name = out.path().join("restart");
+    let (output, text) =
+        sim(&["cut", path(dir.path()), "--from", "1.0", "--to", "2.0", "--out", path(&name)]);
+    assert!(output.status.success(), "{text}");
+    let journal = out.path().join("restart.kvj");
+    let incident = out.path().join("restart.toml");
+    let (header, records, fault) = read_journal(&journal).unwrap();
+    assert_eq!(fault, None);
+    assert_eq!(*header.node, recorded_node(), "the cut keeps the configuration and seed");
+    assert!(
+        matches!(&records[0], Record::Input { input: DcInput::CardsListed { .. }, at } if at.mono_ns == 0)
+    );
+    assert!(records.iter().all(|r| !matches!(r, Record::Checkpoint { .. })));
+    let last = records.iter().filter_map(Record::stamp).map(|at| at.mono()).max().unwrap();
+    assert!(last <= Duration::from_secs(1), "shifted to the window: {last:?}");
+    assert!(records.iter().any(|r| matches!(r, Record::Recovery { .. })), "the restart's answers");
+
+    let (output, run) = sim(&["run", path(&incident), "--seed", "2"]);
+    assert!(output.status.success(), "{run}");
+    assert!(check_line(&run, "expected-outcome").trim_start().starts_with("ok   "), "{run}");
+
+    let text = std::fs::read_to_string(&incident).unwrap();
+    let wrong = text.replace("pools = 4", "pools = 5");
+    assert_ne!(text, wrong);
+    std::fs::write(&incident, wrong).unwrap();
+    let (output, run) = sim(&["run", path(&incident)]);
+    assert!(!output.status.success(), "{run}");
+    assert!(check_line(&run, "expected-outcome").contains("FAIL"), "{run}");
+    assert!(run.contains("reproduce: cargo run --profile test -p kvrelay-sim -- run "), "{run}");
+
+    let (output, again) =
+        sim(&["cut", path(dir.path()), "--from", "1.0", "--to", "2.0", "--out", path(&name)]);
+    assert!(!output.status.success() && again.contains("already exists"), "{again}");
+}
+
+#[test]
+fn a_scenario_run_records_a_journal_per_relay_boot() {
+    let root = tempfile::tempdir().unwrap();
+    let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/relay-restart.toml");
+    let (output, text) =
+        sim(&["run", scenario.to_str().unwrap(), "--seed", "1", "--record", path(root.path())]);
+    assert!(output.status.success(), "{text}");
+    let boots = segments(root.path());
+    assert_eq!(boots.len(), 2, "one recording per boot: {boots:?}");
+    for boot in &boots {
+        let (header, records, fault) = read_journal(boot).unwrap();
+        assert_eq!(fault, None);
+        assert_eq!(header.segment, 0);
+        let inputs = records.iter().filter(|r| matches!(r, Record::Input { .. })).count();
+        assert!(inputs > 10, "{inputs} inputs in {}", boot.display());
+        let (_, replayed) = sim(&["replay", path(boot)]);
+        assert!(check_line(&replayed, "replica-equals-relay").contains("ok   "), "{replayed}");
+    }
+}
+
+#[test]
+fn a_sweep_runs_the_incidents_of_its_directory() {
+    let scenarios = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(scenarios.join("steady.toml"), dir.path().join("steady.toml")).unwrap();
+    let incidents = dir.path().join("incidents");
+    std::fs::create_dir(&incidents).unwrap();
+    for file in ["worker-restart-window.toml", "worker-restart-window.kvj"] {
+        std::fs::copy(scenarios.join("incidents").join(file), incidents.join(file)).unwrap();
+    }
+    let (output, text) = sim(&["sweep", path(dir.path()), "--seeds", "0..2"]);
+    assert!(output.status.success(), "{text}");
+    assert!(text.contains("[4/4] incidents/worker-restart-window done"), "{text}");
+    assert!(text.contains("sweep: 4 passed, 0 failed"), "{text}");
 }

@@ -39,6 +39,8 @@ pub use reader::{JournalError, JournalErrorKind, JournalReader, read_journal};
 pub use recorder::{
     Recorder, RecorderConfig, RecorderProbe, RecorderStats, recording_dir, start_recorder,
 };
-pub use replay::{Divergence, ReplayError, ReplayOptions, ReplayReport, replay_journal};
+pub use replay::{
+    Divergence, END_MARGIN, JournalReplay, ReplayError, ReplayOptions, ReplayReport, replay_journal,
+};
 pub use segments::{SegmentLimits, SegmentWriter};
 pub use tap::NodeTap;

@@ -21,14 +21,14 @@ use thiserror::Error;
 use tokio::time::Instant;
 
 use super::checkpoint::{Checkpoint, CheckpointDiff, CheckpointSchedule, compare_checkpoints};
-use super::format::{JournalHeader, Record, RecoveryOutcome};
+use super::format::{JournalHeader, Record, RecoveryOutcome, Stamp};
 use super::reader::{JournalError, read_journal};
 use super::scripts::RecordedTiming;
 use super::tap::NodeTap;
 use crate::control::ControlError;
 use crate::identity::PoolId;
 use crate::inputs::{DcInput, RecoveryTarget};
-use crate::node::{NodeConfig, RecoveryTransport, start_node_with_tap};
+use crate::node::{NodeConfig, NodeHandle, RecoveryTransport, start_node_with_tap};
 use crate::pool::PublicationMode;
 use crate::runtime::{BlockingExecutor, ManualWallClock, WallClock};
 use crate::sources::{RecoveryRequest, RecoveryResponse};
@@ -103,8 +103,9 @@ pub enum ReplayError {
     Start(#[from] ControlError),
 }
 
-/// How long past the end of the journal the replayed node keeps running before it stops.
-const END_MARGIN: Duration = Duration::from_millis(1);
+/// How long past the end of the journal the replayed node keeps running before it stops (and
+/// before a host serving it takes the report).
+pub const END_MARGIN: Duration = Duration::from_millis(1);
 
 type RecoveryKey = (RecoveryTarget, u64, u32, Option<u64>, Option<u64>);
 
@@ -204,6 +205,155 @@ impl RecoveryTransport for JournalRecovery {
     }
 }
 
+/// A journal read for replay: its inputs with their recorded stamps, the recorded recovery
+/// answers, checkpoints and gaps, and the tap through which a node replaying it takes its
+/// checkpoints on the recorded schedule. [`replay_journal`] is `open`, `start`, feeding every
+/// input at `origin + its time` (with the wall clock set to its recorded reading), and `report`;
+/// a host that serves the node meanwhile (the simulator) does the same steps itself.
+#[derive(Debug)]
+pub struct JournalReplay {
+    header: JournalHeader,
+    inputs: Vec<(Stamp, DcInput)>,
+    recorded: Vec<(Duration, Checkpoint)>,
+    gaps: Vec<Duration>,
+    journal_fault: Option<JournalError>,
+    recoveries_recorded: u64,
+    end: Duration,
+    shared: Arc<ReplayShared>,
+}
+
+impl JournalReplay {
+    /// Read the journal at `path` (a recording directory or one segment) within `options`.
+    pub fn open(path: &Path, options: ReplayOptions) -> Result<Self, ReplayError> {
+        let (header, records, journal_fault) = read_journal(path)?;
+        if header.segment != 0 {
+            return Err(ReplayError::StartMissing { first_segment: header.segment });
+        }
+        let in_window = |at: Duration| options.until.is_none_or(|until| at <= until);
+        let mut inputs = Vec::new();
+        let mut recorded = Vec::new();
+        let mut gaps = Vec::new();
+        let mut answers: BTreeMap<RecoveryKey, VecDeque<(Duration, RecoveryOutcome)>> =
+            BTreeMap::new();
+        let mut recoveries_recorded = 0u64;
+        let mut timing = RecordedTiming::default();
+        let mut last_at = Duration::ZERO;
+        for record in records {
+            let Some(at) = record.stamp().filter(|stamp| in_window(stamp.mono())) else {
+                continue;
+            };
+            last_at = last_at.max(at.mono());
+            match record {
+                Record::Input { input, .. } => inputs.push((at, input)),
+                Record::Recovery { target, request, outcome, .. } => {
+                    recoveries_recorded += 1;
+                    answers
+                        .entry(recovery_key(&target, &request))
+                        .or_default()
+                        .push_back((at.mono(), outcome));
+                }
+                Record::Checkpoint { checkpoint, .. } => recorded.push((at.mono(), checkpoint)),
+                Record::Gap { .. } => gaps.push(at.mono()),
+                Record::Publication { pool, layout_generation, point, .. } => {
+                    timing.push(pool, layout_generation, point);
+                }
+                Record::Header(_) => {}
+            }
+        }
+        let end = options.until.unwrap_or(last_at);
+        timing.end_at(end);
+        timing.inputs_at(inputs.iter().map(|(at, _)| at.mono()));
+        let interval = Duration::from_nanos(header.checkpoint_interval_ns);
+        let shared = Arc::new(ReplayShared {
+            origin: OnceLock::new(),
+            state: Mutex::new(TapState {
+                schedule: CheckpointSchedule::new(header.checkpoint_every_inputs, interval),
+                final_inputs: inputs.len() as u64,
+                pending: (false, false),
+                checkpoints: Vec::new(),
+                final_state: None,
+            }),
+            answers: Mutex::new(answers),
+            timing,
+        });
+        Ok(JournalReplay {
+            header,
+            inputs,
+            recorded,
+            gaps,
+            journal_fault,
+            recoveries_recorded,
+            end,
+            shared,
+        })
+    }
+
+    /// The journal's header.
+    #[must_use]
+    pub fn header(&self) -> &JournalHeader {
+        &self.header
+    }
+
+    /// The inputs in the window, in journal order, with their recorded stamps.
+    #[must_use]
+    pub fn inputs(&self) -> &[(Stamp, DcInput)] {
+        &self.inputs
+    }
+
+    /// The end of the window (node time): `until`, or the last record's time.
+    #[must_use]
+    pub fn end(&self) -> Duration {
+        self.end
+    }
+
+    /// Start the replaying node: `config` must be the recorded one; its tap takes checkpoints
+    /// on the recorded schedule and its recovery transport answers from the journal. Returns the
+    /// node and the instant its monotonic time counts from. Call once.
+    pub fn start(
+        &self,
+        config: NodeConfig,
+        executor: Arc<dyn BlockingExecutor>,
+        clock: Arc<dyn WallClock>,
+    ) -> Result<(NodeHandle, Instant), ReplayError> {
+        let given = format!("{config:?}");
+        if given != self.header.config {
+            return Err(ReplayError::ConfigMismatch {
+                recorded: self.header.config.clone(),
+                given,
+            });
+        }
+        let node = start_node_with_tap(
+            config,
+            executor,
+            clock,
+            Arc::new(JournalRecovery(Arc::clone(&self.shared))),
+            Some(Arc::clone(&self.shared) as Arc<dyn NodeTap>),
+        )?;
+        let origin = self.shared.origin.get().copied().unwrap_or_else(Instant::now);
+        Ok((node, origin))
+    }
+
+    /// What the replay found so far: the checkpoints the node took up to [`Self::end`] compared
+    /// with the recorded ones. Taken once the node's time passed the end (or it stopped).
+    #[must_use]
+    pub fn report(&self) -> ReplayReport {
+        let state = self.shared.state();
+        let mut replayed = state.checkpoints.clone();
+        replayed.retain(|(at, _)| *at <= self.end);
+        ReplayReport {
+            header: self.header.clone(),
+            inputs_replayed: self.inputs.len() as u64,
+            recoveries_recorded: self.recoveries_recorded,
+            checkpoints_compared: self.recorded.len(),
+            divergence: first_divergence(&self.recorded, &replayed),
+            gaps: self.gaps.clone(),
+            journal_fault: self.journal_fault.clone(),
+            checkpoints: replayed,
+            final_state: state.final_state.clone(),
+        }
+    }
+}
+
 /// Replay the journal at `path` through a node built from `config` (see the module doc for
 /// the runtime this needs).
 pub async fn replay_journal(
@@ -212,73 +362,16 @@ pub async fn replay_journal(
     executor: Arc<dyn BlockingExecutor>,
     options: ReplayOptions,
 ) -> Result<ReplayReport, ReplayError> {
-    let (header, records, journal_fault) = read_journal(path)?;
-    if header.segment != 0 {
-        return Err(ReplayError::StartMissing { first_segment: header.segment });
-    }
-    let given = format!("{config:?}");
-    if given != header.config {
-        return Err(ReplayError::ConfigMismatch { recorded: header.config, given });
-    }
-    let in_window = |at: Duration| options.until.is_none_or(|until| at <= until);
-    let mut inputs = Vec::new();
-    let mut recorded = Vec::new();
-    let mut gaps = Vec::new();
-    let mut answers: BTreeMap<RecoveryKey, VecDeque<(Duration, RecoveryOutcome)>> = BTreeMap::new();
-    let mut recoveries_recorded = 0u64;
-    let mut timing = RecordedTiming::default();
-    let mut last_at = Duration::ZERO;
-    for record in records {
-        let Some(at) = record.stamp().filter(|stamp| in_window(stamp.mono())) else { continue };
-        last_at = last_at.max(at.mono());
-        match record {
-            Record::Input { input, .. } => inputs.push((at, input)),
-            Record::Recovery { target, request, outcome, .. } => {
-                recoveries_recorded += 1;
-                answers
-                    .entry(recovery_key(&target, &request))
-                    .or_default()
-                    .push_back((at.mono(), outcome));
-            }
-            Record::Checkpoint { checkpoint, .. } => recorded.push((at.mono(), checkpoint)),
-            Record::Gap { .. } => gaps.push(at.mono()),
-            Record::Publication { pool, layout_generation, point, .. } => {
-                timing.push(pool, layout_generation, point);
-            }
-            Record::Header(_) => {}
-        }
-    }
-    timing.end_at(options.until.unwrap_or(last_at));
-    timing.inputs_at(inputs.iter().map(|(at, _)| at.mono()));
-    let interval = Duration::from_nanos(header.checkpoint_interval_ns);
-    let shared = Arc::new(ReplayShared {
-        origin: OnceLock::new(),
-        state: Mutex::new(TapState {
-            schedule: CheckpointSchedule::new(header.checkpoint_every_inputs, interval),
-            final_inputs: inputs.len() as u64,
-            pending: (false, false),
-            checkpoints: Vec::new(),
-            final_state: None,
-        }),
-        answers: Mutex::new(answers),
-        timing,
-    });
-    let clock = Arc::new(ManualWallClock::new(header.wall_origin_us));
-    let node = start_node_with_tap(
-        config,
-        executor,
-        Arc::clone(&clock) as Arc<dyn WallClock>,
-        Arc::new(JournalRecovery(Arc::clone(&shared))),
-        Some(Arc::clone(&shared) as Arc<dyn NodeTap>),
-    )?;
-    let origin = shared.origin.get().copied().unwrap_or_else(Instant::now);
+    let replay = JournalReplay::open(path, options)?;
+    let clock = Arc::new(ManualWallClock::new(replay.header.wall_origin_us));
+    let (node, origin) =
+        replay.start(config, executor, Arc::clone(&clock) as Arc<dyn WallClock>)?;
     let mut status = node.status.clone();
-    let inputs_replayed = inputs.len() as u64;
-    let end = options.until.unwrap_or(last_at);
-    for (at, input) in inputs {
+    let inputs_replayed = replay.inputs.len() as u64;
+    for (at, input) in &replay.inputs {
         tokio::time::sleep_until(origin + at.mono()).await;
         clock.set_unix_us(at.wall_us);
-        if node.inputs.send(input).await.is_err() {
+        if node.inputs.send(input.clone()).await.is_err() {
             break;
         }
     }
@@ -286,32 +379,9 @@ pub async fn replay_journal(
         status.wait_for(|status| status.inputs_handled >= inputs_replayed || status.stopped).await;
     // Everything the node does at `end` happens before it stops; what comes later is not
     // compared (the recording may have stopped at `end`).
-    tokio::time::sleep_until(origin + end + END_MARGIN).await;
+    tokio::time::sleep_until(origin + replay.end + END_MARGIN).await;
     node.shutdown().await;
-    let state = std::mem::replace(
-        &mut *shared.state(),
-        TapState {
-            schedule: CheckpointSchedule::new(1, Duration::ZERO),
-            final_inputs: 0,
-            pending: (false, false),
-            checkpoints: Vec::new(),
-            final_state: None,
-        },
-    );
-    let mut replayed = state.checkpoints;
-    replayed.retain(|(at, _)| *at <= end);
-    let divergence = first_divergence(&recorded, &replayed);
-    Ok(ReplayReport {
-        header,
-        inputs_replayed,
-        recoveries_recorded,
-        checkpoints_compared: recorded.len(),
-        divergence,
-        gaps,
-        journal_fault,
-        checkpoints: replayed,
-        final_state: state.final_state,
-    })
+    Ok(replay.report())
 }
 
 /// The first checkpoint where `replayed` leaves `recorded` (time or content).

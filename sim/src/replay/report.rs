@@ -1,11 +1,9 @@
-//! `kvrelay-sim replay JOURNAL [--until SECS]`: run the relay node on a recorded journal under
-//! a paused clock and report whether every recorded checkpoint was reproduced.
+//! The replay's report as text, and a bare replay under a paused clock.
 //!
-//! The node is rebuilt from the configuration stored in the journal's header (format version
-//! 2), so a journal recorded by `kvrelay serve --record` or by a simulated run replays without
-//! any other input. [`replay`] does the work; [`render`] turns its report into the lines the
-//! command prints (pure, so tests check it without a process); [`verdict`] decides the exit
-//! status: a divergence or a journal fault fails.
+//! [`render`] turns a [`ReplayReport`] into the lines `kvrelay-sim replay` prints (pure, so tests
+//! check it without a process); [`verdict`] says whether the recording was reproduced;
+//! [`replay_paused`] runs the node alone on a current-thread runtime with a paused clock (no
+//! WAN, no faults), which `cut` uses to read the state at a window's end.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -19,7 +17,7 @@ use kvrelay::runtime::InlineExecutor;
 /// journal when `None`), on a current-thread tokio runtime with a paused clock.
 /// A journal that cannot be opened (its error names the file and byte offset) or replayed is
 /// an error; a fault later in the journal ends the replay there and is in the report.
-pub fn replay(path: &Path, until: Option<Duration>) -> anyhow::Result<ReplayReport> {
+pub fn replay_paused(path: &Path, until: Option<Duration>) -> anyhow::Result<ReplayReport> {
     let node = (*JournalReader::open(path)?.header().node).clone();
     let runtime =
         tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build()?;
@@ -45,15 +43,19 @@ fn seconds(at: Option<Duration>) -> String {
 pub fn render(report: &ReplayReport, dump_state: bool) -> String {
     let mut out = String::new();
     let header = &report.header;
+    let cadence = if header.checkpoint_every_inputs == u64::MAX {
+        "no scheduled checkpoints (a cut window)".to_owned()
+    } else {
+        format!(
+            "checkpoint every {} inputs or {:.3} s",
+            header.checkpoint_every_inputs,
+            Duration::from_nanos(header.checkpoint_interval_ns).as_secs_f64()
+        )
+    };
     let _ = writeln!(
         out,
-        "journal: kvrelay {}, dc {:016x}, incarnation {:016x}, seed {:#x}, checkpoint every {} inputs or {:.3} s",
-        header.kvrelay_version,
-        header.dc_id,
-        header.relay_incarnation,
-        header.rng_seed,
-        header.checkpoint_every_inputs,
-        Duration::from_nanos(header.checkpoint_interval_ns).as_secs_f64()
+        "journal: kvrelay {}, dc {:016x}, incarnation {:016x}, seed {:#x}, {cadence}",
+        header.kvrelay_version, header.dc_id, header.relay_incarnation, header.rng_seed,
     );
     let _ = writeln!(
         out,

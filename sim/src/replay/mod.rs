@@ -1,0 +1,159 @@
+//! `kvrelay-sim replay JOURNAL`: the real relay node on a turmoil host, fed a recorded
+//! journal's inputs at their recorded times with the recorded configuration and seed, serving
+//! the WAN contract to a reference consumer; optionally with scripted faults layered on top.
+//!
+//! [`replay`] runs one replay and returns a [`ReplayOutcome`]: the journal replay's report
+//! (every recorded checkpoint compared with the replayed one), the checks, the typed trace and
+//! its digest. The checks are the trace oracles that need no truth model (see [`crate::oracles`]),
+//! `checkpoints` (reproduced; with faults a divergence is expected and only reported),
+//! `consumer-caught-up` (the long-lived consumer's catalog and readiness equal a fresh
+//! subscriber's, every replica ready), `replica-equals-relay`, and for an incident file its
+//! `expected-outcome`. See `hosts.rs` for how the hosts run and [`faults`] for which faults apply.
+
+pub mod faults;
+mod hosts;
+pub mod listing;
+mod report;
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kvrelay::journal::{JournalReplay, ReplayOptions, ReplayReport};
+use kvrelay::rng::{derive_seed, rng_from_seed};
+use kvrelay::runtime::ManualWallClock;
+use tokio::sync::watch;
+
+pub use self::report::{render, replay_paused, verdict};
+use crate::plane::DcPlane;
+use crate::scenario::{Expect, ScriptedFault};
+use crate::trace::{self, Stamped, Trace};
+use crate::{CHECKER_HOST, CONSUMER_HOST, Check, RELAY_HOST, Sim, lock};
+
+/// How to replay.
+#[derive(Debug, Clone, Default)]
+pub struct ReplaySetup {
+    /// Replay only the inputs recorded in the first this-long of node time.
+    pub until: Option<Duration>,
+    /// Faults at simulated times (checked with [`faults::check`]).
+    pub faults: Vec<ScriptedFault>,
+    /// Seed of the simulation's own choices (turmoil, the consumers); the node's seed is the
+    /// recorded one.
+    pub seed: u64,
+    /// The expected outcome of an incident file.
+    pub expect: Option<Expect>,
+    /// Connect the WAN consumer only once the journal's end has passed. A pool's publication
+    /// sequence advances only while a subscriber holds a lease, so a journal recorded with no
+    /// WAN subscriber reproduces its checkpoints' sequences only without one.
+    pub consumer_after_end: bool,
+}
+
+/// What one replay produced.
+#[derive(Debug, Clone)]
+pub struct ReplayOutcome {
+    /// The journal replay's report (`None` if the simulation failed before the end).
+    pub report: Option<ReplayReport>,
+    /// Every check, in evaluation order.
+    pub checks: Vec<Check>,
+    /// The typed trace.
+    pub trace: Vec<Stamped>,
+    /// Digest of the trace and the consumers' final state: the determinism witness.
+    pub digest: String,
+    /// The simulation itself failed (a host errored, e.g. the node refused the configuration).
+    pub error: Option<String>,
+    /// Simulated time the replay took.
+    pub simulated: Duration,
+}
+
+impl ReplayOutcome {
+    /// Every check held and the simulation completed.
+    #[must_use]
+    pub fn passed(&self) -> bool {
+        crate::all_passed(&self.checks, self.error.as_deref())
+    }
+
+    /// The first failing check (or the simulation error), one line.
+    #[must_use]
+    pub fn failure(&self) -> Option<String> {
+        crate::first_failure(&self.checks, self.error.as_deref())
+    }
+
+    /// The report (see [`render`]), then every check and the digest.
+    #[must_use]
+    pub fn render(&self, dump_state: bool) -> String {
+        let mut text = self.report.as_ref().map(|r| render(r, dump_state)).unwrap_or_default();
+        crate::render_checks(&mut text, &self.checks, self.error.as_deref());
+        let _ = writeln!(
+            text,
+            "  digest {} ({} trace events, {:.1} simulated s)",
+            self.digest,
+            self.trace.len(),
+            self.simulated.as_secs_f64()
+        );
+        text
+    }
+}
+
+/// Replay the journal at `path` in the simulator (see the module doc).
+pub fn replay(path: &Path, setup: &ReplaySetup) -> anyhow::Result<ReplayOutcome> {
+    let script = faults::check(setup.faults.clone())?;
+    let replay = Arc::new(JournalReplay::open(path, ReplayOptions { until: setup.until })?);
+    let plane = faults::need_planes(&script).then(|| {
+        Arc::new(Mutex::new(DcPlane::new(rng_from_seed(derive_seed(setup.seed, "replay/plane")))))
+    });
+    let (fed, _) = watch::channel(false);
+    let (done, _) = watch::channel(false);
+    let world = hosts::ReplayWorld {
+        wall: Arc::new(ManualWallClock::new(replay.header().wall_origin_us)),
+        replay,
+        seed: setup.seed,
+        script: Arc::new(script),
+        expect: setup.expect.clone().map(Arc::new),
+        consumer_after_end: setup.consumer_after_end,
+        plane,
+        skew_ms: Arc::default(),
+        next_input: Arc::default(),
+        origin: Arc::default(),
+        fed,
+        boots: Arc::default(),
+        bounce: Arc::default(),
+        decode_errors: Arc::default(),
+        consumer: Arc::default(),
+        trace: Trace::default(),
+        done,
+        result: Arc::default(),
+    };
+    let mut builder = Sim::new(setup.seed).builder;
+    // The journal's span, the last fault, then quiescence and the convergence bounds.
+    let last_fault = world.script.last().map_or(0, |scripted| scripted.at_ms);
+    builder.simulation_duration(
+        world.replay.end().max(Duration::from_millis(last_fault)) + crate::SIMULATION_DURATION,
+    );
+    let mut sim = builder.build();
+    let relay_world = world.clone();
+    sim.host(RELAY_HOST, move || hosts::run_relay(relay_world.clone()));
+    sim.client(CONSUMER_HOST, hosts::run_consumer_host(world.clone()));
+    sim.client(CHECKER_HOST, hosts::run_checker(world.clone()));
+    let error = loop {
+        if world.bounce.swap(false, Ordering::Relaxed) {
+            sim.bounce(RELAY_HOST);
+        }
+        match sim.step() {
+            Ok(true) => break None,
+            Ok(false) => {}
+            Err(error) => break Some(error.to_string()),
+        }
+    };
+    let simulated = sim.elapsed();
+    let (report, checks, final_digest) = lock(&world.result).take().unwrap_or_default();
+    let trace = world.trace.events();
+    let digest = {
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(trace::digest(&trace).as_bytes());
+        hasher.update(final_digest.as_bytes());
+        hasher.finalize().to_hex()[..16].to_owned()
+    };
+    Ok(ReplayOutcome { report, checks, trace, digest, error, simulated })
+}

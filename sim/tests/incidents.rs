@@ -1,0 +1,29 @@
+//! Every incident of `scenarios/incidents/` (a journal window cut by `kvrelay-sim cut`, see
+//! `scenarios/README.md`) replays in the simulator and meets its expectation, identically twice.
+
+use std::path::Path;
+
+use kvrelay_sim::incident::Incident;
+
+#[test]
+fn every_incident_meets_its_expectation_and_replays_identically() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/incidents");
+    let incidents = Incident::load_dir(&dir).unwrap();
+    assert!(!incidents.is_empty(), "no incident in {}", dir.display());
+    for incident in incidents {
+        let journal = std::fs::metadata(incident.journal_path()).unwrap();
+        assert!(journal.len() < 100_000, "{}: keep checked-in journals small", incident.name);
+        for seed in [0, 1] {
+            let outcome = incident.run(seed).unwrap();
+            assert!(
+                outcome.passed(),
+                "{}\n{}",
+                incident.reproduce_command(seed),
+                outcome.render(false)
+            );
+            assert!(outcome.checks.iter().any(|c| c.name == "expected-outcome"));
+            let again = incident.run(seed).unwrap();
+            assert_eq!(outcome.trace, again.trace, "{}", incident.reproduce_command(seed));
+        }
+    }
+}
