@@ -8,8 +8,13 @@
 //!   `relay-restart` (a turmoil bounce) boots a new incarnation that relists discovery and
 //!   recovers every rank from the workers.
 //! - `dc` drives the simulated DC ([`SimulatedDc`], the model `kvrelay demo` uses too): traffic
-//!   every tick, published through the [`plane::DcPlane`] as wire bytes that the relay host
-//!   decodes with the production decoders.
+//!   every tick, published on the DC planes of host `planes`.
+//! - `planes` serves the simulated DC planes ([`planes`]) to the relay host over turmoil TCP:
+//!   discovery as the JSON records a Dynamo worker writes, under leases, listed and watched by
+//!   revision and read by the production record differ; `kv-events` and `kv_metrics` as the
+//!   envelope bytes the production decoders read; recovery queries answered by the workers. A
+//!   DC-plane partition is a turmoil partition (drop) or hold (stall) between `relay` and
+//!   `planes`.
 //! - `consumer-a` runs the reference [`RelayConsumer`] over turmoil's network.
 //! - `checker` plays the scenario's fault script at its simulated times, records the truth
 //!   model, observes the consumer, then stops traffic, lets the system quiesce and evaluates
@@ -20,7 +25,7 @@
 
 pub mod net;
 pub mod oracles;
-pub mod plane;
+pub mod planes;
 pub mod replay;
 pub mod scenario;
 pub mod timeline;
@@ -32,7 +37,6 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, UNIX_EPOCH};
 
-use futures::future::BoxFuture;
 use kvrelay::ckf::{Addressing, word_contains};
 use kvrelay::config::WanTuning;
 use kvrelay::consumer::{ConsumerConfig, ConsumerSnapshot, FilterStatus, RelayConsumer};
@@ -40,21 +44,21 @@ use kvrelay::control::ControlConfig;
 use kvrelay::demo::SharedDc;
 use kvrelay::discovery::DiscoveryScope;
 use kvrelay::identity::{ProducerIdentity, RelayIdentity, stable_dc_id};
-use kvrelay::inputs::{DcInput, RecoveryTarget, WorkerType};
-use kvrelay::node::{NodeConfig, RecoveryTransport, start_node};
+use kvrelay::inputs::{DcInput, WorkerType};
+use kvrelay::node::{NodeConfig, start_node};
 use kvrelay::pool::ActorConfig;
 use kvrelay::publication::{HubConfig, PoolPublications};
 use kvrelay::rng::{RelayRng, derive_seed, rng_from_seed};
 use kvrelay::runtime::{InlineExecutor, WallClock};
-use kvrelay::sources::{RecoveryRequest, RecoveryResponse};
 use kvrelay::wan::{WanViews, serve};
 use kvrelay::wire::{validate_catalog_update, validate_readiness_update};
 use kvrelay::workload::SimulatedDc;
 use serde::Serialize;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
-use crate::plane::{DcPlane, PlaneMessage};
-use crate::scenario::{ConsumerExpectation, Fault, Scenario, ScriptedFault};
+use crate::planes::client::PlanesClient;
+use crate::planes::{PLANES_HOST, Planes};
+use crate::scenario::{ConsumerExpectation, Fault, PartitionMode, Scenario, ScriptedFault};
 use crate::trace::{ConsumerTrace, EntryTrace, ProducerTrace, Stamped, Trace, TraceEvent};
 
 /// The relay host's name on turmoil's network.
@@ -80,8 +84,8 @@ const CONVERGENCE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often the observers sample the relay and the consumer.
 const RELAY_SAMPLE: Duration = Duration::from_millis(5);
 const CONSUMER_SAMPLE: Duration = Duration::from_millis(20);
-/// How often a recovery query held by a DC-plane partition looks for the repair.
-const PARTITION_POLL: Duration = Duration::from_millis(10);
+/// How often the planes host runs its leases.
+const LEASE_TICK: Duration = Duration::from_millis(50);
 
 /// Simulated milliseconds since the start of the current simulation (0 outside one).
 #[must_use]
@@ -220,7 +224,7 @@ struct World {
     scenario: Arc<Scenario>,
     script: Arc<Vec<ScriptedFault>>,
     dc: SharedDc,
-    plane: Arc<Mutex<DcPlane>>,
+    plane: Arc<Mutex<Planes>>,
     skew_ms: Arc<AtomicI64>,
     boots: Arc<AtomicU64>,
     bounce: Arc<AtomicBool>,
@@ -294,7 +298,7 @@ impl Sim {
             scenario: Arc::new(scenario.clone()),
             script: Arc::new(scenario.script(self.seed, deployment.workers.len())),
             dc,
-            plane: Arc::new(Mutex::new(DcPlane::new(rng_from_seed(derive_seed(
+            plane: Arc::new(Mutex::new(Planes::new(rng_from_seed(derive_seed(
                 self.seed,
                 "sim/plane",
             ))))),
@@ -311,6 +315,11 @@ impl Sim {
         let mut sim = self.builder.build();
         let relay_world = world.clone();
         sim.host(RELAY_HOST, move || run_relay(relay_world.clone()));
+        publish(&world, world.dc.with(|dc| dc.discovery_facts()));
+        sim.host(PLANES_HOST, {
+            let world = world.clone();
+            move || run_planes(world.clone())
+        });
         sim.client(DC_HOST, run_dc(world.clone(), dc_rng));
         sim.client(CONSUMER_HOST, run_consumer_host(world.clone()));
         sim.client(CHECKER_HOST, run_checker(world.clone()));
@@ -383,42 +392,13 @@ fn node_config(seed: u64, boot: u64, scenario: &Scenario) -> NodeConfig {
     }
 }
 
-/// Recovery queries over the DC's request plane: they fail while the planes are partitioned.
-#[derive(Debug, Clone)]
-struct PlaneRecovery {
-    dc: SharedDc,
-    plane: Arc<Mutex<DcPlane>>,
-}
-
-impl RecoveryTransport for PlaneRecovery {
-    /// A query sent during a partition waits (as TCP retransmits) until the repair, then is
-    /// answered; it fails if the partition outlasts the timeout.
-    fn query(
-        &self,
-        target: RecoveryTarget,
-        request: RecoveryRequest,
-        timeout: Duration,
-    ) -> BoxFuture<'static, Result<RecoveryResponse, String>> {
-        let recovery = self.clone();
-        Box::pin(async move {
-            let deadline = tokio::time::Instant::now() + timeout;
-            while lock(&recovery.plane).partitioned() {
-                if tokio::time::Instant::now() >= deadline {
-                    return Err("request plane partitioned".to_owned());
-                }
-                tokio::time::sleep(PARTITION_POLL).await;
-            }
-            recovery.dc.query(target, request, timeout).await
-        })
-    }
-}
-
 /// The relay host: node, DC-plane ingest, observer and WAN service. Rebuilt from nothing on
 /// every boot.
 async fn run_relay(world: World) -> HostResult {
     let boot = world.boots.fetch_add(1, Ordering::Relaxed);
     let clock: Arc<dyn WallClock> = Arc::new(SimWallClock { skew_ms: world.skew_ms.clone() });
-    let recovery = PlaneRecovery { dc: world.dc.clone(), plane: Arc::clone(&world.plane) };
+    let scope = DiscoveryScope::new(Vec::new(), Vec::new(), true).expect("watch-all is valid");
+    let (planes_client, recovery) = PlanesClient::new(scope, Arc::clone(&world.decode_errors));
     let node = start_node(
         node_config(world.seed, boot, &world.scenario),
         Arc::new(InlineExecutor),
@@ -426,9 +406,7 @@ async fn run_relay(world: World) -> HostResult {
         Arc::new(recovery),
     )?;
     world.trace.record(TraceEvent::RelayBoot { boot, incarnation: node.relay.relay_incarnation });
-    let listing = world.dc.with(|dc| dc.discovery_facts());
-    let receiver = lock(&world.plane).attach(listing);
-    tokio::spawn(ingest(receiver, node.inputs.clone(), Arc::clone(&world.decode_errors)));
+    tokio::spawn(planes_client.run(node.inputs.clone()));
     tokio::spawn(observe_relay(
         world.trace.clone(),
         boot,
@@ -441,26 +419,6 @@ async fn run_relay(world: World) -> HostResult {
     serve(service, Box::pin(net::incoming(listener)), &tuning, std::future::pending()).await?;
     node.shutdown().await;
     Ok(())
-}
-
-/// Decode what the DC planes deliver with the relay's decoders and hand it to the node.
-async fn ingest(
-    mut receiver: mpsc::UnboundedReceiver<PlaneMessage>,
-    inputs: mpsc::Sender<DcInput>,
-    decode_errors: Arc<AtomicU64>,
-) {
-    while let Some(message) = receiver.recv().await {
-        match message.decode() {
-            Ok(fact) => {
-                if inputs.send(fact).await.is_err() {
-                    return;
-                }
-            }
-            Err(_) => {
-                decode_errors.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
 }
 
 /// Record every catalog and readiness the relay publishes, and any catalogued producer whose
@@ -529,7 +487,7 @@ async fn run_dc(world: World, mut rng: RelayRng) -> HostResult {
         if world.traffic_off.load(Ordering::Relaxed) {
             // Workers report occupancy on change: once more after their last request.
             let facts = world.dc.with(|dc| dc.load_facts());
-            lock(&world.plane).publish(facts);
+            publish(&world, facts);
             return Ok(());
         }
         tick_count += 1;
@@ -541,7 +499,40 @@ async fn run_dc(world: World, mut rng: RelayRng) -> HostResult {
             }
             facts
         });
-        lock(&world.plane).publish(facts);
+        publish(&world, facts);
+    }
+}
+
+/// Publish what the workers did: registrations (when `facts` change discovery) written to the
+/// planes host's store, events on its event plane.
+fn publish(world: &World, facts: Vec<DcInput>) {
+    let discovery = facts.iter().any(|fact| !matches!(fact, DcInput::KvEvents(_) | DcInput::Load { .. }));
+    let registrations =
+        discovery.then(|| planes::records::registrations(&world.dc.with(|dc| dc.discovery_facts())));
+    let mut planes = lock(&world.plane);
+    if let Some(registrations) = registrations {
+        planes.register(&registrations, sim_ms());
+    }
+    planes.publish(facts);
+}
+
+/// The planes host: serves the relay host, and runs the discovery leases. A worker whose lease
+/// expired leaves the truth model's listing at that moment (the process lives on).
+async fn run_planes(world: World) -> HostResult {
+    tokio::spawn(planes::server::serve(Arc::clone(&world.plane), world.dc.clone()));
+    let mut ticks = tokio::time::interval(LEASE_TICK);
+    loop {
+        ticks.tick().await;
+        let expired = lock(&world.plane).tick(sim_ms());
+        for lease in expired {
+            let facts = world.dc.with(|dc| {
+                let index = (0..dc.workers().len())
+                    .find(|index| dc.is_listed(*index) && dc.workers()[*index].worker_id() == lease);
+                index.map(|index| dc.expire_lease(index)).unwrap_or_default()
+            });
+            publish(&world, facts);
+            record_truth(&world);
+        }
     }
 }
 
@@ -617,8 +608,20 @@ fn apply(world: &World, fault: &Fault, rng: &mut RelayRng) {
         Fault::StartWorker { worker, same_id } => {
             dc.with(|dc| dc.start_worker(*worker, *same_id, rng))
         }
-        Fault::ExpireLease { worker } => dc.with(|dc| dc.expire_lease(*worker)),
-        Fault::RenewLease { worker } => dc.with(|dc| dc.renew_lease(*worker)),
+        Fault::ExpireLease { worker } => {
+            // The process stops its keep-alives; the planes host expires the lease a TTL later.
+            if let Some(lease) = listed_worker_id(world, *worker) {
+                lock(&world.plane).set_keepalive(lease, false);
+            }
+            Vec::new()
+        }
+        Fault::RenewLease { worker } => match listed_worker_id(world, *worker) {
+            Some(lease) => {
+                lock(&world.plane).set_keepalive(lease, true);
+                Vec::new()
+            }
+            None => dc.with(|dc| dc.renew_lease(*worker)),
+        },
         Fault::BeginOverlap { worker } => dc.with(|dc| dc.begin_overlap(*worker, rng)),
         Fault::EndOverlap { worker } => dc.with(|dc| dc.end_overlap(*worker)),
         Fault::LoadAdapter { worker, adapter } => dc.with(|dc| dc.load_adapter(*worker, adapter)),
@@ -643,11 +646,17 @@ fn apply(world: &World, fault: &Fault, rng: &mut RelayRng) {
             Vec::new()
         }
         Fault::DcPartition { mode } => {
-            lock(&world.plane).partition(*mode);
+            match mode {
+                PartitionMode::Drop => turmoil::partition(RELAY_HOST, PLANES_HOST),
+                PartitionMode::Stall => turmoil::hold(RELAY_HOST, PLANES_HOST),
+            }
+            lock(&world.plane).set_link(Some(*mode));
             Vec::new()
         }
         Fault::DcRepair => {
-            lock(&world.plane).repair();
+            turmoil::repair(RELAY_HOST, PLANES_HOST);
+            turmoil::release(RELAY_HOST, PLANES_HOST);
+            lock(&world.plane).set_link(None);
             Vec::new()
         }
         Fault::EventNoise(noise) => {
@@ -663,7 +672,12 @@ fn apply(world: &World, fault: &Fault, rng: &mut RelayRng) {
             Vec::new()
         }
     };
-    lock(&world.plane).publish(facts);
+    publish(world, facts);
+}
+
+/// The worker id of worker `index` if it is listed.
+fn listed_worker_id(world: &World, index: usize) -> Option<u64> {
+    world.dc.with(|dc| dc.is_listed(index).then(|| dc.workers()[index].worker_id()))
 }
 
 /// Record the long-lived consumer's view whenever it changes.
