@@ -406,7 +406,10 @@ async fn run_relay(world: World) -> HostResult {
         Arc::new(recovery),
     )?;
     world.trace.record(TraceEvent::RelayBoot { boot, incarnation: node.relay.relay_incarnation });
-    tokio::spawn(planes_client.run(node.inputs.clone()));
+    // On the host's LocalSet: a bounce drops it after every runtime task, in a fixed order, so
+    // the segments its socket sends when dropped draw turmoil's latencies deterministically
+    // (runtime tasks are dropped in an order that depends on process-wide task ids).
+    tokio::task::spawn_local(planes_client.run(node.inputs.clone()));
     tokio::spawn(observe_relay(
         world.trace.clone(),
         boot,
@@ -506,9 +509,10 @@ async fn run_dc(world: World, mut rng: RelayRng) -> HostResult {
 /// Publish what the workers did: registrations (when `facts` change discovery) written to the
 /// planes host's store, events on its event plane.
 fn publish(world: &World, facts: Vec<DcInput>) {
-    let discovery = facts.iter().any(|fact| !matches!(fact, DcInput::KvEvents(_) | DcInput::Load { .. }));
-    let registrations =
-        discovery.then(|| planes::records::registrations(&world.dc.with(|dc| dc.discovery_facts())));
+    let discovery =
+        facts.iter().any(|fact| !matches!(fact, DcInput::KvEvents(_) | DcInput::Load { .. }));
+    let registrations = discovery
+        .then(|| planes::records::registrations(&world.dc.with(|dc| dc.discovery_facts())));
     let mut planes = lock(&world.plane);
     if let Some(registrations) = registrations {
         planes.register(&registrations, sim_ms());
@@ -526,8 +530,9 @@ async fn run_planes(world: World) -> HostResult {
         let expired = lock(&world.plane).tick(sim_ms());
         for lease in expired {
             let facts = world.dc.with(|dc| {
-                let index = (0..dc.workers().len())
-                    .find(|index| dc.is_listed(*index) && dc.workers()[*index].worker_id() == lease);
+                let index = (0..dc.workers().len()).find(|index| {
+                    dc.is_listed(*index) && dc.workers()[*index].worker_id() == lease
+                });
                 index.map(|index| dc.expire_lease(index)).unwrap_or_default()
             });
             publish(&world, facts);

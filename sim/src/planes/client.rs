@@ -20,9 +20,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::{FutureExt, SinkExt, StreamExt};
 use kvrelay::discovery::DiscoveryScope;
-use kvrelay::discovery_plane::{
-    DiscoveryOutput, KeyForm, ListingEntry, ListingMode, RecordDiffer,
-};
+use kvrelay::discovery_plane::{DiscoveryOutput, KeyForm, ListingEntry, ListingMode, RecordDiffer};
 use kvrelay::inputs::{DcInput, RecoveryTarget};
 use kvrelay::node::RecoveryTransport;
 use kvrelay::sources::{RecoveryRequest, RecoveryResponse};
@@ -100,7 +98,7 @@ enum Ended {
     /// The connection broke; connect afresh.
     Broken,
     /// A probe found the connection dead and answered: continue on it.
-    Replaced(Reader, Writer),
+    Replaced(Box<(Reader, Writer)>),
 }
 
 impl PlanesClient {
@@ -136,7 +134,7 @@ impl PlanesClient {
             match self.follow(reader, writer, &inputs).await {
                 Ended::Closed => return,
                 Ended::Broken => tokio::time::sleep(PROBE_RETRY).await,
-                Ended::Replaced(reader, writer) => next = Some((reader, writer)),
+                Ended::Replaced(pair) => next = Some(*pair),
             }
         }
     }
@@ -191,7 +189,7 @@ impl PlanesClient {
                 probed = probing => {
                     probe = None;
                     match probed {
-                        Ok((reader, writer)) => return Ended::Replaced(reader, writer),
+                        Ok(pair) => return Ended::Replaced(Box::new(pair)),
                         Err(_) => probe_at = tokio::time::Instant::now() + PROBE_RETRY,
                     }
                 }
@@ -262,9 +260,10 @@ async fn send(writer: &mut Writer, frame: &ToPlanes) -> io::Result<()> {
 }
 
 async fn connect() -> io::Result<(Reader, Writer)> {
-    let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect((PLANES_HOST, PLANES_PORT)))
-        .await
-        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+    let stream =
+        tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect((PLANES_HOST, PLANES_PORT)))
+            .await
+            .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
     let (read, write) = stream.into_split();
     Ok((FramedRead::new(read, frame::codec()), FramedWrite::new(write, frame::codec())))
 }

@@ -32,7 +32,10 @@ pub const FRAME_BYTES_MAX: usize = 16 << 20;
 /// The codec of both directions.
 #[must_use]
 pub fn codec() -> LengthDelimitedCodec {
-    LengthDelimitedCodec::builder().length_field_length(4).max_frame_length(FRAME_BYTES_MAX).new_codec()
+    LengthDelimitedCodec::builder()
+        .length_field_length(4)
+        .max_frame_length(FRAME_BYTES_MAX)
+        .new_codec()
 }
 
 /// A frame from the relay host.
@@ -128,7 +131,11 @@ mod tests {
     #[test]
     fn frames_round_trip_through_the_length_prefixed_codec() {
         let frame = ToRelay::Batch(vec![
-            Item::Change(Change { revision: 3, key: "v1/mdc/a".into(), value: Some(b"{}".to_vec()) }),
+            Item::Change(Change {
+                revision: 3,
+                key: "v1/mdc/a".into(),
+                value: Some(b"{}".to_vec()),
+            }),
             Item::Change(Change { revision: 4, key: "v1/mdc/b".into(), value: None }),
             Item::Event(EventMessage {
                 endpoint: "a/b/c".into(),

@@ -26,6 +26,9 @@ pub mod records;
 pub mod server;
 pub mod store;
 
+#[cfg(test)]
+mod tests;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;

@@ -250,8 +250,7 @@ mod tests {
                 DiscoveryRecord::EventChannel(_) => panic!("no channels are written"),
             }
         }
-        let card_facts =
-            facts.iter().filter(|f| matches!(f, DcInput::CardUpserted { .. })).count();
+        let card_facts = facts.iter().filter(|f| matches!(f, DcInput::CardUpserted { .. })).count();
         let advert_facts =
             facts.iter().filter(|f| matches!(f, DcInput::SourceAdvertised(_))).count();
         assert_eq!((cards, sources, instances), (card_facts, advert_facts, 5));

@@ -36,7 +36,12 @@ pub async fn serve(planes: Arc<Mutex<Planes>>, dc: SharedDc) -> io::Result<()> {
     }
 }
 
-async fn connection_task(stream: TcpStream, connection: u64, planes: Arc<Mutex<Planes>>, dc: SharedDc) {
+async fn connection_task(
+    stream: TcpStream,
+    connection: u64,
+    planes: Arc<Mutex<Planes>>,
+    dc: SharedDc,
+) {
     let (read, write) = stream.into_split();
     let mut frames = FramedRead::new(read, frame::codec());
     let mut sink = FramedWrite::new(write, frame::codec());

@@ -110,10 +110,9 @@ impl Store {
             changes.push(self.record(key, None));
         }
         for (key, registration) in desired {
-            self.leases.entry(registration.lease).or_insert(Lease {
-                deadline_ms: now_ms + ttl_ms(ttl),
-                alive: true,
-            });
+            self.leases
+                .entry(registration.lease)
+                .or_insert(Lease { deadline_ms: now_ms + ttl_ms(ttl), alive: true });
             if self.entries.get(key) == Some(registration) {
                 continue;
             }
@@ -198,7 +197,10 @@ mod tests {
         entries
             .iter()
             .map(|(key, value, lease)| {
-                ((*key).to_owned(), Registration { value: value.as_bytes().to_vec(), lease: *lease })
+                (
+                    (*key).to_owned(),
+                    Registration { value: value.as_bytes().to_vec(), lease: *lease },
+                )
             })
             .collect()
     }
