@@ -254,9 +254,14 @@ impl PlanesClient {
     }
 }
 
+/// Write one frame. turmoil's TCP grants a window of segments that only the reader's progress
+/// replenishes, so a write to a dead connection can wait forever: it fails after
+/// [`CONNECT_TIMEOUT`] instead (the connection is then treated as broken).
 async fn send(writer: &mut Writer, frame: &ToPlanes) -> io::Result<()> {
     let body = frame::encode(frame).map_err(io::Error::other)?;
-    writer.send(body).await
+    tokio::time::timeout(CONNECT_TIMEOUT, writer.send(body))
+        .await
+        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?
 }
 
 async fn connect() -> io::Result<(Reader, Writer)> {

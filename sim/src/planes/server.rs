@@ -1,6 +1,10 @@
 //! The planes host's side of the protocol: accept relay connections, answer subscriptions,
 //! forward each tick's items in one frame, answer recovery queries and pings, and send a
 //! heartbeat when a subscribed connection has been idle for [`HEARTBEAT`].
+//!
+//! A connection's writes wait for turmoil's TCP window (backpressure, as over a stalled link);
+//! items published meanwhile collect in the subscriber's outbox, which goes away when the relay
+//! subscribes on another connection or this one ends.
 
 use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -15,6 +19,9 @@ use turmoil::net::{TcpListener, TcpStream};
 
 use super::frame::{self, ToPlanes, ToRelay};
 use super::{PLANES_PORT, Planes};
+
+/// Bound a simulated worker is given to answer a recovery query.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Idle time after which a subscribed connection gets a heartbeat.
 pub const HEARTBEAT: Duration = Duration::from_millis(100);
@@ -71,7 +78,7 @@ async fn connection_task(
                         let dc = dc.clone();
                         let answers = answers.clone();
                         tokio::spawn(async move {
-                            let result = dc.query(target, request, Duration::from_secs(5)).await;
+                            let result = dc.query(target, request, ANSWER_TIMEOUT).await;
                             let _ = answers.send(ToRelay::Answer { id, result });
                         });
                         None

@@ -152,3 +152,31 @@ fn a_hold_delays_events_without_losing_them() {
         assert_eq!(planes.lock().unwrap().counters.delivered as usize, published);
     });
 }
+
+#[test]
+fn malformed_event_messages_are_refused_by_the_decoders() {
+    let message = |endpoint: &str, topic: &str, bytes: &[u8]| super::frame::EventMessage {
+        endpoint: endpoint.to_owned(),
+        topic: topic.to_owned(),
+        bytes: bytes.to_vec(),
+    };
+    assert!(super::decode_event(&message("no-endpoint", "kv-events", &[0x90])).is_err());
+    assert!(super::decode_event(&message("a/b/c", "kv-events", &[0xc1, 0, 1])).is_err());
+    assert!(super::decode_event(&message("a/b/c", "kv_metrics", &[])).is_err());
+    let mut rng = rng_from_seed(14);
+    let mut dc = SimulatedDc::start(&Deployment::demo(), TrafficConfig::default(), &mut rng);
+    let mut planes = Planes::new(rng_from_seed(15));
+    let connection = planes.connection_id();
+    planes.subscribe(connection, None);
+    let published = dc.step(4, &mut rng);
+    planes.publish(published.clone());
+    let Some(items) = planes.take_outbox(connection) else { panic!("subscribed") };
+    let decoded: Vec<DcInput> = items
+        .iter()
+        .map(|item| match item {
+            super::frame::Item::Event(message) => super::decode_event(message).expect("decodes"),
+            super::frame::Item::Change(_) => panic!("no discovery change was made"),
+        })
+        .collect();
+    assert_eq!(decoded, published);
+}
