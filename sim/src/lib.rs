@@ -57,7 +57,8 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::planes::client::PlanesClient;
-use crate::planes::{PLANES_HOST, Planes};
+use crate::planes::publisher::{Link, Publisher};
+use crate::planes::{PLANES_HOST, PlaneCounters, Planes};
 use crate::scenario::{ConsumerExpectation, Fault, PartitionMode, Scenario, ScriptedFault};
 use crate::trace::{ConsumerTrace, EntryTrace, ProducerTrace, Stamped, Trace, TraceEvent};
 
@@ -225,6 +226,7 @@ struct World {
     script: Arc<Vec<ScriptedFault>>,
     dc: SharedDc,
     plane: Arc<Mutex<Planes>>,
+    publisher: Arc<Mutex<Publisher>>,
     skew_ms: Arc<AtomicI64>,
     boots: Arc<AtomicU64>,
     bounce: Arc<AtomicBool>,
@@ -302,6 +304,7 @@ impl Sim {
                 self.seed,
                 "sim/plane",
             ))))),
+            publisher: Arc::default(),
             skew_ms: Arc::default(),
             boots: Arc::default(),
             bounce: Arc::default(),
@@ -315,7 +318,7 @@ impl Sim {
         let mut sim = self.builder.build();
         let relay_world = world.clone();
         sim.host(RELAY_HOST, move || run_relay(relay_world.clone()));
-        publish(&world, world.dc.with(|dc| dc.discovery_facts()));
+        register(&world);
         sim.host(PLANES_HOST, {
             let world = world.clone();
             move || run_planes(world.clone())
@@ -485,12 +488,14 @@ async fn run_dc(world: World, mut rng: RelayRng) -> HostResult {
     let workload = world.scenario.workload.clone();
     let mut ticks = tokio::time::interval(Duration::from_millis(workload.tick_ms));
     let mut tick_count = 0u64;
+    let mut link = Link::default();
     loop {
         ticks.tick().await;
         if world.traffic_off.load(Ordering::Relaxed) {
             // Workers report occupancy on change: once more after their last request.
             let facts = world.dc.with(|dc| dc.load_facts());
             publish(&world, facts);
+            link.flush(&world.publisher).await;
             return Ok(());
         }
         tick_count += 1;
@@ -503,21 +508,39 @@ async fn run_dc(world: World, mut rng: RelayRng) -> HostResult {
             facts
         });
         publish(&world, facts);
+        link.flush(&world.publisher).await;
     }
 }
 
-/// Publish what the workers did: registrations (when `facts` change discovery) written to the
-/// planes host's store, events on its event plane.
+/// Queue what the workers did for host `dc` to send to the planes host: their registrations
+/// (when `facts` change discovery), then their event-plane messages.
 fn publish(world: &World, facts: Vec<DcInput>) {
     let discovery =
         facts.iter().any(|fact| !matches!(fact, DcInput::KvEvents(_) | DcInput::Load { .. }));
     let registrations = discovery
         .then(|| planes::records::registrations(&world.dc.with(|dc| dc.discovery_facts())));
-    let mut planes = lock(&world.plane);
+    let mut publisher = lock(&world.publisher);
     if let Some(registrations) = registrations {
-        planes.register(&registrations, sim_ms());
+        publisher.register(registrations);
     }
-    planes.publish(facts);
+    publisher.publish(facts);
+}
+
+/// Write the workers' registrations straight into the planes host's store (before the run, and
+/// on the planes host itself when a lease expired).
+fn register(world: &World) {
+    let registrations = planes::records::registrations(&world.dc.with(|dc| dc.discovery_facts()));
+    lock(&world.plane).register(&registrations, sim_ms());
+}
+
+/// The planes' counters with the publisher's.
+fn plane_counters(world: &World) -> PlaneCounters {
+    let publisher = lock(&world.publisher);
+    PlaneCounters {
+        stored_events: publisher.stored_events,
+        encode_errors: publisher.encode_errors,
+        ..lock(&world.plane).counters
+    }
 }
 
 /// The planes host: serves the relay host, and runs the discovery leases. A worker whose lease
@@ -529,13 +552,13 @@ async fn run_planes(world: World) -> HostResult {
         ticks.tick().await;
         let expired = lock(&world.plane).tick(sim_ms());
         for lease in expired {
-            let facts = world.dc.with(|dc| {
+            world.dc.with(|dc| {
                 let index = (0..dc.workers().len()).find(|index| {
                     dc.is_listed(*index) && dc.workers()[*index].worker_id() == lease
                 });
-                index.map(|index| dc.expire_lease(index)).unwrap_or_default()
+                index.map(|index| dc.expire_lease(index))
             });
-            publish(&world, facts);
+            register(&world);
             record_truth(&world);
         }
     }
@@ -719,7 +742,7 @@ async fn run_checker(world: World) -> HostResult {
     }
     tokio::time::sleep_until(start + scenario::run_duration(&world.scenario)).await;
     world.traffic_off.store(true, Ordering::Relaxed);
-    let planes = lock(&world.plane).counters;
+    let planes = plane_counters(&world);
     world.trace.record(TraceEvent::TrafficOff { planes });
     tokio::time::sleep(QUIESCENCE).await;
     let result = evaluate(&world).await;

@@ -11,6 +11,7 @@
 //! | | `Batch(items)`: one tick's watch changes and event-plane messages, in publication order |
 //! | `Query { id, target, request }`: a recovery query | `Answer { id, result }` |
 //! | `Ping` (a liveness probe on a fresh connection) | `Pong`; `Heartbeat` every 100 ms of silence |
+//! | `Publish(publications)` (from host `dc`: registrations and event messages, in order) | |
 //!
 //! Discovery values are the JSON documents of [`super::records`]; event-plane messages are the
 //! envelope bytes a Dynamo worker publishes; recovery bodies are the relay's typed
@@ -57,6 +58,17 @@ pub enum ToPlanes {
     },
     /// Is this connection alive?
     Ping,
+    /// What the workers published since the last frame, in order (from host `dc`; no answer).
+    Publish(Vec<Publication>),
+}
+
+/// One thing the workers published.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Publication {
+    /// Every registration of the live processes: `(key, JSON document, lease)`.
+    Register(Vec<(String, serde_bytes::ByteBuf, u64)>),
+    /// Event-plane messages.
+    Events(Vec<EventMessage>),
 }
 
 /// One event-plane message.

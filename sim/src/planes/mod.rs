@@ -8,7 +8,7 @@
 //!   its keys with it. The relay host lists, then watches from its revision, feeding the
 //!   production [`RecordDiffer`](kvrelay::discovery_plane::RecordDiffer); after a broken
 //!   connection it resumes from the last applied revision, or relists when that was compacted.
-//! - **Event plane** ([`Planes::publish`]): `kv-events` batches and `kv_metrics` reports are
+//! - **Event plane** ([`publisher`], [`Planes::apply`]): `kv-events` batches and `kv_metrics` reports are
 //!   encoded by the production encoders into the envelope bytes a worker publishes, pass the
 //!   scripted noise (loss, duplication, reordering) and are forwarded to the subscribed relay
 //!   connection, where the production decoders read them. Messages published while no relay is
@@ -17,11 +17,14 @@
 //!   simulated workers.
 //!
 //! The wire protocol is in [`frame`], the planes host's connections in [`server`], the relay
-//! host's side in [`client`]. The workers themselves (host `dc`) write into the planes host's
-//! state in process: only the relay↔planes link is a network link.
+//! host's side in [`client`], the workers' side in [`publisher`]: host `dc` sends what the
+//! workers publish (registrations, event-plane messages; the scripted faults' too) to the planes
+//! host over its own turmoil TCP connection, one frame per tick. Lease keep-alives and their
+//! expiry act on the planes host's state in process.
 
 pub mod client;
 pub mod frame;
+pub mod publisher;
 pub mod records;
 pub mod server;
 pub mod store;
@@ -35,18 +38,15 @@ use std::time::Duration;
 
 use kvrelay::identity::EndpointPath;
 use kvrelay::inputs::{
-    DcInput, EventEnvelope, InputError, KV_EVENTS_TOPIC, KV_METRICS_TOPIC,
-    decode_kv_events_message, decode_kv_metrics_message, encode_active_load, encode_event_envelope,
-    encode_kv_events_payload,
+    DcInput, InputError, KV_EVENTS_TOPIC, decode_kv_events_message, decode_kv_metrics_message,
 };
-use kvrelay::kv_events::KvCacheEventData;
 use kvrelay::rng::RelayRng;
 use rand_core::Rng;
 use serde::Serialize;
 use tokio::sync::Notify;
 
 use crate::scenario::{Noise, PartitionMode};
-use frame::{EventMessage, Item, ToRelay};
+use frame::{EventMessage, Item, Publication, ToRelay};
 use records::Registration;
 use store::{Resume, Store};
 
@@ -71,11 +71,11 @@ pub struct PlaneCounters {
     pub reordered: u64,
     /// Event messages written while the relay↔planes link dropped everything.
     pub partition_dropped: u64,
-    /// Event messages published while no relay was subscribed.
+    /// Event messages that reached the planes host while no relay was subscribed.
     pub unattached: u64,
-    /// Facts the encoders refused.
+    /// Facts the encoders refused (counted by the publisher).
     pub encode_errors: u64,
-    /// `Stored` KV events published (before any fault).
+    /// `Stored` KV events published, before any fault (counted by the publisher).
     pub stored_events: u64,
 }
 
@@ -96,7 +96,6 @@ pub struct Planes {
     noise: Noise,
     held: Option<EventMessage>,
     rng: RelayRng,
-    load_sequence: u64,
     next_connection: u64,
     /// What happened so far.
     pub counters: PlaneCounters,
@@ -113,7 +112,6 @@ impl Planes {
             noise: Noise::default(),
             held: None,
             rng,
-            load_sequence: 0,
             next_connection: 0,
             counters: PlaneCounters::default(),
         }
@@ -215,57 +213,26 @@ impl Planes {
         expired
     }
 
-    /// Publish the event-plane facts among `facts` (others are ignored: discovery travels as
-    /// registrations) as a DC would: encoded to their wire bytes.
-    pub fn publish(&mut self, facts: Vec<DcInput>) {
-        for fact in facts {
-            match self.encode(fact) {
-                Ok(Some(message)) => self.route(message),
-                Ok(None) => {}
-                Err(_) => self.counters.encode_errors += 1,
+    /// Apply what the workers published, in order: registrations written to the store (at
+    /// `now_ms`), event-plane messages forwarded.
+    pub fn apply(&mut self, publications: Vec<Publication>, now_ms: u64) {
+        for publication in publications {
+            match publication {
+                Publication::Register(entries) => {
+                    let desired = entries
+                        .into_iter()
+                        .map(|(key, value, lease)| {
+                            (key, Registration { value: value.into_vec(), lease })
+                        })
+                        .collect();
+                    self.register(&desired, now_ms);
+                }
+                Publication::Events(messages) => {
+                    for message in messages {
+                        self.route(message);
+                    }
+                }
             }
-        }
-    }
-
-    fn encode(&mut self, fact: DcInput) -> Result<Option<EventMessage>, InputError> {
-        match fact {
-            DcInput::KvEvents(batch) => {
-                self.counters.stored_events += batch
-                    .events
-                    .iter()
-                    .filter(|event| matches!(event.event.data, KvCacheEventData::Stored(_)))
-                    .count() as u64;
-                let payload = encode_kv_events_payload(&batch.events)?;
-                let bytes = encode_event_envelope(&EventEnvelope {
-                    publisher_id: batch.publisher_id,
-                    sequence: batch.sequence,
-                    published_at_ms: batch.published_at_ms,
-                    topic: KV_EVENTS_TOPIC,
-                    payload: &payload,
-                })?;
-                Ok(Some(EventMessage {
-                    endpoint: batch.endpoint.to_string(),
-                    topic: KV_EVENTS_TOPIC.to_owned(),
-                    bytes,
-                }))
-            }
-            DcInput::Load { endpoint, observation } => {
-                let payload = encode_active_load(&observation)?;
-                self.load_sequence += 1;
-                let bytes = encode_event_envelope(&EventEnvelope {
-                    publisher_id: observation.source.worker_id,
-                    sequence: self.load_sequence,
-                    published_at_ms: 0,
-                    topic: KV_METRICS_TOPIC,
-                    payload: &payload,
-                })?;
-                Ok(Some(EventMessage {
-                    endpoint: endpoint.to_string(),
-                    topic: KV_METRICS_TOPIC.to_owned(),
-                    bytes,
-                }))
-            }
-            _ => Ok(None),
         }
     }
 

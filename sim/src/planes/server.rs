@@ -84,6 +84,10 @@ async fn connection_task(
                         None
                     }
                     ToPlanes::Ping => Some(ToRelay::Pong),
+                    ToPlanes::Publish(publications) => {
+                        lock(&planes).apply(publications, crate::sim_ms());
+                        None
+                    }
                 }
             }
             Some(answer) = answered.recv() => Some(answer),

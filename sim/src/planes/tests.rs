@@ -12,6 +12,8 @@ use kvrelay::workload::{Deployment, SimulatedDc, TrafficConfig};
 use tokio::sync::mpsc;
 
 use super::client::PlanesClient;
+use super::frame::ToPlanes;
+use super::publisher::Publisher;
 use super::records::registrations;
 use super::{PLANES_HOST, Planes, server};
 
@@ -81,6 +83,15 @@ where
     sim.run().expect("the simulation completes");
 }
 
+/// Publish `facts` the way host `dc` does: encoded by the publisher, applied by the planes.
+fn publish(planes: &Mutex<Planes>, facts: Vec<DcInput>) {
+    let mut publisher = Publisher::default();
+    publisher.publish(facts);
+    if let Some(ToPlanes::Publish(publications)) = publisher.take() {
+        planes.lock().unwrap().apply(publications, 0);
+    }
+}
+
 fn crash_worker(planes: &Mutex<Planes>, dc: &SharedDc, worker: usize) {
     dc.with(|dc| dc.crash_worker(worker));
     let desired = registrations(&dc.with(|dc| dc.discovery_facts()));
@@ -140,7 +151,7 @@ fn a_hold_delays_events_without_losing_them() {
         for _ in 0..20 {
             let step = dc.with(|dc| dc.step(4, &mut rng));
             published += step.len();
-            planes.lock().unwrap().publish(step);
+            publish(&planes, step);
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         assert_eq!(count(&received.lock().unwrap()).kv_batches, 0, "held");
@@ -169,7 +180,10 @@ fn malformed_event_messages_are_refused_by_the_decoders() {
     let connection = planes.connection_id();
     planes.subscribe(connection, None);
     let published = dc.step(4, &mut rng);
-    planes.publish(published.clone());
+    let mut publisher = Publisher::default();
+    publisher.publish(published.clone());
+    let Some(ToPlanes::Publish(publications)) = publisher.take() else { panic!("queued") };
+    planes.apply(publications, 0);
     let Some(items) = planes.take_outbox(connection) else { panic!("subscribed") };
     let decoded: Vec<DcInput> = items
         .iter()
