@@ -8,7 +8,8 @@
 //!   `relay-restart` (a turmoil bounce) boots a new incarnation that relists discovery and
 //!   recovers every rank from the workers.
 //! - `dc` drives the simulated DC ([`SimulatedDc`], the model `kvrelay demo` uses too): traffic
-//!   every tick, published on the DC planes of host `planes`.
+//!   every tick, sent with the workers' registrations to host `planes` over turmoil TCP, one
+//!   frame per tick.
 //! - `planes` serves the simulated DC planes ([`planes`]) to the relay host over turmoil TCP:
 //!   discovery as the JSON records a Dynamo worker writes, under leases, listed and watched by
 //!   revision and read by the production record differ; `kv-events` and `kv_metrics` as the
