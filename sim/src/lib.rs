@@ -8,8 +8,14 @@
 //!   `relay-restart` (a turmoil bounce) boots a new incarnation that relists discovery and
 //!   recovers every rank from the workers.
 //! - `dc` drives the simulated DC ([`SimulatedDc`], the model `kvrelay demo` uses too): traffic
-//!   every tick, published through the [`plane::DcPlane`] as wire bytes that the relay host
-//!   decodes with the production decoders.
+//!   every tick, sent with the workers' registrations to host `planes` over turmoil TCP, one
+//!   frame per tick.
+//! - `planes` serves the simulated DC planes ([`planes`]) to the relay host over turmoil TCP:
+//!   discovery as the JSON records a Dynamo worker writes, under leases, listed and watched by
+//!   revision and read by the production record differ; `kv-events` and `kv_metrics` as the
+//!   envelope bytes the production decoders read; recovery queries answered by the workers. A
+//!   DC-plane partition is a turmoil partition (drop) or hold (stall) between `relay` and
+//!   `planes`.
 //! - `consumer-a` runs the reference [`RelayConsumer`] over turmoil's network.
 //! - `checker` plays the scenario's fault script at its simulated times, records the truth
 //!   model, observes the consumer, then stops traffic, lets the system quiesce and evaluates
@@ -25,7 +31,7 @@
 pub mod incident;
 pub mod net;
 pub mod oracles;
-pub mod plane;
+pub mod planes;
 pub mod replay;
 pub mod scenario;
 pub mod timeline;
@@ -38,7 +44,6 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, UNIX_EPOCH};
 
-use futures::future::BoxFuture;
 use kvrelay::ckf::{Addressing, word_contains};
 use kvrelay::config::WanTuning;
 use kvrelay::consumer::{ConsumerConfig, ConsumerSnapshot, FilterStatus, RelayConsumer};
@@ -46,20 +51,21 @@ use kvrelay::control::ControlConfig;
 use kvrelay::demo::SharedDc;
 use kvrelay::discovery::DiscoveryScope;
 use kvrelay::identity::{ProducerIdentity, RelayIdentity, stable_dc_id};
-use kvrelay::inputs::{DcInput, RecoveryTarget, WorkerType};
+use kvrelay::inputs::{DcInput, WorkerType};
 use kvrelay::node::{NodeConfig, NodeHandle, RecoveryTransport, start_node_with_tap};
 use kvrelay::pool::ActorConfig;
 use kvrelay::publication::{HubConfig, PoolPublications};
 use kvrelay::rng::{RelayRng, derive_seed, rng_from_seed};
 use kvrelay::runtime::{InlineExecutor, WallClock};
-use kvrelay::sources::{RecoveryRequest, RecoveryResponse};
 use kvrelay::wan::{WanViews, serve};
 use kvrelay::wire::{validate_catalog_update, validate_readiness_update};
 use kvrelay::workload::SimulatedDc;
 use serde::Serialize;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
-use crate::plane::{DcPlane, PlaneMessage};
+use crate::planes::client::PlanesClient;
+use crate::planes::publisher::{Link, Publisher};
+use crate::planes::{PLANES_HOST, PlaneCounters, Planes};
 use crate::scenario::{ConsumerExpectation, Expect, Fault, Scenario, ScriptedFault};
 use crate::trace::{ConsumerTrace, EntryTrace, ProducerTrace, Stamped, Trace, TraceEvent};
 
@@ -86,8 +92,8 @@ const CONVERGENCE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often the observers sample the relay and the consumer.
 const RELAY_SAMPLE: Duration = Duration::from_millis(5);
 const CONSUMER_SAMPLE: Duration = Duration::from_millis(20);
-/// How often a recovery query held by a DC-plane partition looks for the repair.
-const PARTITION_POLL: Duration = Duration::from_millis(10);
+/// How often the planes host runs its leases.
+const LEASE_TICK: Duration = Duration::from_millis(50);
 
 /// Simulated milliseconds since the start of the current simulation (0 outside one).
 #[must_use]
@@ -241,7 +247,8 @@ struct World {
     scenario: Arc<Scenario>,
     script: Arc<Vec<ScriptedFault>>,
     dc: SharedDc,
-    plane: Arc<Mutex<DcPlane>>,
+    plane: Arc<Mutex<Planes>>,
+    publisher: Arc<Mutex<Publisher>>,
     skew_ms: Arc<AtomicI64>,
     boots: Arc<AtomicU64>,
     bounce: Arc<AtomicBool>,
@@ -325,10 +332,11 @@ impl Sim {
             scenario: Arc::new(scenario.clone()),
             script: Arc::new(scenario.script(self.seed, deployment.workers.len())),
             dc,
-            plane: Arc::new(Mutex::new(DcPlane::new(rng_from_seed(derive_seed(
+            plane: Arc::new(Mutex::new(Planes::new(rng_from_seed(derive_seed(
                 self.seed,
                 "sim/plane",
             ))))),
+            publisher: Arc::default(),
             skew_ms: Arc::default(),
             boots: Arc::default(),
             bounce: Arc::default(),
@@ -343,6 +351,11 @@ impl Sim {
         let mut sim = self.builder.build();
         let relay_world = world.clone();
         sim.host(RELAY_HOST, move || run_relay(relay_world.clone()));
+        register(&world);
+        sim.host(PLANES_HOST, {
+            let world = world.clone();
+            move || run_planes(world.clone())
+        });
         sim.client(DC_HOST, run_dc(world.clone(), dc_rng));
         sim.client(CONSUMER_HOST, run_consumer_host(world.clone()));
         sim.client(CHECKER_HOST, run_checker(world.clone()));
@@ -415,43 +428,14 @@ fn node_config(seed: u64, boot: u64, scenario: &Scenario) -> NodeConfig {
     }
 }
 
-/// Recovery queries over the DC's request plane: they fail while the planes are partitioned.
-#[derive(Debug, Clone)]
-struct PlaneRecovery {
-    dc: SharedDc,
-    plane: Arc<Mutex<DcPlane>>,
-}
-
-impl RecoveryTransport for PlaneRecovery {
-    /// A query sent during a partition waits (as TCP retransmits) until the repair, then is
-    /// answered; it fails if the partition outlasts the timeout.
-    fn query(
-        &self,
-        target: RecoveryTarget,
-        request: RecoveryRequest,
-        timeout: Duration,
-    ) -> BoxFuture<'static, Result<RecoveryResponse, String>> {
-        let recovery = self.clone();
-        Box::pin(async move {
-            let deadline = tokio::time::Instant::now() + timeout;
-            while lock(&recovery.plane).partitioned() {
-                if tokio::time::Instant::now() >= deadline {
-                    return Err("request plane partitioned".to_owned());
-                }
-                tokio::time::sleep(PARTITION_POLL).await;
-            }
-            recovery.dc.query(target, request, timeout).await
-        })
-    }
-}
-
 /// The relay host: node, DC-plane ingest, observer and WAN service. Rebuilt from nothing on
 /// every boot.
 async fn run_relay(world: World) -> HostResult {
     let boot = world.boots.fetch_add(1, Ordering::Relaxed);
     let clock: Arc<dyn WallClock> = Arc::new(SimWallClock { skew_ms: world.skew_ms.clone() });
-    let recovery: Arc<dyn RecoveryTransport> =
-        Arc::new(PlaneRecovery { dc: world.dc.clone(), plane: Arc::clone(&world.plane) });
+    let scope = DiscoveryScope::new(Vec::new(), Vec::new(), true).expect("watch-all is valid");
+    let (planes_client, recovery) = PlanesClient::new(scope, Arc::clone(&world.decode_errors));
+    let recovery: Arc<dyn RecoveryTransport> = Arc::new(recovery);
     let config = node_config(world.seed, boot, &world.scenario);
     let recorder = match &world.record {
         Some(root) => Some(start_sim_recorder(root, &config, &clock)?),
@@ -464,9 +448,10 @@ async fn run_relay(world: World) -> HostResult {
     let node =
         start_node_with_tap(config, Arc::new(InlineExecutor), Arc::clone(&clock), recovery, tap)?;
     world.trace.record(TraceEvent::RelayBoot { boot, incarnation: node.relay.relay_incarnation });
-    let listing = world.dc.with(|dc| dc.discovery_facts());
-    let receiver = lock(&world.plane).attach(listing);
-    tokio::spawn(ingest(receiver, node.inputs.clone(), Arc::clone(&world.decode_errors)));
+    // On the host's LocalSet: a bounce drops it after every runtime task, in a fixed order, so
+    // the segments its socket sends when dropped draw turmoil's latencies deterministically
+    // (runtime tasks are dropped in an order that depends on process-wide task ids).
+    tokio::task::spawn_local(planes_client.run(node.inputs.clone()));
     serve_node(world.trace.clone(), boot, node, clock).await
 }
 
@@ -507,26 +492,6 @@ fn start_sim_recorder(
         Arc::clone(clock),
         Arc::new(InlineExecutor),
     )
-}
-
-/// Decode what the DC planes deliver with the relay's decoders and hand it to the node.
-async fn ingest(
-    mut receiver: mpsc::UnboundedReceiver<PlaneMessage>,
-    inputs: mpsc::Sender<DcInput>,
-    decode_errors: Arc<AtomicU64>,
-) {
-    while let Some(message) = receiver.recv().await {
-        match message.decode() {
-            Ok(fact) => {
-                if inputs.send(fact).await.is_err() {
-                    return;
-                }
-            }
-            Err(_) => {
-                decode_errors.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
 }
 
 /// Record every catalog and readiness the relay publishes, and any catalogued producer whose
@@ -590,12 +555,14 @@ async fn run_dc(world: World, mut rng: RelayRng) -> HostResult {
     let workload = world.scenario.workload.clone();
     let mut ticks = tokio::time::interval(Duration::from_millis(workload.tick_ms));
     let mut tick_count = 0u64;
+    let mut link = Link::default();
     loop {
         ticks.tick().await;
         if world.traffic_off.load(Ordering::Relaxed) {
             // Workers report occupancy on change: once more after their last request.
             let facts = world.dc.with(|dc| dc.load_facts());
-            lock(&world.plane).publish(facts);
+            publish(&world, facts);
+            link.flush(&world.publisher).await;
             return Ok(());
         }
         tick_count += 1;
@@ -607,7 +574,59 @@ async fn run_dc(world: World, mut rng: RelayRng) -> HostResult {
             }
             facts
         });
-        lock(&world.plane).publish(facts);
+        publish(&world, facts);
+        link.flush(&world.publisher).await;
+    }
+}
+
+/// Queue what the workers did for host `dc` to send to the planes host: their registrations
+/// (when `facts` change discovery), then their event-plane messages.
+fn publish(world: &World, facts: Vec<DcInput>) {
+    let discovery = facts.iter().any(|fact| !planes::is_event_plane(fact));
+    let registrations = discovery
+        .then(|| planes::records::registrations(&world.dc.with(|dc| dc.discovery_facts())));
+    let mut publisher = lock(&world.publisher);
+    if let Some(registrations) = registrations {
+        publisher.register(registrations);
+    }
+    publisher.publish(facts);
+}
+
+/// Write the workers' registrations straight into the planes host's store (before the run, and
+/// on the planes host itself when a lease expired).
+fn register(world: &World) {
+    let registrations = planes::records::registrations(&world.dc.with(|dc| dc.discovery_facts()));
+    lock(&world.plane).register(&registrations, sim_ms());
+}
+
+/// The planes' counters with the publisher's.
+fn plane_counters(world: &World) -> PlaneCounters {
+    let publisher = lock(&world.publisher);
+    PlaneCounters {
+        stored_events: publisher.stored_events,
+        encode_errors: publisher.encode_errors,
+        ..lock(&world.plane).counters
+    }
+}
+
+/// The planes host: serves the relay host, and runs the discovery leases. A worker whose lease
+/// expired leaves the truth model's listing at that moment (the process lives on).
+async fn run_planes(world: World) -> HostResult {
+    tokio::spawn(planes::server::serve(Arc::clone(&world.plane), Arc::new(world.dc.clone())));
+    let mut ticks = tokio::time::interval(LEASE_TICK);
+    loop {
+        ticks.tick().await;
+        let expired = lock(&world.plane).tick(sim_ms());
+        for lease in expired {
+            world.dc.with(|dc| {
+                let index = (0..dc.workers().len()).find(|index| {
+                    dc.is_listed(*index) && dc.workers()[*index].worker_id() == lease
+                });
+                index.map(|index| dc.expire_lease(index))
+            });
+            register(&world);
+            record_truth(&world);
+        }
     }
 }
 
@@ -696,8 +715,20 @@ fn apply(world: &World, fault: &Fault, rng: &mut RelayRng) {
         Fault::StartWorker { worker, same_id } => {
             dc.with(|dc| dc.start_worker(*worker, *same_id, rng))
         }
-        Fault::ExpireLease { worker } => dc.with(|dc| dc.expire_lease(*worker)),
-        Fault::RenewLease { worker } => dc.with(|dc| dc.renew_lease(*worker)),
+        Fault::ExpireLease { worker } => {
+            // The process stops its keep-alives; the planes host expires the lease a TTL later.
+            if let Some(lease) = listed_worker_id(world, *worker) {
+                lock(&world.plane).set_keepalive(lease, false);
+            }
+            Vec::new()
+        }
+        Fault::RenewLease { worker } => match listed_worker_id(world, *worker) {
+            Some(lease) => {
+                lock(&world.plane).set_keepalive(lease, true);
+                Vec::new()
+            }
+            None => dc.with(|dc| dc.renew_lease(*worker)),
+        },
         Fault::BeginOverlap { worker } => dc.with(|dc| dc.begin_overlap(*worker, rng)),
         Fault::EndOverlap { worker } => dc.with(|dc| dc.end_overlap(*worker)),
         Fault::LoadAdapter { worker, adapter } => dc.with(|dc| dc.load_adapter(*worker, adapter)),
@@ -721,16 +752,8 @@ fn apply(world: &World, fault: &Fault, rng: &mut RelayRng) {
             turmoil::release(RELAY_HOST, CONSUMER_HOST);
             Vec::new()
         }
-        Fault::DcPartition { mode } => {
-            lock(&world.plane).partition(*mode);
-            Vec::new()
-        }
-        Fault::DcRepair => {
-            lock(&world.plane).repair();
-            Vec::new()
-        }
-        Fault::EventNoise(noise) => {
-            lock(&world.plane).set_noise(*noise);
+        Fault::DcPartition { .. } | Fault::DcRepair | Fault::EventNoise(_) => {
+            planes::apply_fault(&world.plane, RELAY_HOST, fault);
             Vec::new()
         }
         Fault::RelayRestart => {
@@ -742,7 +765,12 @@ fn apply(world: &World, fault: &Fault, rng: &mut RelayRng) {
             Vec::new()
         }
     };
-    lock(&world.plane).publish(facts);
+    publish(world, facts);
+}
+
+/// The worker id of worker `index` if it is listed.
+fn listed_worker_id(world: &World, index: usize) -> Option<u64> {
+    world.dc.with(|dc| dc.is_listed(index).then(|| dc.workers()[index].worker_id()))
 }
 
 /// Record the long-lived consumer's view whenever it changes.
@@ -787,7 +815,7 @@ async fn run_checker(world: World) -> HostResult {
     }
     tokio::time::sleep_until(start + scenario::run_duration(&world.scenario)).await;
     world.traffic_off.store(true, Ordering::Relaxed);
-    let planes = lock(&world.plane).counters;
+    let planes = plane_counters(&world);
     world.trace.record(TraceEvent::TrafficOff { planes });
     tokio::time::sleep(QUIESCENCE).await;
     let result = evaluate(&world).await;

@@ -14,7 +14,7 @@ use kvrelay::registry::PoolDescriptor;
 use kvrelay::topology::TopologyEntry;
 use serde::Serialize;
 
-use crate::plane::PlaneCounters;
+use crate::planes::PlaneCounters;
 use crate::scenario::Fault;
 
 /// A producer as the trace names it.

@@ -14,8 +14,11 @@
 //!   the journal's end, lets the WAN quiesce and evaluates the checks.
 //!
 //! With `dc-partition` or `event-noise` in the script the inputs travel through the simulated
-//! DC planes ([`DcPlane`]: event-plane inputs as wire bytes, decoded by the relay's decoders),
-//! which queue, drop, lose, duplicate or reorder them; otherwise they go to the node as recorded.
+//! DC planes: a `planes` host as in a scenario ([`crate::planes`]). The feeder writes the
+//! discovery state each discovery input leaves as registrations and encodes event-plane inputs
+//! to their wire bytes; the relay host reads them back over turmoil TCP with the production
+//! record differ and decoders, so a partition, stall or noise acts on them as on a live DC.
+//! Otherwise the inputs go to the node as recorded.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -31,8 +34,13 @@ use kvrelay::runtime::{InlineExecutor, ManualWallClock, WallClock};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use super::listing::DiscoveryState;
 use super::listing::listing_after;
-use crate::plane::DcPlane;
+use crate::planes::client::PlanesClient;
+use crate::planes::frame::ToPlanes;
+use crate::planes::publisher::Publisher;
+use crate::planes::records::registrations;
+use crate::planes::{self, Planes};
 use crate::scenario::{Expect, Fault, ScriptedFault};
 use crate::trace::{EntryTrace, Trace, TraceEvent};
 use crate::{
@@ -53,7 +61,11 @@ pub(super) struct ReplayWorld {
     /// The consumer connects only once the journal's end has passed.
     pub consumer_after_end: bool,
     /// The simulated DC planes, when the script has plane faults.
-    pub plane: Option<Arc<Mutex<DcPlane>>>,
+    pub plane: Option<Arc<Mutex<Planes>>>,
+    /// The discovery state the inputs fed so far leave (kept only with planes).
+    pub discovery: Arc<Mutex<DiscoveryState>>,
+    /// Encodes event-plane inputs for the planes (and counts them).
+    pub publisher: Arc<Mutex<Publisher>>,
     pub wall: Arc<ManualWallClock>,
     pub skew_ms: Arc<AtomicI64>,
     /// Index of the next journaled input to feed (survives relay restarts).
@@ -102,7 +114,7 @@ fn sim_elapsed() -> Duration {
 /// Where the feeder hands inputs.
 enum Sink {
     Node(mpsc::Sender<DcInput>),
-    Plane(Arc<Mutex<DcPlane>>),
+    Planes(Arc<Mutex<Planes>>),
 }
 
 /// The relay host: a node (the journal's on the first boot), the feeder, the relay observer and
@@ -135,13 +147,11 @@ pub(super) async fn run_relay(world: ReplayWorld) -> HostResult {
     world.trace.record(TraceEvent::RelayBoot { boot, incarnation: node.relay.relay_incarnation });
     let sink = match &world.plane {
         Some(plane) => {
-            let receiver = lock(plane).attach(listing);
-            tokio::spawn(crate::ingest(
-                receiver,
-                node.inputs.clone(),
-                Arc::clone(&world.decode_errors),
-            ));
-            Sink::Plane(Arc::clone(plane))
+            // The planes host keeps the discovery state across relay restarts: a new boot lists it.
+            let scope = world.replay.header().node.control.scope.clone();
+            let (client, _) = PlanesClient::new(scope, Arc::clone(&world.decode_errors));
+            tokio::task::spawn_local(client.run(node.inputs.clone()));
+            Sink::Planes(Arc::clone(plane))
         }
         None => {
             for fact in listing {
@@ -168,11 +178,35 @@ async fn feed(world: ReplayWorld, base: Instant, sink: Sink) {
                     return;
                 }
             }
-            Sink::Plane(plane) => lock(plane).publish(vec![input.clone()]),
+            Sink::Planes(plane) => publish(&world, plane, input),
         }
         world.next_input.store(index + 1, Ordering::Relaxed);
     }
     let _ = world.fed.send(true);
+}
+
+/// Hand `input` to the planes: a discovery input as the registrations the discovery state it
+/// leaves describes, an event-plane input as its wire bytes.
+fn publish(world: &ReplayWorld, plane: &Mutex<Planes>, input: &DcInput) {
+    let now = crate::sim_ms();
+    if planes::is_event_plane(input) {
+        let mut publisher = lock(&world.publisher);
+        publisher.publish(vec![input.clone()]);
+        if let Some(ToPlanes::Publish(publications)) = publisher.take() {
+            lock(plane).apply(publications, now);
+        }
+    } else {
+        let mut discovery = lock(&world.discovery);
+        discovery.apply(input);
+        lock(plane).register(&registrations(&discovery.listing()), now);
+    }
+}
+
+/// The planes host: serves the relay host (recovery queries reach no worker: a replay has
+/// none). Discovery leases never expire here: removals are the journal's inputs.
+pub(super) async fn run_planes(plane: Arc<Mutex<Planes>>) -> HostResult {
+    planes::server::serve(plane, Arc::new(NoRecovery)).await?;
+    Ok(())
 }
 
 /// Wait until every input was fed and the node's time passed the journal's end.
@@ -192,19 +226,16 @@ pub(super) async fn run_consumer_host(world: ReplayWorld) -> HostResult {
 }
 
 fn apply(world: &ReplayWorld, fault: &Fault) {
-    let plane = |act: &dyn Fn(&mut DcPlane)| {
-        if let Some(plane) = &world.plane {
-            act(&mut lock(plane));
-        }
-    };
     match fault {
         Fault::WanPartition => turmoil::partition(RELAY_HOST, CONSUMER_HOST),
         Fault::WanRepair => turmoil::repair(RELAY_HOST, CONSUMER_HOST),
         Fault::WanHold => turmoil::hold(RELAY_HOST, CONSUMER_HOST),
         Fault::WanRelease => turmoil::release(RELAY_HOST, CONSUMER_HOST),
-        Fault::DcPartition { mode } => plane(&|p| p.partition(*mode)),
-        Fault::DcRepair => plane(&DcPlane::repair),
-        Fault::EventNoise(noise) => plane(&|p| p.set_noise(*noise)),
+        Fault::DcPartition { .. } | Fault::DcRepair | Fault::EventNoise(_) => {
+            if let Some(plane) = &world.plane {
+                planes::apply_fault(plane, RELAY_HOST, fault);
+            }
+        }
         Fault::RelayRestart => world.bounce.store(true, Ordering::Relaxed),
         Fault::ClockSkew { ms } => world.skew_ms.store(*ms, Ordering::Relaxed),
         // Refused when the script was checked (`faults::check`).
@@ -227,7 +258,14 @@ pub(super) async fn run_checker(world: ReplayWorld) -> HostResult {
     }
     journal_end(&world).await;
     let report = world.replay.report();
-    let planes = world.plane.as_ref().map(|plane| lock(plane).counters).unwrap_or_default();
+    let planes = world.plane.as_ref().map_or_else(Default::default, |plane| {
+        let publisher = lock(&world.publisher);
+        crate::planes::PlaneCounters {
+            stored_events: publisher.stored_events,
+            encode_errors: publisher.encode_errors,
+            ..lock(plane).counters
+        }
+    });
     world.trace.record(TraceEvent::TrafficOff { planes });
     tokio::time::sleep(QUIESCENCE).await;
     let (checks, digest) = evaluate(&world, &report).await;

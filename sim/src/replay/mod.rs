@@ -27,7 +27,7 @@ use kvrelay::runtime::ManualWallClock;
 use tokio::sync::watch;
 
 pub use self::report::{render, replay_paused, verdict};
-use crate::plane::DcPlane;
+use crate::planes::{PLANES_HOST, Planes};
 use crate::scenario::{Expect, ScriptedFault};
 use crate::trace::{self, Stamped, Trace};
 use crate::{CHECKER_HOST, CONSUMER_HOST, Check, RELAY_HOST, Sim, lock};
@@ -101,10 +101,11 @@ pub fn replay(path: &Path, setup: &ReplaySetup) -> anyhow::Result<ReplayOutcome>
     let script = faults::check(setup.faults.clone())?;
     let replay = Arc::new(JournalReplay::open(path, ReplayOptions { until: setup.until })?);
     let plane = faults::need_planes(&script).then(|| {
-        Arc::new(Mutex::new(DcPlane::new(rng_from_seed(derive_seed(setup.seed, "replay/plane")))))
+        Arc::new(Mutex::new(Planes::new(rng_from_seed(derive_seed(setup.seed, "replay/plane")))))
     });
     let (fed, _) = watch::channel(false);
     let (done, _) = watch::channel(false);
+    let scope = replay.header().node.control.scope.clone();
     let world = hosts::ReplayWorld {
         wall: Arc::new(ManualWallClock::new(replay.header().wall_origin_us)),
         replay,
@@ -112,6 +113,8 @@ pub fn replay(path: &Path, setup: &ReplaySetup) -> anyhow::Result<ReplayOutcome>
         script: Arc::new(script),
         expect: setup.expect.clone().map(Arc::new),
         consumer_after_end: setup.consumer_after_end,
+        discovery: Arc::new(Mutex::new(listing::DiscoveryState::new(scope))),
+        publisher: Arc::default(),
         plane,
         skew_ms: Arc::default(),
         next_input: Arc::default(),
@@ -134,6 +137,10 @@ pub fn replay(path: &Path, setup: &ReplaySetup) -> anyhow::Result<ReplayOutcome>
     let mut sim = builder.build();
     let relay_world = world.clone();
     sim.host(RELAY_HOST, move || hosts::run_relay(relay_world.clone()));
+    if let Some(plane) = &world.plane {
+        let plane = Arc::clone(plane);
+        sim.host(PLANES_HOST, move || hosts::run_planes(Arc::clone(&plane)));
+    }
     sim.client(CONSUMER_HOST, hosts::run_consumer_host(world.clone()));
     sim.client(CHECKER_HOST, hosts::run_checker(world.clone()));
     let error = loop {
