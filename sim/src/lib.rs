@@ -823,8 +823,14 @@ fn truth_hashes(dc: &SimulatedDc, endpoint: &str) -> Vec<u64> {
         .collect()
 }
 
-fn no_false_negatives(world: &World, consumer: &RelayConsumer) -> Check {
-    let snapshot = consumer.snapshot();
+/// Every block the truth model holds for each pool the relay catalogues (as `catalogued`, a
+/// fresh subscriber's view, shows it) is in `consumer`'s replica of that pool.
+fn no_false_negatives(
+    world: &World,
+    consumer: &RelayConsumer,
+    catalogued: &ConsumerSnapshot,
+) -> Check {
+    let snapshot = catalogued;
     let capacity = world.scenario.expect.capacity_omissions;
     let mut cached_total = 0usize;
     let mut omitted_total = 0usize;
@@ -873,11 +879,15 @@ fn no_false_negatives(world: &World, consumer: &RelayConsumer) -> Check {
     }
 }
 
-/// Every catalogued pool's load is complete and sums what the truth model says its listed
-/// workers hold.
-fn load_converged(world: &World, snapshot: &ConsumerSnapshot) -> Check {
+/// At the consumer whose view is `snapshot`, every pool the relay catalogues (`catalogued`) has
+/// a complete load that sums what the truth model says its listed workers hold.
+fn load_converged(
+    world: &World,
+    snapshot: &ConsumerSnapshot,
+    catalogued: &ConsumerSnapshot,
+) -> Check {
     let mut wrong = Vec::new();
-    for pool in &snapshot.pools {
+    for pool in &catalogued.pools {
         let endpoint = pool.descriptor.serving_endpoint.to_string();
         let expected = world.dc.with(|dc| truth_hashes(dc, &endpoint)).len() as u64;
         let load = snapshot.load.iter().find(|load| load.producer == pool.producer);
@@ -890,7 +900,7 @@ fn load_converged(world: &World, snapshot: &ConsumerSnapshot) -> Check {
         name: "load-converges",
         passed: wrong.is_empty(),
         detail: if wrong.is_empty() {
-            format!("{} pools report their truth occupancy", snapshot.pools.len())
+            format!("{} pools report their truth occupancy", catalogued.pools.len())
         } else {
             wrong.join(", ")
         },
@@ -923,9 +933,15 @@ fn no_phantom_pools(world: &World, snapshot: &ConsumerSnapshot) -> Check {
     }
 }
 
-fn consumer_followed(expectation: ConsumerExpectation, snapshot: &ConsumerSnapshot) -> Check {
+/// The consumer's streams to the `pools` expected pools went as `expectation` says.
+fn consumer_followed(
+    expectation: ConsumerExpectation,
+    pools: usize,
+    consumer: &RelayConsumer,
+) -> Check {
+    let snapshot = consumer.snapshot();
     let counters = &snapshot.counters;
-    let pools = snapshot.pools.len() as u64;
+    let pools = pools as u64;
     let passed = match expectation {
         ConsumerExpectation::Any => true,
         ConsumerExpectation::Resubscribed => {
@@ -1059,7 +1075,10 @@ async fn evaluate(world: &World) -> Verdict {
     // Recovery may still be under way (a query held by a partition ends at the repair, or
     // times out and retries): the blocks must arrive within the convergence bound.
     let complete = within_convergence(|| {
-        at_every_consumer(&consumers, |_, consumer| no_false_negatives(world, consumer))
+        let catalogued = reference.snapshot();
+        at_every_consumer(&consumers, |_, consumer| {
+            no_false_negatives(world, consumer, &catalogued)
+        })
     })
     .await;
     let equal = within_convergence(|| {
@@ -1072,7 +1091,10 @@ async fn evaluate(world: &World) -> Verdict {
     checks.push(equal);
     checks.push(complete);
     let load = within_convergence(|| {
-        at_every_consumer(&consumers, |_, consumer| load_converged(world, &consumer.snapshot()))
+        let catalogued = reference.snapshot();
+        at_every_consumer(&consumers, |_, consumer| {
+            load_converged(world, &consumer.snapshot(), &catalogued)
+        })
     })
     .await;
     checks.push(load);
@@ -1080,7 +1102,7 @@ async fn evaluate(world: &World) -> Verdict {
         no_phantom_pools(world, &consumer.snapshot())
     }));
     checks.push(at_every_consumer(&consumers, |index, consumer| {
-        consumer_followed(scenario.expect.consumer.of(index), &consumer.snapshot())
+        consumer_followed(scenario.expect.consumer.of(index), scenario.expect.pools, consumer)
     }));
     let decode_errors = world.decode_errors.load(Ordering::Relaxed);
     checks.push(Check {

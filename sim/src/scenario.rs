@@ -931,6 +931,86 @@ readiness = { tiny-llm = "ready" }
     }
 
     #[test]
+    fn wan_faults_name_consumers_and_default_to_the_first() {
+        let text = format!(
+            "{MINIMAL}\n[[faults]]\nat_ms = 100\naction = \"wan-partition\"\nconsumer = \"b\"\n\
+             [[faults]]\nat_ms = 200\naction = \"wan-hold\"\nconsumer = \"consumer-b\"\n\
+             [[faults]]\nat_ms = 300\naction = \"wan-repair\"\nconsumer = 1\n\
+             [[faults]]\nat_ms = 400\naction = \"wan-release\"\nconsumer = \"all\"\n\
+             [[faults]]\nat_ms = 500\naction = \"wan-partition\"\n"
+        );
+        let scenario = Scenario::parse(&text, "x").unwrap();
+        assert_eq!(scenario.topology.consumers, CONSUMERS_DEFAULT);
+        let b = Some(ConsumerTarget::One(1));
+        let written: Vec<Option<Option<ConsumerTarget>>> =
+            scenario.faults.iter().map(|f| f.fault.consumer()).collect();
+        let all = Some(ConsumerTarget::All);
+        assert_eq!(written, vec![Some(b), Some(b), Some(b), Some(all), Some(None)]);
+        let script = scenario.script(0, 5);
+        assert_eq!(script[4].fault, Fault::WanPartition { consumer: Some(ConsumerTarget::One(0)) });
+        assert_eq!(serde_json::to_value(&script[0].fault).unwrap()["consumer"], "b");
+        assert_eq!(ConsumerTarget::All.indices(3), vec![0, 1, 2]);
+        assert_eq!(consumer_host(2), "consumer-c");
+        let missing = text.replace("consumer = 1", "consumer = 2");
+        assert!(matches!(Scenario::parse(&missing, "x"), Err(ScenarioError::Invalid { .. })));
+        let garbled = text.replace("consumer = \"b\"", "consumer = \"bee\"");
+        assert!(matches!(Scenario::parse(&garbled, "x"), Err(ScenarioError::Parse { .. })));
+        let none = MINIMAL.replace("preset = \"demo\"", "preset = \"demo\"\nconsumers = 0");
+        assert!(matches!(Scenario::parse(&none, "x"), Err(ScenarioError::Invalid { .. })));
+    }
+
+    #[test]
+    fn consumer_expectations_apply_to_every_consumer_or_per_letter() {
+        let every = format!("{MINIMAL}consumer = \"kept-streams\"\n");
+        let scenario = Scenario::parse(&every, "x").unwrap();
+        assert_eq!(scenario.expect.consumer.of(0), ConsumerExpectation::KeptStreams);
+        assert_eq!(scenario.expect.consumer.of(1), ConsumerExpectation::KeptStreams);
+        let each = format!("{MINIMAL}consumer = {{ b = \"resubscribed\" }}\n");
+        let scenario = Scenario::parse(&each, "x").unwrap();
+        assert_eq!(scenario.expect.consumer.of(0), ConsumerExpectation::Any);
+        assert_eq!(scenario.expect.consumer.of(1), ConsumerExpectation::Resubscribed);
+        let beyond = format!("{MINIMAL}consumer = {{ c = \"resubscribed\" }}\n");
+        assert!(matches!(Scenario::parse(&beyond, "x"), Err(ScenarioError::Invalid { .. })));
+    }
+
+    #[test]
+    fn a_legacy_prefill_group_is_a_card_without_worker_type_marked_prefill() {
+        let text = "run_ms = 1000\n[topology]\n[[topology.workers]]\n\
+                    endpoint = \"lp/prefill/generate\"\nmodel = \"m\"\nrole = \"legacy-prefill\"\n\
+                    [expect]\npools = 1\nreadiness = {}\n";
+        let scenario = Scenario::parse(text, "x").unwrap();
+        let spec = &scenario.deployment().unwrap().workers[0];
+        assert_eq!(spec.worker_type, None);
+        assert!(spec.needs.is_empty());
+        assert!(spec.card_model_type().supports_prefill());
+        assert!(spec.publishes_kv);
+    }
+
+    #[test]
+    fn drawn_wan_faults_pick_a_consumer_from_the_seed() {
+        let text = format!(
+            "{MINIMAL}\n[random_faults]\ncount = 8\nkinds = [\"wan-partition\", \
+             \"stalled-consumer\"]\nfrom_ms = 100\nuntil_ms = 900\n"
+        );
+        let scenario = Scenario::parse(
+            &text.replace("preset = \"demo\"", "preset = \"demo\"\nconsumers = 3"),
+            "x",
+        )
+        .unwrap();
+        let mut targets = std::collections::BTreeSet::new();
+        for seed in 0..8 {
+            for scripted in scenario.script(seed, 5) {
+                let Some(Some(ConsumerTarget::One(index))) = scripted.fault.consumer() else {
+                    panic!("a drawn WAN fault names one consumer: {scripted:?}");
+                };
+                assert!(index < 3);
+                targets.insert(index);
+            }
+        }
+        assert_eq!(targets.len(), 3, "every consumer is drawn for some seed");
+    }
+
+    #[test]
     fn unknown_fields_are_rejected() {
         let text = MINIMAL.replace("run_ms", "run_msec");
         assert!(matches!(Scenario::parse(&text, "x"), Err(ScenarioError::Parse { .. })));

@@ -140,9 +140,9 @@ fn the_lru_index_holds_exactly_the_leaves() {
         let cache = &w.ranks()[0];
         let leaves: BTreeSet<(u64, u64)> = cache
             .blocks
-            .iter()
-            .filter(|(_, block)| block.children == 0)
-            .map(|(canonical, block)| (block.last_used, *canonical))
+            .values()
+            .filter(|block| block.children == 0)
+            .map(|block| (block.last_used, block.canonical))
             .collect();
         assert_eq!(cache.leaves, leaves, "round {round}");
         assert!(cache.len() <= 12);
