@@ -81,6 +81,9 @@ const CONVERGENCE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often the observers sample the relay and the consumer.
 const RELAY_SAMPLE: Duration = Duration::from_millis(5);
 const CONSUMER_SAMPLE: Duration = Duration::from_millis(20);
+/// How long (wall-clock) a consumer's HTTP/2 connection remembers streams it reset: longer than
+/// any run, so h2's real-time expiry never decides how a late frame is treated.
+const H2_RESET_MEMORY: Duration = Duration::from_secs(24 * 3600);
 /// How often a recovery query held by a DC-plane partition looks for the repair.
 const PARTITION_POLL: Duration = Duration::from_millis(10);
 
@@ -551,7 +554,12 @@ async fn run_dc(world: World, mut rng: RelayRng) -> HostResult {
 }
 
 fn start_consumer(world: &World, host: &str) -> Result<RelayConsumer, HostResultError> {
-    let endpoint = kvrelay::consumer::endpoint(&format!("http://{RELAY_HOST}:{RELAY_PORT}"))?;
+    // h2 remembers a locally reset stream for a span of real (wall-clock) time, 1 s by default,
+    // and treats late frames for it differently once forgotten: a wall-clock leak into the
+    // simulation that made runs under load diverge. Remembering resets far longer than any run
+    // keeps the outcome a function of the seed (the count-based limit still applies).
+    let endpoint = kvrelay::consumer::endpoint(&format!("http://{RELAY_HOST}:{RELAY_PORT}"))?
+        .http2_reset_stream_duration(H2_RESET_MEMORY);
     let channel = endpoint.connect_with_connector_lazy(net::connector(RELAY_HOST, RELAY_PORT));
     let config =
         ConsumerConfig { subscriber_id: format!("sim-{host}"), ..ConsumerConfig::default() };
