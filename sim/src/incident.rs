@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::replay::listing::DiscoveryState;
 use crate::replay::{ReplayOutcome, ReplaySetup, replay, replay_paused};
-use crate::scenario::{ConsumerExpectation, Expect, ExpectedState, ScriptedFault, toml_files};
+use crate::scenario::{ConsumerExpectations, Expect, ExpectedState, ScriptedFault, toml_files};
 
 /// One incident file.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -163,7 +163,7 @@ pub fn cut(journal: &Path, from: Duration, to: Duration, out: &Path) -> anyhow::
     let expect = Expect {
         pools: state.catalog.len(),
         readiness: state.readiness.iter().filter_map(|entry| expected_state(entry)).collect(),
-        consumer: ConsumerExpectation::Any,
+        consumer: ConsumerExpectations::default(),
         capacity_omissions: false,
     };
 

@@ -16,10 +16,11 @@
 //!   envelope bytes the production decoders read; recovery queries answered by the workers. A
 //!   DC-plane partition is a turmoil partition (drop) or hold (stall) between `relay` and
 //!   `planes`.
-//! - `consumer-a` runs the reference [`RelayConsumer`] over turmoil's network.
+//! - `consumer-a`, `consumer-b`, ... (`[topology] consumers`, default 2) each run the reference
+//!   [`RelayConsumer`] over turmoil's network; WAN faults target one of them (or all).
 //! - `checker` plays the scenario's fault script at its simulated times, records the truth
-//!   model, observes the consumer, then stops traffic, lets the system quiesce and evaluates
-//!   the oracles (see [`oracles`] for the trace oracles and [`Sim::run`] for the final ones).
+//!   model, observes every consumer, then stops traffic, lets the system quiesce and evaluates
+//!   the oracles over every consumer (see [`oracles`] for the trace oracles and [`Sim::run`] for the final ones).
 //!
 //! [`replay`] runs a recorded journal's node on the same kind of relay host, fed the journaled
 //! inputs instead of the DC, with faults layered on; [`incident`] turns a journal window into a
@@ -51,7 +52,7 @@ use kvrelay::control::ControlConfig;
 use kvrelay::demo::SharedDc;
 use kvrelay::discovery::DiscoveryScope;
 use kvrelay::identity::{ProducerIdentity, RelayIdentity, stable_dc_id};
-use kvrelay::inputs::{DcInput, WorkerType};
+use kvrelay::inputs::{DcInput, WorkerType, normalize_legacy_prefill};
 use kvrelay::node::{NodeConfig, NodeHandle, RecoveryTransport, start_node_with_tap};
 use kvrelay::pool::ActorConfig;
 use kvrelay::publication::{HubConfig, PoolPublications};
@@ -66,14 +67,16 @@ use tokio::sync::watch;
 use crate::planes::client::PlanesClient;
 use crate::planes::publisher::{Link, Publisher};
 use crate::planes::{PLANES_HOST, PlaneCounters, Planes};
-use crate::scenario::{ConsumerExpectation, Expect, Fault, Scenario, ScriptedFault};
+use crate::scenario::{
+    ConsumerExpectation, ConsumerTarget, Expect, Fault, Scenario, ScriptedFault,
+};
 use crate::trace::{ConsumerTrace, EntryTrace, ProducerTrace, Stamped, Trace, TraceEvent};
 
 /// The relay host's name on turmoil's network.
 pub const RELAY_HOST: &str = "relay";
 /// The DC driver's host.
 pub const DC_HOST: &str = "dc";
-/// The long-lived consumer host's name.
+/// The first long-lived consumer host's name (see [`scenario::consumer_host`]).
 pub const CONSUMER_HOST: &str = "consumer-a";
 /// The host that plays the scenario and evaluates the oracles.
 pub const CHECKER_HOST: &str = "checker";
@@ -94,6 +97,9 @@ const RELAY_SAMPLE: Duration = Duration::from_millis(5);
 const CONSUMER_SAMPLE: Duration = Duration::from_millis(20);
 /// How often the planes host runs its leases.
 const LEASE_TICK: Duration = Duration::from_millis(50);
+/// How long (wall-clock) a consumer's HTTP/2 connection remembers streams it reset: longer than
+/// any run, so h2's real-time expiry never decides how a late frame is treated.
+const H2_RESET_MEMORY: Duration = Duration::from_secs(24 * 3600);
 
 /// Simulated milliseconds since the start of the current simulation (0 outside one).
 #[must_use]
@@ -138,14 +144,14 @@ pub struct FinalPool {
     pub roles: Vec<String>,
     /// Canonical model ids registered.
     pub models: Vec<String>,
-    /// Filter status at the long-lived consumer.
+    /// Filter status at the first long-lived consumer.
     pub status: &'static str,
 }
 
 /// The final catalog, readiness and a compact trace summary (what the snapshots hold).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
 pub struct FinalView {
-    /// Pools in the long-lived consumer's catalog.
+    /// Pools in the first long-lived consumer's catalog.
     pub catalog: Vec<FinalPool>,
     /// Its readiness entries.
     pub readiness: Vec<EntryTrace>,
@@ -254,7 +260,8 @@ struct World {
     bounce: Arc<AtomicBool>,
     traffic_off: Arc<AtomicBool>,
     decode_errors: Arc<AtomicU64>,
-    consumer: Arc<Mutex<Option<Arc<RelayConsumer>>>>,
+    /// The long-lived consumers by index, each once its host started it.
+    consumers: Arc<Mutex<Vec<Option<Arc<RelayConsumer>>>>>,
     trace: Trace,
     done: watch::Sender<bool>,
     result: Arc<Mutex<Option<Verdict>>>,
@@ -302,17 +309,18 @@ impl Sim {
     /// Play `scenario` to the end and evaluate the oracles: the trace oracles of [`oracles`],
     /// then on the final state
     ///
-    /// - **catalog-and-readiness-converge**: the long-lived and a fresh consumer both reach the
+    /// - **catalog-and-readiness-converge**: every long-lived consumer and a fresh one reach the
     ///   expected pool count (every replica installed) and exactly the expected readiness;
-    /// - **replica-equals-relay**: every replica of `consumer-a` equals what a fresh subscriber
-    ///   receives;
+    /// - **replica-equals-relay**: every replica of every long-lived consumer equals what a
+    ///   fresh subscriber receives;
     /// - **no-false-negatives**: every canonical block the truth model says a pool's listed
-    ///   workers hold is in `consumer-a`'s replica (with expected capacity omissions: at most
-    ///   the blocks the filter's occupancy cannot account for are absent);
-    /// - **load-converges**: every catalogued pool's load is complete and sums the truth model's
-    ///   occupancy of its listed workers (workers report once more when traffic stops);
+    ///   workers hold is in every long-lived consumer's replica (with expected capacity
+    ///   omissions: at most the blocks the filter's occupancy cannot account for are absent);
+    /// - **load-converges**: at every long-lived consumer, every catalogued pool's load is
+    ///   complete and sums the truth model's occupancy of its listed workers (workers report
+    ///   once more when traffic stops);
     /// - **no-phantom-pools**: every catalogued pool's endpoint has a listed KV publisher;
-    /// - **consumer-followed**: the scenario's expectation of the consumer's streams.
+    /// - **consumer-followed**: the scenario's expectation of each consumer's streams.
     #[must_use]
     pub fn run(self, scenario: &Scenario) -> Outcome {
         let file = scenario.file();
@@ -342,7 +350,7 @@ impl Sim {
             bounce: Arc::default(),
             traffic_off: Arc::default(),
             decode_errors: Arc::default(),
-            consumer: Arc::default(),
+            consumers: Arc::new(Mutex::new(vec![None; scenario.topology.consumers])),
             trace: Trace::default(),
             done,
             result: Arc::default(),
@@ -357,7 +365,9 @@ impl Sim {
             move || run_planes(world.clone())
         });
         sim.client(DC_HOST, run_dc(world.clone(), dc_rng));
-        sim.client(CONSUMER_HOST, run_consumer_host(world.clone()));
+        for index in 0..scenario.topology.consumers {
+            sim.client(scenario::consumer_host(index), run_consumer_host(world.clone(), index));
+        }
         sim.client(CHECKER_HOST, run_checker(world.clone()));
         let error = loop {
             if world.bounce.swap(false, Ordering::Relaxed) {
@@ -630,13 +640,18 @@ async fn run_planes(world: World) -> HostResult {
     }
 }
 
-fn start_consumer(world: &World, host: &'static str) -> Result<RelayConsumer, HostResultError> {
+fn start_consumer(world: &World, host: &str) -> Result<RelayConsumer, HostResultError> {
     consumer_for(world.seed, host)
 }
 
 /// A reference consumer on `host` following the relay host, its generator derived from `seed`.
-fn consumer_for(seed: u64, host: &'static str) -> Result<RelayConsumer, HostResultError> {
-    let endpoint = kvrelay::consumer::endpoint(&format!("http://{RELAY_HOST}:{RELAY_PORT}"))?;
+fn consumer_for(seed: u64, host: &str) -> Result<RelayConsumer, HostResultError> {
+    // h2 remembers a locally reset stream for a span of real (wall-clock) time, 1 s by default,
+    // and treats late frames for it differently once forgotten: a wall-clock leak into the
+    // simulation that made runs under load diverge. Remembering resets far longer than any run
+    // keeps the outcome a function of the seed (the count-based limit still applies).
+    let endpoint = kvrelay::consumer::endpoint(&format!("http://{RELAY_HOST}:{RELAY_PORT}"))?
+        .http2_reset_stream_duration(H2_RESET_MEMORY);
     let channel = endpoint.connect_with_connector_lazy(net::connector(RELAY_HOST, RELAY_PORT));
     let config =
         ConsumerConfig { subscriber_id: format!("sim-{host}"), ..ConsumerConfig::default() };
@@ -646,40 +661,55 @@ fn consumer_for(seed: u64, host: &'static str) -> Result<RelayConsumer, HostResu
 
 type HostResultError = Box<dyn std::error::Error>;
 
-/// The long-lived consumer: follows the relay until the checker is done.
-async fn run_consumer_host(world: World) -> HostResult {
-    hold_consumer(world.seed, Arc::clone(&world.consumer), world.done.subscribe()).await
+/// Long-lived consumer `index`: follows the relay until the checker is done.
+async fn run_consumer_host(world: World, index: usize) -> HostResult {
+    let host = scenario::consumer_host(index);
+    hold_consumer(world.seed, &host, index, Arc::clone(&world.consumers), world.done.subscribe())
+        .await
 }
 
-/// Run the long-lived consumer, shared through `slot`, until `done`.
+/// Consumers shared between the hosts that run them and the hosts that watch them.
+type ConsumerSlots = Arc<Mutex<Vec<Option<Arc<RelayConsumer>>>>>;
+
+/// Run a consumer on `host` in `slots[index]` until `done`.
 async fn hold_consumer(
     seed: u64,
-    slot: Arc<Mutex<Option<Arc<RelayConsumer>>>>,
+    host: &str,
+    index: usize,
+    slots: ConsumerSlots,
     mut done: watch::Receiver<bool>,
 ) -> HostResult {
-    let consumer = Arc::new(consumer_for(seed, CONSUMER_HOST)?);
-    *lock(&slot) = Some(Arc::clone(&consumer));
+    let consumer = Arc::new(consumer_for(seed, host)?);
+    if let Some(slot) = lock(&slots).get_mut(index) {
+        *slot = Some(Arc::clone(&consumer));
+    }
     let _ = done.wait_for(|done| *done).await;
     consumer.shutdown().await;
     Ok(())
 }
 
 /// Per base model: some listed worker serves it and every listed typed worker's needs are met
-/// (a listed legacy worker switches strict gating off).
+/// (a listed legacy worker switches strict gating off). Roles and needs are read from each
+/// worker's card after the relay's legacy-prefill normalization, so a legacy prefill card
+/// counts as a prefill worker needing decode.
 fn truth(dc: &SimulatedDc) -> BTreeMap<String, bool> {
     let mut roles: BTreeMap<String, BTreeSet<WorkerType>> = BTreeMap::new();
     let mut legacy: BTreeSet<String> = BTreeSet::new();
+    let mut listed: Vec<(String, Vec<Vec<WorkerType>>)> = Vec::new();
     for worker in dc.listed_workers() {
-        let spec = worker.spec();
-        match spec.worker_type {
+        let mut card = worker.card();
+        normalize_legacy_prefill(&mut card);
+        let model = worker.spec().model.clone();
+        match card.worker_type {
             Some(role) => {
-                roles.entry(spec.model.clone()).or_default().insert(role);
+                roles.entry(model.clone()).or_default().insert(role);
             }
             None => {
-                legacy.insert(spec.model.clone());
-                roles.entry(spec.model.clone()).or_default();
+                legacy.insert(model.clone());
+                roles.entry(model.clone()).or_default();
             }
         }
+        listed.push((model, card.needs));
     }
     let models: BTreeSet<String> = dc.workers().iter().map(|w| w.spec().model.clone()).collect();
     models
@@ -688,9 +718,9 @@ fn truth(dc: &SimulatedDc) -> BTreeMap<String, bool> {
             let servable = match roles.get(&model) {
                 None => false,
                 Some(_) if legacy.contains(&model) => true,
-                Some(present) => dc.listed_workers().filter(|w| w.spec().model == model).all(|w| {
-                    w.spec().needs.is_empty()
-                        || w.spec().needs.iter().any(|alt| alt.iter().all(|r| present.contains(r)))
+                Some(present) => listed.iter().filter(|(m, _)| *m == model).all(|(_, needs)| {
+                    needs.is_empty()
+                        || needs.iter().any(|alt| alt.iter().all(|r| present.contains(r)))
                 }),
             };
             (model, servable)
@@ -736,21 +766,17 @@ fn apply(world: &World, fault: &Fault, rng: &mut RelayRng) {
             dc.with(|dc| dc.unload_adapter(*worker, adapter))
         }
         Fault::ClearRank { worker, rank } => dc.with(|dc| dc.clear_rank(*worker, *rank)),
-        Fault::WanPartition => {
-            turmoil::partition(RELAY_HOST, CONSUMER_HOST);
-            Vec::new()
+        Fault::WanPartition { consumer } => {
+            wan_links(world, *consumer, |host| turmoil::partition(RELAY_HOST, host))
         }
-        Fault::WanRepair => {
-            turmoil::repair(RELAY_HOST, CONSUMER_HOST);
-            Vec::new()
+        Fault::WanRepair { consumer } => {
+            wan_links(world, *consumer, |host| turmoil::repair(RELAY_HOST, host))
         }
-        Fault::WanHold => {
-            turmoil::hold(RELAY_HOST, CONSUMER_HOST);
-            Vec::new()
+        Fault::WanHold { consumer } => {
+            wan_links(world, *consumer, |host| turmoil::hold(RELAY_HOST, host))
         }
-        Fault::WanRelease => {
-            turmoil::release(RELAY_HOST, CONSUMER_HOST);
-            Vec::new()
+        Fault::WanRelease { consumer } => {
+            wan_links(world, *consumer, |host| turmoil::release(RELAY_HOST, host))
         }
         Fault::DcPartition { .. } | Fault::DcRepair | Fault::EventNoise(_) => {
             planes::apply_fault(&world.plane, RELAY_HOST, fault);
@@ -773,24 +799,50 @@ fn listed_worker_id(world: &World, index: usize) -> Option<u64> {
     world.dc.with(|dc| dc.is_listed(index).then(|| dc.workers()[index].worker_id()))
 }
 
-/// Record the long-lived consumer's view whenever it changes.
-async fn observe_consumer(world: World) {
-    follow_consumer(world.trace.clone(), Arc::clone(&world.consumer), world.done.subscribe()).await;
+/// Act on the WAN link between the relay and each consumer `target` names (the first when
+/// none); no DC facts.
+fn wan_links(
+    world: &World,
+    target: Option<ConsumerTarget>,
+    mut act: impl FnMut(&str),
+) -> Vec<DcInput> {
+    let target = target.unwrap_or(ConsumerTarget::One(0));
+    for index in target.indices(world.scenario.topology.consumers) {
+        act(&scenario::consumer_host(index));
+    }
+    Vec::new()
 }
 
-/// Record the view of the consumer in `slot` whenever it changes, until `done`.
-async fn follow_consumer(
+/// Record each long-lived consumer's view whenever it changes.
+async fn observe_consumers(world: World) {
+    let hosts: Vec<String> =
+        (0..world.scenario.topology.consumers).map(scenario::consumer_host).collect();
+    follow_consumers(
+        world.trace.clone(),
+        hosts,
+        Arc::clone(&world.consumers),
+        world.done.subscribe(),
+    )
+    .await;
+}
+
+/// Record the view of each consumer in `slots` (on the host of the same index) whenever it
+/// changes, until `done`.
+async fn follow_consumers(
     trace: Trace,
-    slot: Arc<Mutex<Option<Arc<RelayConsumer>>>>,
+    hosts: Vec<String>,
+    slots: ConsumerSlots,
     mut done: watch::Receiver<bool>,
 ) {
-    let mut last: Option<ConsumerTrace> = None;
+    let mut last: Vec<Option<ConsumerTrace>> = vec![None; hosts.len()];
     loop {
-        if let Some(consumer) = lock(&slot).clone() {
-            let view = ConsumerTrace::of(&consumer.snapshot());
+        let consumers = lock(&slots).clone();
+        for ((consumer, host), last) in consumers.iter().zip(&hosts).zip(&mut last) {
+            let Some(consumer) = consumer else { continue };
+            let view = ConsumerTrace::of(host, &consumer.snapshot());
             if last.as_ref() != Some(&view) {
                 trace.record(TraceEvent::Consumer(view.clone()));
-                last = Some(view);
+                *last = Some(view);
             }
         }
         tokio::select! {
@@ -806,7 +858,7 @@ async fn run_checker(world: World) -> HostResult {
     let start = tokio::time::Instant::now();
     let mut rng = rng_from_seed(derive_seed(world.seed, "sim/checker"));
     record_truth(&world);
-    tokio::spawn(observe_consumer(world.clone()));
+    tokio::spawn(observe_consumers(world.clone()));
     for scripted in world.script.iter() {
         tokio::time::sleep_until(start + Duration::from_millis(scripted.at_ms)).await;
         apply(&world, &scripted.fault, &mut rng);
@@ -914,8 +966,14 @@ fn truth_hashes(dc: &SimulatedDc, endpoint: &str) -> Vec<u64> {
         .collect()
 }
 
-fn no_false_negatives(world: &World, consumer: &RelayConsumer) -> Check {
-    let snapshot = consumer.snapshot();
+/// Every block the truth model holds for each pool the relay catalogues (as `catalogued`, a
+/// fresh subscriber's view, shows it) is in `consumer`'s replica of that pool.
+fn no_false_negatives(
+    world: &World,
+    consumer: &RelayConsumer,
+    catalogued: &ConsumerSnapshot,
+) -> Check {
+    let snapshot = catalogued;
     let capacity = world.scenario.expect.capacity_omissions;
     let mut cached_total = 0usize;
     let mut omitted_total = 0usize;
@@ -964,11 +1022,15 @@ fn no_false_negatives(world: &World, consumer: &RelayConsumer) -> Check {
     }
 }
 
-/// Every catalogued pool's load is complete and sums what the truth model says its listed
-/// workers hold.
-fn load_converged(world: &World, snapshot: &ConsumerSnapshot) -> Check {
+/// At the consumer whose view is `snapshot`, every pool the relay catalogues (`catalogued`) has
+/// a complete load that sums what the truth model says its listed workers hold.
+fn load_converged(
+    world: &World,
+    snapshot: &ConsumerSnapshot,
+    catalogued: &ConsumerSnapshot,
+) -> Check {
     let mut wrong = Vec::new();
-    for pool in &snapshot.pools {
+    for pool in &catalogued.pools {
         let endpoint = pool.descriptor.serving_endpoint.to_string();
         let expected = world.dc.with(|dc| truth_hashes(dc, &endpoint)).len() as u64;
         let load = snapshot.load.iter().find(|load| load.producer == pool.producer);
@@ -981,7 +1043,7 @@ fn load_converged(world: &World, snapshot: &ConsumerSnapshot) -> Check {
         name: "load-converges",
         passed: wrong.is_empty(),
         detail: if wrong.is_empty() {
-            format!("{} pools report their truth occupancy", snapshot.pools.len())
+            format!("{} pools report their truth occupancy", catalogued.pools.len())
         } else {
             wrong.join(", ")
         },
@@ -1014,9 +1076,15 @@ fn no_phantom_pools(world: &World, snapshot: &ConsumerSnapshot) -> Check {
     }
 }
 
-fn consumer_followed(expectation: ConsumerExpectation, snapshot: &ConsumerSnapshot) -> Check {
+/// The consumer's streams to the `pools` expected pools went as `expectation` says.
+fn consumer_followed(
+    expectation: ConsumerExpectation,
+    pools: usize,
+    consumer: &RelayConsumer,
+) -> Check {
+    let snapshot = consumer.snapshot();
     let counters = &snapshot.counters;
-    let pools = snapshot.pools.len() as u64;
+    let pools = pools as u64;
     let passed = match expectation {
         ConsumerExpectation::Any => true,
         ConsumerExpectation::Resubscribed => {
@@ -1064,14 +1132,69 @@ fn final_view(world: &World, snapshot: &ConsumerSnapshot) -> FinalView {
     }
 }
 
+/// One oracle over every long-lived consumer (by index): it holds if it holds at each; the
+/// detail names the consumers where it failed.
+fn at_every_consumer(
+    consumers: &[(String, Arc<RelayConsumer>)],
+    check: impl Fn(usize, &RelayConsumer) -> Check,
+) -> Check {
+    let results: Vec<(&str, Check)> = consumers
+        .iter()
+        .enumerate()
+        .map(|(index, (host, consumer))| (host.as_str(), check(index, consumer)))
+        .collect();
+    let name = results.first().map_or("consumers", |(_, check)| check.name);
+    let failed: Vec<String> = results
+        .iter()
+        .filter(|(_, check)| !check.passed)
+        .map(|(host, check)| format!("{host}: {}", check.detail))
+        .collect();
+    if !failed.is_empty() || results.is_empty() {
+        return Check { name, passed: false, detail: failed.join("; ") };
+    }
+    let mut details: Vec<&str> = results.iter().map(|(_, check)| check.detail.as_str()).collect();
+    details.dedup();
+    Check {
+        name,
+        passed: true,
+        detail: format!("at {} consumers: {}", results.len(), details.join(" | ")),
+    }
+}
+
+/// Re-run `check` every 100 ms of simulated time until it holds or the convergence bound ends.
+async fn within_convergence(check: impl Fn() -> Check) -> Check {
+    let deadline = tokio::time::Instant::now() + CONVERGENCE_TIMEOUT;
+    let mut result = check();
+    while !result.passed && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        result = check();
+    }
+    result
+}
+
 async fn evaluate(world: &World) -> Verdict {
     let scenario = &world.scenario;
     let mut checks = oracles::trace_checks(&world.trace.events());
-    let Some(consumer) = lock(&world.consumer).clone() else {
-        checks.push(Check { name: "setup", passed: false, detail: "no consumer".into() });
+    let consumers: Vec<(String, Arc<RelayConsumer>)> = lock(&world.consumers)
+        .iter()
+        .enumerate()
+        .filter_map(|(index, consumer)| {
+            consumer.clone().map(|consumer| (scenario::consumer_host(index), consumer))
+        })
+        .collect();
+    if consumers.is_empty() || consumers.len() != scenario.topology.consumers {
+        let detail =
+            format!("{} of {} consumers started", consumers.len(), scenario.topology.consumers);
+        checks.push(Check { name: "setup", passed: false, detail });
         return (checks, String::new(), FinalView::default());
-    };
-    let (converged_a, snapshot_a) = wait_converged(&consumer, scenario).await;
+    }
+    let mut all_converged = true;
+    let mut seen = Vec::new();
+    for (host, consumer) in &consumers {
+        let (converged, snapshot) = wait_converged(consumer, scenario).await;
+        all_converged &= converged;
+        seen.push(format!("{host}: {}", describe(&snapshot)));
+    }
     let reference = match start_consumer(world, CHECKER_HOST) {
         Ok(reference) => reference,
         Err(error) => {
@@ -1080,49 +1203,58 @@ async fn evaluate(world: &World) -> Verdict {
         }
     };
     let (converged_ref, snapshot_ref) = wait_converged(&reference, scenario).await;
+    seen.push(format!("fresh: {}", describe(&snapshot_ref)));
     checks.push(Check {
         name: "catalog-and-readiness-converge",
-        passed: converged_a && converged_ref,
-        detail: format!(
-            "{CONSUMER_HOST}: {}; fresh: {}",
-            describe(&snapshot_a),
-            describe(&snapshot_ref)
-        ),
+        passed: all_converged && converged_ref,
+        detail: seen.join("; "),
     });
     // Recovery may still be under way (a query held by a partition ends at the repair, or
     // times out and retries): the blocks must arrive within the convergence bound.
-    let deadline = tokio::time::Instant::now() + CONVERGENCE_TIMEOUT;
-    let mut complete = no_false_negatives(world, &consumer);
-    while !complete.passed && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        complete = no_false_negatives(world, &consumer);
-    }
-    let mut equal = replicas_equal(&consumer, &reference);
-    let deadline = tokio::time::Instant::now() + CONVERGENCE_TIMEOUT;
-    while !equal.0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        equal = replicas_equal(&consumer, &reference);
-    }
-    checks.push(Check { name: "replica-equals-relay", passed: equal.0, detail: equal.1 });
+    let complete = within_convergence(|| {
+        let catalogued = reference.snapshot();
+        at_every_consumer(&consumers, |_, consumer| {
+            no_false_negatives(world, consumer, &catalogued)
+        })
+    })
+    .await;
+    let equal = within_convergence(|| {
+        at_every_consumer(&consumers, |_, consumer| {
+            let (passed, detail) = replicas_equal(consumer, &reference);
+            Check { name: "replica-equals-relay", passed, detail }
+        })
+    })
+    .await;
+    checks.push(equal);
     checks.push(complete);
-    let mut load = load_converged(world, &consumer.snapshot());
-    let deadline = tokio::time::Instant::now() + CONVERGENCE_TIMEOUT;
-    while !load.passed && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        load = load_converged(world, &consumer.snapshot());
-    }
+    let load = within_convergence(|| {
+        let catalogued = reference.snapshot();
+        at_every_consumer(&consumers, |_, consumer| {
+            load_converged(world, &consumer.snapshot(), &catalogued)
+        })
+    })
+    .await;
     checks.push(load);
-    let snapshot_a = consumer.snapshot();
-    checks.push(no_phantom_pools(world, &snapshot_a));
-    checks.push(consumer_followed(scenario.expect.consumer, &snapshot_a));
+    checks.push(at_every_consumer(&consumers, |_, consumer| {
+        no_phantom_pools(world, &consumer.snapshot())
+    }));
+    checks.push(at_every_consumer(&consumers, |index, consumer| {
+        consumer_followed(scenario.expect.consumer.of(index), scenario.expect.pools, consumer)
+    }));
     let decode_errors = world.decode_errors.load(Ordering::Relaxed);
     checks.push(Check {
         name: "inputs-decode",
         passed: decode_errors == 0,
         detail: format!("{decode_errors} DC-plane messages the relay's decoders refused"),
     });
-    let digest = digest(&[&snapshot_a, &reference.snapshot()], &[&consumer, &reference]);
-    let view = final_view(world, &snapshot_a);
+    let mut snapshots: Vec<ConsumerSnapshot> =
+        consumers.iter().map(|(_, consumer)| consumer.snapshot()).collect();
+    snapshots.push(reference.snapshot());
+    let mut replicas: Vec<&RelayConsumer> =
+        consumers.iter().map(|(_, consumer)| consumer.as_ref()).collect();
+    replicas.push(&reference);
+    let digest = digest(&snapshots.iter().collect::<Vec<_>>(), &replicas);
+    let view = final_view(world, &snapshots[0]);
     reference.shutdown().await;
     (checks, digest, view)
 }

@@ -2,9 +2,9 @@
 //!
 //! - **producer-identity-never-reused**: once a producer leaves the relay's catalog it never
 //!   appears in a catalog again (in any boot);
-//! - **sequence-contiguity**: the consumer's replica sequence of a producer never goes back
-//!   while its subscriptions stay the same, and the consumer counted no replica (sequence,
-//!   CBI1, assembly) or stream-guard fault;
+//! - **sequence-contiguity**: no consumer's replica sequence of a producer goes back while that
+//!   consumer's subscriptions stay the same, and no consumer counted a replica (sequence, CBI1,
+//!   assembly) or stream-guard fault;
 //! - **withdrawal-precedes-teardown**: no catalogued producer lost its live publication while
 //!   still catalogued;
 //! - **no-ready-without-roles**: the relay never published READY for a model the truth model had
@@ -69,35 +69,39 @@ pub fn producer_identity_never_reused(events: &[Stamped]) -> Check {
     )
 }
 
-/// Replica sequences only move forward within a subscription epoch; no sequence faults.
+/// Replica sequences only move forward within a consumer's subscription epoch; no sequence
+/// faults at any consumer.
 #[must_use]
 pub fn sequence_contiguity(events: &[Stamped]) -> Check {
-    let mut last: BTreeMap<ProducerTrace, (u64, u64)> = BTreeMap::new();
+    let mut last: BTreeMap<(&str, &ProducerTrace), (u64, u64)> = BTreeMap::new();
     let mut violations = Vec::new();
     let mut observed = 0usize;
-    let mut faults = BTreeMap::new();
+    let mut faults: BTreeMap<&str, &BTreeMap<String, u64>> = BTreeMap::new();
     for stamped in events {
         let TraceEvent::Consumer(view) = &stamped.event else { continue };
+        let consumer = view.consumer.as_str();
         for replica in &view.pools {
             let Some(sequence) = replica.sequence else { continue };
             observed += 1;
-            let key = replica.producer.clone();
+            let key = (consumer, &replica.producer);
             if let Some((epoch, previous)) = last.get(&key)
                 && *epoch == view.subscriptions
                 && sequence < *previous
             {
                 violations.push(format!(
-                    "{} went from {previous} back to {sequence} at {} ms",
-                    key.endpoint, stamped.ms
+                    "{consumer}: {} went from {previous} back to {sequence} at {} ms",
+                    replica.producer.endpoint, stamped.ms
                 ));
             }
             last.insert(key, (view.subscriptions, sequence));
         }
-        faults.clone_from(&view.faults);
+        faults.insert(consumer, &view.faults);
     }
-    for (kind, count) in &faults {
-        if kind.ends_with("/replica") || kind.ends_with("/stream-guard") {
-            violations.push(format!("{count} {kind} fault(s)"));
+    for (consumer, counts) in &faults {
+        for (kind, count) in counts.iter() {
+            if kind.ends_with("/replica") || kind.ends_with("/stream-guard") {
+                violations.push(format!("{consumer}: {count} {kind} fault(s)"));
+            }
         }
     }
     verdict("sequence-contiguity", &violations, format!("{observed} replica sequences observed"))
@@ -313,8 +317,9 @@ mod tests {
     #[test]
     fn a_sequence_going_back_within_one_subscription_is_a_violation() {
         use crate::trace::{ConsumerTrace, ReplicaTrace};
-        let view = |subscriptions, sequence| {
+        let view_of = |consumer: &str, subscriptions, sequence| {
             TraceEvent::Consumer(ConsumerTrace {
+                consumer: consumer.to_owned(),
                 catalog_revision: Some(1),
                 pools: vec![ReplicaTrace {
                     producer: producer(1),
@@ -327,8 +332,15 @@ mod tests {
                 faults: BTreeMap::new(),
             })
         };
+        let view = |subscriptions, sequence| view_of("consumer-a", subscriptions, sequence);
         assert!(sequence_contiguity(&[at(1, view(1, 5)), at(2, view(1, 7))]).passed);
         assert!(!sequence_contiguity(&[at(1, view(1, 5)), at(2, view(1, 4))]).passed);
         assert!(sequence_contiguity(&[at(1, view(1, 5)), at(2, view(2, 1))]).passed);
+        // Consumers are followed separately: one behind another is no step back.
+        let other = view_of("consumer-b", 1, 3);
+        assert!(sequence_contiguity(&[at(1, view(1, 5)), at(2, other), at(3, view(1, 6))]).passed);
+        let behind = view_of("consumer-b", 1, 2);
+        let b_first = view_of("consumer-b", 1, 4);
+        assert!(!sequence_contiguity(&[at(1, b_first), at(2, view(1, 5)), at(3, behind)]).passed);
     }
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kvrelay::identity::{ExplicitIdentityMap, IndexerIdentitySpec};
-use kvrelay::inputs::WorkerType;
+use kvrelay::inputs::{ModelTypeFlags, WorkerType};
 use kvrelay::readiness::ReadinessState;
 use kvrelay::rng::{derive_seed, rng_from_seed};
 use kvrelay::workload::{Deployment, TrafficConfig, WorkerSpec};
@@ -19,6 +19,89 @@ use serde::{Deserialize, Serialize};
 pub const RUN_MS_MAX: u64 = 300_000;
 /// Most worker processes a scenario may deploy.
 pub const WORKERS_MAX: usize = 64;
+/// Most long-lived WAN consumer hosts a scenario may run (`consumer-a` ..= `consumer-h`).
+pub const CONSUMERS_MAX: usize = 8;
+/// Long-lived WAN consumer hosts when the topology does not say.
+pub const CONSUMERS_DEFAULT: usize = 2;
+
+/// The host name of long-lived consumer `index`: `consumer-a`, `consumer-b`, ...
+#[must_use]
+pub fn consumer_host(index: usize) -> String {
+    format!("consumer-{}", consumer_letter(index))
+}
+
+/// The letter naming consumer `index` in scenario files (`a` for 0).
+#[must_use]
+pub fn consumer_letter(index: usize) -> char {
+    u8::try_from(index).ok().and_then(|i| b'a'.checked_add(i)).map_or('?', char::from)
+}
+
+/// Which long-lived consumer(s) a WAN fault or an expectation names.
+///
+/// Written as a letter (`"b"`), a host name (`"consumer-b"`), an index from 0 (`1`) or `"all"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ConsumerTarget {
+    /// One consumer, by index from 0.
+    One(usize),
+    /// Every long-lived consumer.
+    All,
+}
+
+impl ConsumerTarget {
+    /// Parse a consumer name as scenario files write it.
+    pub fn parse(text: &str) -> Result<ConsumerTarget, String> {
+        if text == "all" {
+            return Ok(ConsumerTarget::All);
+        }
+        let letter = text.strip_prefix("consumer-").unwrap_or(text);
+        match letter.as_bytes() {
+            [byte @ b'a'..=b'z'] => Ok(ConsumerTarget::One(usize::from(byte - b'a'))),
+            _ => Err(format!("unknown consumer {text:?}: a letter, consumer-<letter> or all")),
+        }
+    }
+
+    /// The consumer indices it names among `consumers`.
+    #[must_use]
+    pub fn indices(self, consumers: usize) -> Vec<usize> {
+        match self {
+            ConsumerTarget::One(index) => vec![index],
+            ConsumerTarget::All => (0..consumers).collect(),
+        }
+    }
+
+    /// Whether it names only consumers that exist among `consumers`.
+    #[must_use]
+    pub fn fits(self, consumers: usize) -> bool {
+        match self {
+            ConsumerTarget::One(index) => index < consumers,
+            ConsumerTarget::All => true,
+        }
+    }
+}
+
+impl Serialize for ConsumerTarget {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            ConsumerTarget::One(index) => serializer.collect_str(&consumer_letter(*index)),
+            ConsumerTarget::All => serializer.serialize_str("all"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ConsumerTarget {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Index(usize),
+            Name(String),
+        }
+        match Written::deserialize(deserializer)? {
+            Written::Index(index) => Ok(ConsumerTarget::One(index)),
+            Written::Name(name) => ConsumerTarget::parse(&name).map_err(serde::de::Error::custom),
+        }
+    }
+}
 
 /// One scenario file.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -52,7 +135,7 @@ pub struct Scenario {
 }
 
 /// The DC's workers: the demo preset and/or explicit worker groups.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Topology {
     /// `"demo"`: the five workers of `kvrelay demo` first (indices 0..=4).
@@ -61,6 +144,13 @@ pub struct Topology {
     /// Further worker groups, appended in order.
     #[serde(default)]
     pub workers: Vec<WorkerGroup>,
+    /// Long-lived WAN consumer hosts (`consumer-a`, `consumer-b`, ...).
+    #[serde(default = "default_consumers")]
+    pub consumers: usize,
+}
+
+fn default_consumers() -> usize {
+    CONSUMERS_DEFAULT
 }
 
 /// A worker role as written in scenario files.
@@ -77,6 +167,9 @@ pub enum Role {
     Encode,
     /// A legacy card without `worker_type`.
     Legacy,
+    /// A legacy prefill card: no `worker_type`, `model_type` `Prefill` (the relay normalizes it
+    /// to a prefill worker needing decode unless it declares needs).
+    LegacyPrefill,
 }
 
 impl Role {
@@ -86,7 +179,7 @@ impl Role {
             Role::Prefill => Some(WorkerType::Prefill),
             Role::Decode => Some(WorkerType::Decode),
             Role::Encode => Some(WorkerType::Encode),
-            Role::Legacy => None,
+            Role::Legacy | Role::LegacyPrefill => None,
         }
     }
 
@@ -95,7 +188,7 @@ impl Role {
             Role::Prefill => vec![vec![Role::Decode]],
             Role::Decode => vec![vec![Role::Prefill]],
             Role::Encode => vec![vec![Role::Prefill, Role::Decode], vec![Role::Aggregated]],
-            Role::Aggregated | Role::Legacy => Vec::new(),
+            Role::Aggregated | Role::Legacy | Role::LegacyPrefill => Vec::new(),
         }
     }
 }
@@ -318,14 +411,30 @@ pub enum Fault {
         #[serde(default)]
         rank: u32,
     },
-    /// Cut the WAN between the relay and the long-lived consumer.
-    WanPartition,
+    /// Cut the WAN between the relay and a long-lived consumer.
+    WanPartition {
+        /// Which consumer(s); the script resolves a missing one to the first.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        consumer: Option<ConsumerTarget>,
+    },
     /// Restore it.
-    WanRepair,
-    /// Hold (queue) WAN messages between relay and consumer: a stalled consumer.
-    WanHold,
+    WanRepair {
+        /// Which consumer(s); the script resolves a missing one to the first.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        consumer: Option<ConsumerTarget>,
+    },
+    /// Hold (queue) WAN messages between relay and a consumer: a stalled consumer.
+    WanHold {
+        /// Which consumer(s); the script resolves a missing one to the first.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        consumer: Option<ConsumerTarget>,
+    },
     /// Deliver the held messages.
-    WanRelease,
+    WanRelease {
+        /// Which consumer(s); the script resolves a missing one to the first.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        consumer: Option<ConsumerTarget>,
+    },
     /// Partition the relay from its DC planes.
     DcPartition {
         /// What happens to event-plane messages meanwhile.
@@ -371,6 +480,30 @@ impl Fault {
             _ => None,
         }
     }
+
+    /// The consumer(s) a WAN fault names, if it is one.
+    #[must_use]
+    pub fn consumer(&self) -> Option<Option<ConsumerTarget>> {
+        match self {
+            Fault::WanPartition { consumer }
+            | Fault::WanRepair { consumer }
+            | Fault::WanHold { consumer }
+            | Fault::WanRelease { consumer } => Some(*consumer),
+            _ => None,
+        }
+    }
+
+    /// A WAN fault naming the first consumer when it names none (other faults unchanged).
+    fn resolved(mut self) -> Fault {
+        if let Fault::WanPartition { consumer }
+        | Fault::WanRepair { consumer }
+        | Fault::WanHold { consumer }
+        | Fault::WanRelease { consumer } = &mut self
+        {
+            consumer.get_or_insert(ConsumerTarget::One(0));
+        }
+        self
+    }
 }
 
 /// Kinds of faults a sweep draws at random (each drawn fault is repaired within its window).
@@ -414,7 +547,38 @@ fn default_from() -> u64 {
     1_000
 }
 
-/// How the long-lived consumer must have followed the relay.
+/// How the long-lived consumers must have followed the relay: one expectation for every
+/// consumer, or a table by consumer letter (consumers it leaves out: `any`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum ConsumerExpectations {
+    /// The same for every consumer.
+    Every(ConsumerExpectation),
+    /// Per consumer letter, e.g. `{ a = "kept-streams", b = "resubscribed" }`.
+    Each(BTreeMap<String, ConsumerExpectation>),
+}
+
+impl Default for ConsumerExpectations {
+    fn default() -> Self {
+        ConsumerExpectations::Every(ConsumerExpectation::Any)
+    }
+}
+
+impl ConsumerExpectations {
+    /// What consumer `index` must have done.
+    #[must_use]
+    pub fn of(&self, index: usize) -> ConsumerExpectation {
+        match self {
+            ConsumerExpectations::Every(expectation) => *expectation,
+            ConsumerExpectations::Each(table) => table
+                .iter()
+                .find(|(name, _)| ConsumerTarget::parse(name) == Ok(ConsumerTarget::One(index)))
+                .map_or(ConsumerExpectation::Any, |(_, expectation)| *expectation),
+        }
+    }
+}
+
+/// How one long-lived consumer must have followed the relay.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ConsumerExpectation {
@@ -459,9 +623,9 @@ pub struct Expect {
     pub pools: usize,
     /// Readiness entries by canonical model id (exactly these entries).
     pub readiness: BTreeMap<String, ExpectedState>,
-    /// How the long-lived consumer followed.
+    /// How the long-lived consumers followed.
     #[serde(default)]
-    pub consumer: ConsumerExpectation,
+    pub consumer: ConsumerExpectations,
     /// Pools may exceed their filter capacity: blocks the relay could not place are capacity
     /// omissions, and the no-false-negatives oracle is bounded by the filter's occupancy.
     #[serde(default)]
@@ -563,7 +727,24 @@ impl Scenario {
         if w.expected_unique_blocks == 0 || w.expected_unique_blocks > 1 << 24 {
             return Err("workload.expected_unique_blocks must be in 1..=2^24".into());
         }
+        let consumers = self.topology.consumers;
+        if consumers == 0 || consumers > CONSUMERS_MAX {
+            return Err(format!("topology.consumers must be in 1..={CONSUMERS_MAX}"));
+        }
+        if let ConsumerExpectations::Each(table) = &self.expect.consumer {
+            for name in table.keys() {
+                match ConsumerTarget::parse(name)? {
+                    ConsumerTarget::One(index) if index < consumers => {}
+                    _ => return Err(format!("expect.consumer names {name:?} of {consumers}")),
+                }
+            }
+        }
         for scripted in &self.faults {
+            if let Some(Some(target)) = scripted.fault.consumer()
+                && !target.fits(consumers)
+            {
+                return Err(format!("fault names consumer {target:?} of {consumers}"));
+            }
             if scripted.at_ms > self.run_ms {
                 return Err(format!("fault at {} ms is after run_ms", scripted.at_ms));
             }
@@ -614,6 +795,9 @@ impl Scenario {
             spec.adapters.clone_from(&group.adapters);
             spec.aliases.clone_from(&group.aliases);
             spec.publishes_kv = group.role != Role::Encode;
+            if group.role == Role::LegacyPrefill {
+                spec.model_type = Some(ModelTypeFlags(ModelTypeFlags::PREFILL));
+            }
             if let Some(pool) = &group.routing_pool {
                 let map = ExplicitIdentityMap::try_from_pairs([("pool", pool.as_str())])
                     .map_err(|e| format!("routing_pool {pool:?}: {e:?}"))?;
@@ -645,10 +829,13 @@ impl Scenario {
     pub fn script(&self, seed: u64, workers: usize) -> Vec<ScriptedFault> {
         let mut script = self.faults.clone();
         if let Some(random) = &self.random_faults {
-            script.extend(draw(random, seed, workers));
+            script.extend(draw(random, seed, workers, self.topology.consumers));
         }
         script.sort_by_key(|scripted| scripted.at_ms);
         script
+            .into_iter()
+            .map(|ScriptedFault { at_ms, fault }| ScriptedFault { at_ms, fault: fault.resolved() })
+            .collect()
     }
 }
 
@@ -663,7 +850,7 @@ pub fn toml_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
 }
 
 /// Draw `random.count` faults, each with its repair, inside the window.
-fn draw(random: &RandomFaults, seed: u64, workers: usize) -> Vec<ScriptedFault> {
+fn draw(random: &RandomFaults, seed: u64, workers: usize, consumers: usize) -> Vec<ScriptedFault> {
     let mut rng = rng_from_seed(derive_seed(seed, "sim/random-faults"));
     let mut below = |n: u64| if n == 0 { 0 } else { rng.next_u64() % n };
     let mut faults = Vec::new();
@@ -691,12 +878,14 @@ fn draw(random: &RandomFaults, seed: u64, workers: usize) -> Vec<ScriptedFault> 
                 at(end, Fault::EventNoise(Noise::default()));
             }
             RandomKind::WanPartition => {
-                at(start, Fault::WanPartition);
-                at(end, Fault::WanRepair);
+                let consumer = Some(ConsumerTarget::One(below(consumers as u64) as usize));
+                at(start, Fault::WanPartition { consumer });
+                at(end, Fault::WanRepair { consumer });
             }
             RandomKind::StalledConsumer => {
-                at(start, Fault::WanHold);
-                at(end, Fault::WanRelease);
+                let consumer = Some(ConsumerTarget::One(below(consumers as u64) as usize));
+                at(start, Fault::WanHold { consumer });
+                at(end, Fault::WanRelease { consumer });
             }
             RandomKind::DcPartition => {
                 let mode = if below(2) == 0 { PartitionMode::Drop } else { PartitionMode::Stall };
@@ -757,6 +946,86 @@ readiness = { tiny-llm = "ready" }
         assert!(matches!(Scenario::parse(&bad, "x"), Err(ScenarioError::Invalid { .. })));
         let late = text.replace("at_ms = 500", "at_ms = 5000");
         assert!(matches!(Scenario::parse(&late, "x"), Err(ScenarioError::Invalid { .. })));
+    }
+
+    #[test]
+    fn wan_faults_name_consumers_and_default_to_the_first() {
+        let text = format!(
+            "{MINIMAL}\n[[faults]]\nat_ms = 100\naction = \"wan-partition\"\nconsumer = \"b\"\n\
+             [[faults]]\nat_ms = 200\naction = \"wan-hold\"\nconsumer = \"consumer-b\"\n\
+             [[faults]]\nat_ms = 300\naction = \"wan-repair\"\nconsumer = 1\n\
+             [[faults]]\nat_ms = 400\naction = \"wan-release\"\nconsumer = \"all\"\n\
+             [[faults]]\nat_ms = 500\naction = \"wan-partition\"\n"
+        );
+        let scenario = Scenario::parse(&text, "x").unwrap();
+        assert_eq!(scenario.topology.consumers, CONSUMERS_DEFAULT);
+        let b = Some(ConsumerTarget::One(1));
+        let written: Vec<Option<Option<ConsumerTarget>>> =
+            scenario.faults.iter().map(|f| f.fault.consumer()).collect();
+        let all = Some(ConsumerTarget::All);
+        assert_eq!(written, vec![Some(b), Some(b), Some(b), Some(all), Some(None)]);
+        let script = scenario.script(0, 5);
+        assert_eq!(script[4].fault, Fault::WanPartition { consumer: Some(ConsumerTarget::One(0)) });
+        assert_eq!(serde_json::to_value(&script[0].fault).unwrap()["consumer"], "b");
+        assert_eq!(ConsumerTarget::All.indices(3), vec![0, 1, 2]);
+        assert_eq!(consumer_host(2), "consumer-c");
+        let missing = text.replace("consumer = 1", "consumer = 2");
+        assert!(matches!(Scenario::parse(&missing, "x"), Err(ScenarioError::Invalid { .. })));
+        let garbled = text.replace("consumer = \"b\"", "consumer = \"bee\"");
+        assert!(matches!(Scenario::parse(&garbled, "x"), Err(ScenarioError::Parse { .. })));
+        let none = MINIMAL.replace("preset = \"demo\"", "preset = \"demo\"\nconsumers = 0");
+        assert!(matches!(Scenario::parse(&none, "x"), Err(ScenarioError::Invalid { .. })));
+    }
+
+    #[test]
+    fn consumer_expectations_apply_to_every_consumer_or_per_letter() {
+        let every = format!("{MINIMAL}consumer = \"kept-streams\"\n");
+        let scenario = Scenario::parse(&every, "x").unwrap();
+        assert_eq!(scenario.expect.consumer.of(0), ConsumerExpectation::KeptStreams);
+        assert_eq!(scenario.expect.consumer.of(1), ConsumerExpectation::KeptStreams);
+        let each = format!("{MINIMAL}consumer = {{ b = \"resubscribed\" }}\n");
+        let scenario = Scenario::parse(&each, "x").unwrap();
+        assert_eq!(scenario.expect.consumer.of(0), ConsumerExpectation::Any);
+        assert_eq!(scenario.expect.consumer.of(1), ConsumerExpectation::Resubscribed);
+        let beyond = format!("{MINIMAL}consumer = {{ c = \"resubscribed\" }}\n");
+        assert!(matches!(Scenario::parse(&beyond, "x"), Err(ScenarioError::Invalid { .. })));
+    }
+
+    #[test]
+    fn a_legacy_prefill_group_is_a_card_without_worker_type_marked_prefill() {
+        let text = "run_ms = 1000\n[topology]\n[[topology.workers]]\n\
+                    endpoint = \"lp/prefill/generate\"\nmodel = \"m\"\nrole = \"legacy-prefill\"\n\
+                    [expect]\npools = 1\nreadiness = {}\n";
+        let scenario = Scenario::parse(text, "x").unwrap();
+        let spec = &scenario.deployment().unwrap().workers[0];
+        assert_eq!(spec.worker_type, None);
+        assert!(spec.needs.is_empty());
+        assert!(spec.card_model_type().supports_prefill());
+        assert!(spec.publishes_kv);
+    }
+
+    #[test]
+    fn drawn_wan_faults_pick_a_consumer_from_the_seed() {
+        let text = format!(
+            "{MINIMAL}\n[random_faults]\ncount = 8\nkinds = [\"wan-partition\", \
+             \"stalled-consumer\"]\nfrom_ms = 100\nuntil_ms = 900\n"
+        );
+        let scenario = Scenario::parse(
+            &text.replace("preset = \"demo\"", "preset = \"demo\"\nconsumers = 3"),
+            "x",
+        )
+        .unwrap();
+        let mut targets = std::collections::BTreeSet::new();
+        for seed in 0..8 {
+            for scripted in scenario.script(seed, 5) {
+                let Some(Some(ConsumerTarget::One(index))) = scripted.fault.consumer() else {
+                    panic!("a drawn WAN fault names one consumer: {scripted:?}");
+                };
+                assert!(index < 3);
+                targets.insert(index);
+            }
+        }
+        assert_eq!(targets.len(), 3, "every consumer is drawn for some seed");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! A timeline of one run as a self-contained HTML page with an inline SVG: faults, relay boots,
 //! the relay's readiness per model, its catalog (pool count, each revision a tick) and the
-//! long-lived consumer's convergence (replicas ready out of catalogued, subscriptions).
+//! convergence of each long-lived consumer (replicas ready out of catalogued, subscriptions).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -31,7 +31,7 @@ pub fn render(title: &str, events: &[Stamped]) -> String {
     // Readiness lanes per model: (start, state) runs.
     let mut readiness: BTreeMap<String, Vec<(u64, &'static str)>> = BTreeMap::new();
     let mut catalog: Vec<(u64, usize)> = Vec::new();
-    let mut consumer: Vec<(u64, usize, usize, u64)> = Vec::new();
+    let mut consumers: BTreeMap<&str, Vec<(u64, usize, usize, u64)>> = BTreeMap::new();
     let mut faults: Vec<(u64, String)> = Vec::new();
     let mut boots: Vec<u64> = Vec::new();
     for event in events {
@@ -49,7 +49,12 @@ pub fn render(title: &str, events: &[Stamped]) -> String {
             TraceEvent::RelayCatalog { pools, .. } => catalog.push((event.ms, pools.len())),
             TraceEvent::Consumer(view) => {
                 let ready = view.pools.iter().filter(|pool| pool.status == "ready").count();
-                consumer.push((event.ms, ready, view.pools.len(), view.subscriptions));
+                consumers.entry(view.consumer.as_str()).or_default().push((
+                    event.ms,
+                    ready,
+                    view.pools.len(),
+                    view.subscriptions,
+                ));
             }
             TraceEvent::Fault { fault } => {
                 let name = serde_json::to_value(fault)
@@ -62,7 +67,7 @@ pub fn render(title: &str, events: &[Stamped]) -> String {
             _ => {}
         }
     }
-    let lanes = 3 + readiness.len();
+    let lanes = 2 + readiness.len() + consumers.len().max(1);
     let height = 40.0 + LANE * lanes as f64 + 20.0;
     let mut svg = String::new();
     let _ = write!(
@@ -139,20 +144,22 @@ pub fn render(title: &str, events: &[Stamped]) -> String {
             pools
         );
     }
-    // Consumer lane: fraction of replicas ready, and subscriptions.
-    let lane = lane + 1;
-    label(&mut svg, lane, "consumer ready/pools");
-    for (run, (ms, ready, pools, subscriptions)) in consumer.iter().enumerate() {
-        let stop = consumer.get(run + 1).map_or(end as u64, |next| next.0);
-        let converged = *pools > 0 && ready == pools;
-        let _ = write!(
-            svg,
-            r#"<rect x="{}" y="{}" width="{}" height="20" fill="{}"><title>{ready}/{pools} ready, {subscriptions} subscriptions at {ms} ms</title></rect>"#,
-            x(*ms),
-            top(lane) + 4.0,
-            (x(stop) - x(*ms)).max(1.0),
-            if converged { "#3a3" } else { "#fb3" }
-        );
+    // A lane per consumer: fraction of replicas ready, and subscriptions.
+    for (index, (name, consumer)) in consumers.iter().enumerate() {
+        let lane = lane + 1 + index;
+        label(&mut svg, lane, &format!("{name} ready/pools"));
+        for (run, (ms, ready, pools, subscriptions)) in consumer.iter().enumerate() {
+            let stop = consumer.get(run + 1).map_or(end as u64, |next| next.0);
+            let converged = *pools > 0 && ready == pools;
+            let _ = write!(
+                svg,
+                r#"<rect x="{}" y="{}" width="{}" height="20" fill="{}"><title>{name}: {ready}/{pools} ready, {subscriptions} subscriptions at {ms} ms</title></rect>"#,
+                x(*ms),
+                top(lane) + 4.0,
+                (x(stop) - x(*ms)).max(1.0),
+                if converged { "#3a3" } else { "#fb3" }
+            );
+        }
     }
     svg.push_str("</svg>");
     format!(

@@ -1,5 +1,5 @@
 //! The typed trace of one run: faults, relay boots, what the relay published, what the truth
-//! model said, and what the long-lived consumer saw — each stamped with simulated milliseconds.
+//! model said, and what each long-lived consumer saw — each stamped with simulated milliseconds.
 //! Observers record a state only when it changed, so the trace stays compact; its digest is
 //! the determinism witness and its JSON lines are `--trace FILE`.
 
@@ -82,7 +82,7 @@ impl EntryTrace {
     }
 }
 
-/// One pool replica of the long-lived consumer.
+/// One pool replica of a long-lived consumer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ReplicaTrace {
     /// The producer.
@@ -93,9 +93,11 @@ pub struct ReplicaTrace {
     pub sequence: Option<u64>,
 }
 
-/// What the long-lived consumer saw.
+/// What one long-lived consumer saw.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ConsumerTrace {
+    /// The consumer's host (`consumer-a`, ...).
+    pub consumer: String,
     /// Catalog revision.
     pub catalog_revision: Option<u64>,
     /// Pool replicas.
@@ -111,10 +113,11 @@ pub struct ConsumerTrace {
 }
 
 impl ConsumerTrace {
-    /// From a snapshot.
+    /// From a snapshot of the consumer on host `consumer`.
     #[must_use]
-    pub fn of(snapshot: &ConsumerSnapshot) -> Self {
+    pub fn of(consumer: &str, snapshot: &ConsumerSnapshot) -> Self {
         ConsumerTrace {
+            consumer: consumer.to_owned(),
             catalog_revision: snapshot.catalog_revision,
             pools: snapshot
                 .pools
@@ -189,7 +192,7 @@ pub enum TraceEvent {
         /// Per base model: a listed worker exists and every listed typed worker's needs are met.
         servable: BTreeMap<String, bool>,
     },
-    /// The long-lived consumer's view changed.
+    /// A long-lived consumer's view changed.
     Consumer(ConsumerTrace),
     /// Traffic stopped; the system quiesces.
     TrafficOff {

@@ -70,6 +70,24 @@ fn a_wrong_expectation_fails_with_a_reproduction_line() {
 }
 
 #[test]
+fn a_consumer_left_partitioned_fails_convergence_by_name() {
+    let mut scenario = Scenario::load(&scenarios_dir().join("wan-split.toml")).unwrap();
+    scenario.faults.retain(|scripted| {
+        !matches!(scripted.fault, kvrelay_sim::scenario::Fault::WanRepair { .. })
+    });
+    scenario.run_ms = 4000;
+    scenario.faults.retain(|scripted| scripted.at_ms <= scenario.run_ms);
+    let outcome = run(&scenario, 0);
+    assert!(!outcome.passed());
+    for name in ["replica-equals-relay", "no-false-negatives"] {
+        let check = outcome.checks.iter().find(|c| c.name == name).unwrap();
+        assert!(!check.passed, "{name}");
+        assert!(check.detail.starts_with("consumer-b: "), "{name}: {}", check.detail);
+        assert!(!check.detail.contains("consumer-a") && !check.detail.contains("consumer-c"));
+    }
+}
+
+#[test]
 fn every_scenario_at_seed_zero_matches_its_snapshot() {
     for scenario in scenarios() {
         let outcome = run(&scenario, 0);

@@ -4,7 +4,7 @@
 //! stored chain's parent is a block the rank still holds; the cache is closed under prefixes
 //! (only leaves are evicted), so a replay-ordered dump lists parents before children.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 
 use rand_core::Rng;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -55,6 +55,9 @@ pub struct WorkerSpec {
     pub publishes_kv: bool,
     /// Explicit indexer identity material of the card (`None`: derived defaults).
     pub indexer_identity: Option<IndexerIdentitySpec>,
+    /// The card's `model_type` (`None`: derived from the worker type). A legacy prefill worker
+    /// is `worker_type: None` with the `Prefill` flag here.
+    pub model_type: Option<ModelTypeFlags>,
 }
 
 impl WorkerSpec {
@@ -75,12 +78,24 @@ impl WorkerSpec {
             adapters: Vec::new(),
             publishes_kv: true,
             indexer_identity: None,
+            model_type: None,
         }
+    }
+
+    /// The `model_type` its cards carry.
+    #[must_use]
+    pub fn card_model_type(&self) -> ModelTypeFlags {
+        self.model_type.unwrap_or(ModelTypeFlags(match self.worker_type {
+            Some(WorkerType::Prefill) => ModelTypeFlags::PREFILL,
+            Some(WorkerType::Encode) => 0,
+            _ => ModelTypeFlags::CHAT | ModelTypeFlags::COMPLETIONS,
+        }))
     }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct CachedBlock {
+    canonical: u64,
     external: u64,
     local: u64,
     parent: Option<u64>,
@@ -95,7 +110,7 @@ pub struct RankCache {
     publisher_id: u64,
     next_event_id: u64,
     clock: u64,
-    blocks: BTreeMap<u64, CachedBlock>,
+    blocks: BlockTable,
     /// The evictable blocks (no cached child) by `(last_used, canonical)`: the LRU order.
     leaves: BTreeSet<(u64, u64)>,
     history: VecDeque<RouterEvent>,
@@ -107,7 +122,7 @@ impl RankCache {
             publisher_id,
             next_event_id: 1,
             clock: 0,
-            blocks: BTreeMap::new(),
+            blocks: BlockTable::default(),
             leaves: BTreeSet::new(),
             history: VecDeque::new(),
         }
@@ -131,9 +146,60 @@ impl RankCache {
         self.blocks.is_empty()
     }
 
-    /// The canonical hashes held.
+    /// The canonical hashes held, in table order (deterministic for a given history).
     pub fn canonical_hashes(&self) -> impl Iterator<Item = u64> + '_ {
-        self.blocks.keys().copied()
+        self.blocks.0.iter().map(|block| block.canonical)
+    }
+}
+
+/// A rank's cached blocks by canonical hash.
+///
+/// Canonical hashes are xxh3 outputs, uniformly spread, so each is its own table hash; the
+/// table has no random state, so its order is a function of the rank's history. Requests look
+/// up every block of their prefix, which made an ordered map the workload's hottest path.
+#[derive(Debug, Clone, Default)]
+struct BlockTable(hashbrown::HashTable<CachedBlock>);
+
+impl BlockTable {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn get(&self, canonical: u64) -> Option<&CachedBlock> {
+        self.0.find(canonical, |block| block.canonical == canonical)
+    }
+
+    fn get_mut(&mut self, canonical: u64) -> Option<&mut CachedBlock> {
+        self.0.find_mut(canonical, |block| block.canonical == canonical)
+    }
+
+    /// Insert or replace the block of `block.canonical`.
+    fn insert(&mut self, block: CachedBlock) {
+        match self.0.entry(block.canonical, |b| b.canonical == block.canonical, |b| b.canonical) {
+            hashbrown::hash_table::Entry::Occupied(mut occupied) => *occupied.get_mut() = block,
+            hashbrown::hash_table::Entry::Vacant(vacant) => {
+                vacant.insert(block);
+            }
+        }
+    }
+
+    fn remove(&mut self, canonical: u64) -> Option<CachedBlock> {
+        match self.0.find_entry(canonical, |block| block.canonical == canonical) {
+            Ok(occupied) => Some(occupied.remove().0),
+            Err(_) => None,
+        }
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+
+    fn values(&self) -> impl Iterator<Item = &CachedBlock> {
+        self.0.iter()
     }
 }
 
@@ -202,11 +268,7 @@ impl SimWorker {
             display_name: self.spec.model.clone(),
             aliases: self.spec.aliases.clone(),
             source_path: Some(self.spec.model.clone()),
-            model_type: ModelTypeFlags(match self.spec.worker_type {
-                Some(WorkerType::Prefill) => ModelTypeFlags::PREFILL,
-                Some(WorkerType::Encode) => 0,
-                _ => ModelTypeFlags::CHAT | ModelTypeFlags::COMPLETIONS,
-            }),
+            model_type: self.spec.card_model_type(),
             model_input: Some(ModelInput::Tokens),
             kv_cache_block_size: self.spec.block_size,
             worker_type: self.spec.worker_type,
@@ -329,11 +391,6 @@ impl SimWorker {
         vec![self.adapter_removal(adapter)]
     }
 
-    /// The engine's own id for a block: sequence-aware and engine-specific.
-    fn external_id(&self, canonical: u64) -> u64 {
-        xxh3_64_with_seed(&canonical.to_le_bytes(), self.worker_id)
-    }
-
     /// Serve one request on `rank`: reuse the longest cached prefix, store the rest as one chain
     /// continuing it, evict least-recently-used leaves beyond capacity. Returns the KV events.
     pub fn serve(&mut self, rank: u32, tokens: &[u32], adapter: Option<&str>) -> Vec<RouterEvent> {
@@ -345,8 +402,10 @@ impl SimWorker {
         let locals =
             local_block_hashes(tokens, self.spec.block_size as usize, self.hash_format(), seed);
         let sequence = sequence_hashes(&locals);
-        let externals: Vec<u64> = sequence.iter().map(|hash| self.external_id(hash.0)).collect();
         let worker_id = self.worker_id;
+        // The engine's own id for a block: sequence-aware and engine-specific.
+        let external_id =
+            |index: usize| xxh3_64_with_seed(&sequence[index].0.to_le_bytes(), worker_id);
         let capacity = self.spec.capacity_blocks_per_rank.max(1);
         let cache = &mut self.ranks[rank_index];
         cache.clock += 1;
@@ -354,7 +413,7 @@ impl SimWorker {
         let mut hit = 0;
         while hit < sequence.len() {
             let canonical = sequence[hit].0;
-            match cache.blocks.get_mut(&canonical) {
+            match cache.blocks.get_mut(canonical) {
                 Some(block) => {
                     if block.children == 0 {
                         cache.leaves.remove(&(block.last_used, canonical));
@@ -368,13 +427,14 @@ impl SimWorker {
         }
         let mut events = Vec::new();
         if hit < sequence.len() {
-            let parent = (hit > 0).then(|| externals[hit - 1]);
+            let parent = (hit > 0).then(|| external_id(hit - 1));
             let mut previous = parent.map(|_| sequence[hit - 1].0);
             let mut blocks = Vec::new();
             for index in hit..sequence.len() {
                 let canonical = sequence[index].0;
+                let external = external_id(index);
                 if let Some(p) = previous
-                    && let Some(parent) = cache.blocks.get_mut(&p)
+                    && let Some(parent) = cache.blocks.get_mut(p)
                 {
                     if parent.children == 0 {
                         cache.leaves.remove(&(parent.last_used, p));
@@ -382,19 +442,17 @@ impl SimWorker {
                     parent.children += 1;
                 }
                 cache.leaves.insert((now, canonical));
-                cache.blocks.insert(
+                cache.blocks.insert(CachedBlock {
                     canonical,
-                    CachedBlock {
-                        external: externals[index],
-                        local: locals[index].0,
-                        parent: previous,
-                        last_used: now,
-                        inserted: now * 1_000_000 + index as u64,
-                        children: 0,
-                    },
-                );
+                    external,
+                    local: locals[index].0,
+                    parent: previous,
+                    last_used: now,
+                    inserted: now * 1_000_000 + index as u64,
+                    children: 0,
+                });
                 blocks.push(StoredBlock {
-                    block_hash: ExternalBlockHash(externals[index]),
+                    block_hash: ExternalBlockHash(external),
                     tokens_hash: locals[index],
                 });
                 previous = Some(canonical);
@@ -409,9 +467,9 @@ impl SimWorker {
         let mut evicted = Vec::new();
         while cache.blocks.len() > capacity {
             let Some((_, victim)) = cache.leaves.pop_first() else { break };
-            let block = cache.blocks.remove(&victim).expect("a leaf is cached");
+            let block = cache.blocks.remove(victim).expect("a leaf is cached");
             if let Some(p) = block.parent
-                && let Some(parent) = cache.blocks.get_mut(&p)
+                && let Some(parent) = cache.blocks.get_mut(p)
             {
                 parent.children -= 1;
                 if parent.children == 0 {
@@ -462,7 +520,7 @@ impl SimWorker {
         let Some(cache) = self.ranks.get(rank as usize) else { return (Vec::new(), 0) };
         let mut blocks: Vec<&CachedBlock> = cache.blocks.values().collect();
         blocks.sort_by_key(|block| block.inserted);
-        let external_of = |canonical: u64| cache.blocks.get(&canonical).map(|b| b.external);
+        let external_of = |canonical: u64| cache.blocks.get(canonical).map(|b| b.external);
         let events = blocks
             .iter()
             .enumerate()

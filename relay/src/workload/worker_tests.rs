@@ -140,11 +140,26 @@ fn the_lru_index_holds_exactly_the_leaves() {
         let cache = &w.ranks()[0];
         let leaves: BTreeSet<(u64, u64)> = cache
             .blocks
-            .iter()
-            .filter(|(_, block)| block.children == 0)
-            .map(|(canonical, block)| (block.last_used, *canonical))
+            .values()
+            .filter(|block| block.children == 0)
+            .map(|block| (block.last_used, block.canonical))
             .collect();
         assert_eq!(cache.leaves, leaves, "round {round}");
         assert!(cache.len() <= 12);
     }
+}
+
+#[test]
+fn a_legacy_prefill_worker_emits_a_card_the_relay_normalizes_to_prefill() {
+    let mut spec = WorkerSpec::aggregated("legacy/prefill/generate".parse().unwrap(), "lp-llm");
+    spec.worker_type = None;
+    spec.model_type = Some(ModelTypeFlags(ModelTypeFlags::PREFILL));
+    let mut card = SimWorker::start(spec, 7, &mut rng_from_seed(1)).card();
+    assert_eq!(card.worker_type, None);
+    assert_eq!(card.model_type.to_wire_string(), "Prefill");
+    assert!(crate::inputs::normalize_legacy_prefill(&mut card));
+    assert_eq!(card.worker_type, Some(WorkerType::Prefill));
+    assert_eq!(card.needs, vec![vec![WorkerType::Decode]]);
+    let plain = WorkerSpec::aggregated("dynamo/backend/generate".parse().unwrap(), "tiny-llm");
+    assert_eq!(plain.card_model_type().to_wire_string(), "Chat | Completions");
 }

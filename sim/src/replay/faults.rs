@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::scenario::{Fault, ScriptedFault};
+use crate::scenario::{ConsumerTarget, Fault, ScriptedFault};
 
 /// A fault file: `[[faults]]` tables, nothing else.
 #[derive(Debug, Deserialize)]
@@ -20,11 +20,17 @@ struct FaultFile {
 #[must_use]
 pub fn unsupported(fault: &Fault) -> Option<String> {
     match fault {
-        Fault::WanPartition
-        | Fault::WanRepair
-        | Fault::WanHold
-        | Fault::WanRelease
-        | Fault::DcPartition { .. }
+        Fault::WanPartition { consumer }
+        | Fault::WanRepair { consumer }
+        | Fault::WanHold { consumer }
+        | Fault::WanRelease { consumer } => match consumer {
+            None | Some(ConsumerTarget::One(0) | ConsumerTarget::All) => None,
+            Some(other) => Some(format!(
+                "`{}` names {other:?}, but a replay runs one consumer, consumer-a",
+                fault.action()
+            )),
+        },
+        Fault::DcPartition { .. }
         | Fault::DcRepair
         | Fault::RelayRestart
         | Fault::ClockSkew { .. } => None,

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kvrelay::consumer::{ConsumerSnapshot, RelayConsumer};
+use kvrelay::consumer::ConsumerSnapshot;
 use kvrelay::identity::RelayIdentity;
 use kvrelay::inputs::DcInput;
 use kvrelay::journal::{END_MARGIN, JournalHeader, JournalReplay, ReplayReport};
@@ -76,7 +76,8 @@ pub(super) struct ReplayWorld {
     pub boots: Arc<AtomicU64>,
     pub bounce: Arc<AtomicBool>,
     pub decode_errors: Arc<AtomicU64>,
-    pub consumer: Arc<Mutex<Option<Arc<RelayConsumer>>>>,
+    /// The one long-lived consumer (`consumer-a`), in a one-slot list.
+    pub consumer: crate::ConsumerSlots,
     pub trace: Trace,
     pub done: watch::Sender<bool>,
     pub result: Arc<Mutex<Option<Evaluation>>>,
@@ -222,15 +223,17 @@ pub(super) async fn run_consumer_host(world: ReplayWorld) -> HostResult {
     if world.consumer_after_end {
         journal_end(&world).await;
     }
-    crate::hold_consumer(world.seed, Arc::clone(&world.consumer), world.done.subscribe()).await
+    let slots = Arc::clone(&world.consumer);
+    crate::hold_consumer(world.seed, CONSUMER_HOST, 0, slots, world.done.subscribe()).await
 }
 
 fn apply(world: &ReplayWorld, fault: &Fault) {
     match fault {
-        Fault::WanPartition => turmoil::partition(RELAY_HOST, CONSUMER_HOST),
-        Fault::WanRepair => turmoil::repair(RELAY_HOST, CONSUMER_HOST),
-        Fault::WanHold => turmoil::hold(RELAY_HOST, CONSUMER_HOST),
-        Fault::WanRelease => turmoil::release(RELAY_HOST, CONSUMER_HOST),
+        // `faults::check` admits only targets naming consumer-a.
+        Fault::WanPartition { .. } => turmoil::partition(RELAY_HOST, CONSUMER_HOST),
+        Fault::WanRepair { .. } => turmoil::repair(RELAY_HOST, CONSUMER_HOST),
+        Fault::WanHold { .. } => turmoil::hold(RELAY_HOST, CONSUMER_HOST),
+        Fault::WanRelease { .. } => turmoil::release(RELAY_HOST, CONSUMER_HOST),
         Fault::DcPartition { .. } | Fault::DcRepair | Fault::EventNoise(_) => {
             if let Some(plane) = &world.plane {
                 planes::apply_fault(plane, RELAY_HOST, fault);
@@ -246,8 +249,9 @@ fn apply(world: &ReplayWorld, fault: &Fault) {
 /// Play the script, take the report after the journal's end, quiesce, evaluate.
 pub(super) async fn run_checker(world: ReplayWorld) -> HostResult {
     let start = Instant::now();
-    tokio::spawn(crate::follow_consumer(
+    tokio::spawn(crate::follow_consumers(
         world.trace.clone(),
+        vec![CONSUMER_HOST.to_owned()],
         Arc::clone(&world.consumer),
         world.done.subscribe(),
     ));
@@ -308,7 +312,7 @@ async fn evaluate(world: &ReplayWorld, report: &ReplayReport) -> (Vec<Check>, St
         oracles::unknown_only_before_authority(&events),
     ];
     checks.push(checkpoints_check(report, !world.script.is_empty()));
-    let Some(consumer) = lock(&world.consumer).clone() else {
+    let Some(consumer) = lock(&world.consumer).first().cloned().flatten() else {
         checks.push(Check { name: "setup", passed: false, detail: "no consumer".into() });
         return (checks, String::new());
     };
@@ -344,7 +348,7 @@ async fn evaluate(world: &ReplayWorld, report: &ReplayReport) -> (Vec<Check>, St
                 describe(&a)
             ),
         });
-        checks.push(crate::consumer_followed(expect.consumer, &a));
+        checks.push(crate::consumer_followed(expect.consumer.of(0), expect.pools, &consumer));
     }
     if world.plane.is_some() {
         let decode_errors = world.decode_errors.load(Ordering::Relaxed);

@@ -123,7 +123,7 @@ pub fn replay(path: &Path, setup: &ReplaySetup) -> anyhow::Result<ReplayOutcome>
         boots: Arc::default(),
         bounce: Arc::default(),
         decode_errors: Arc::default(),
-        consumer: Arc::default(),
+        consumer: Arc::new(Mutex::new(vec![None])),
         trace: Trace::default(),
         done,
         result: Arc::default(),
