@@ -257,7 +257,7 @@ struct World {
     publisher: Arc<Mutex<Publisher>>,
     skew_ms: Arc<AtomicI64>,
     boots: Arc<AtomicU64>,
-    bounce: Arc<AtomicBool>,
+    bounce: net::Bounce,
     traffic_off: Arc<AtomicBool>,
     decode_errors: Arc<AtomicU64>,
     /// The long-lived consumers by index, each once its host started it.
@@ -347,7 +347,7 @@ impl Sim {
             publisher: Arc::default(),
             skew_ms: Arc::default(),
             boots: Arc::default(),
-            bounce: Arc::default(),
+            bounce: net::Bounce::default(),
             traffic_off: Arc::default(),
             decode_errors: Arc::default(),
             consumers: Arc::new(Mutex::new(vec![None; scenario.topology.consumers])),
@@ -370,7 +370,7 @@ impl Sim {
         }
         sim.client(CHECKER_HOST, run_checker(world.clone()));
         let error = loop {
-            if world.bounce.swap(false, Ordering::Relaxed) {
+            if world.bounce.take() {
                 sim.bounce(RELAY_HOST);
             }
             match sim.step() {
@@ -462,7 +462,7 @@ async fn run_relay(world: World) -> HostResult {
     // the segments its socket sends when dropped draw turmoil's latencies deterministically
     // (runtime tasks are dropped in an order that depends on process-wide task ids).
     tokio::task::spawn_local(planes_client.run(node.inputs.clone()));
-    serve_node(world.trace.clone(), boot, node, clock).await
+    serve_node(world.trace.clone(), boot, node, clock, world.bounce.crashing()).await
 }
 
 /// Observe boot `boot`'s `node` into `trace` and serve its WAN contract on the relay port.
@@ -471,12 +471,15 @@ async fn serve_node(
     boot: u64,
     node: NodeHandle,
     clock: Arc<dyn WallClock>,
+    crashing: net::Crashing,
 ) -> HostResult {
+    crashing.clear();
     tokio::spawn(observe_relay(trace, boot, node.views.clone(), Arc::clone(&node.publications)));
     let tuning = WanTuning::default();
     let service = node.relay_service(clock, tuning);
     let listener = turmoil::net::TcpListener::bind(("0.0.0.0", RELAY_PORT)).await?;
-    serve(service, Box::pin(net::incoming(listener)), &tuning, std::future::pending()).await?;
+    serve(service, Box::pin(net::incoming(listener, crashing)), &tuning, std::future::pending())
+        .await?;
     node.shutdown().await;
     Ok(())
 }
@@ -783,7 +786,7 @@ fn apply(world: &World, fault: &Fault, rng: &mut RelayRng) {
             Vec::new()
         }
         Fault::RelayRestart => {
-            world.bounce.store(true, Ordering::Relaxed);
+            world.bounce.request();
             Vec::new()
         }
         Fault::ClockSkew { ms } => {

@@ -20,7 +20,7 @@
 //! record differ and decoders, so a partition, stall or noise acts on them as on a live DC.
 //! Otherwise the inputs go to the node as recorded.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -74,7 +74,7 @@ pub(super) struct ReplayWorld {
     pub origin: Arc<Mutex<Option<Duration>>>,
     pub fed: watch::Sender<bool>,
     pub boots: Arc<AtomicU64>,
-    pub bounce: Arc<AtomicBool>,
+    pub bounce: crate::net::Bounce,
     pub decode_errors: Arc<AtomicU64>,
     /// The one long-lived consumer (`consumer-a`), in a one-slot list.
     pub consumer: crate::ConsumerSlots,
@@ -162,7 +162,7 @@ pub(super) async fn run_relay(world: ReplayWorld) -> HostResult {
         }
     };
     tokio::spawn(feed(world.clone(), base, sink));
-    crate::serve_node(world.trace.clone(), boot, node, clock).await
+    crate::serve_node(world.trace.clone(), boot, node, clock, world.bounce.crashing()).await
 }
 
 /// Feed the journal's inputs from the next one on, each at `base + its recorded time`.
@@ -239,7 +239,7 @@ fn apply(world: &ReplayWorld, fault: &Fault) {
                 planes::apply_fault(plane, RELAY_HOST, fault);
             }
         }
-        Fault::RelayRestart => world.bounce.store(true, Ordering::Relaxed),
+        Fault::RelayRestart => world.bounce.request(),
         Fault::ClockSkew { ms } => world.skew_ms.store(*ms, Ordering::Relaxed),
         // Refused when the script was checked (`faults::check`).
         _ => {}

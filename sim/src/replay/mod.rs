@@ -17,7 +17,6 @@ mod report;
 
 use std::fmt::Write as _;
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -121,7 +120,7 @@ pub fn replay(path: &Path, setup: &ReplaySetup) -> anyhow::Result<ReplayOutcome>
         origin: Arc::default(),
         fed,
         boots: Arc::default(),
-        bounce: Arc::default(),
+        bounce: crate::net::Bounce::default(),
         decode_errors: Arc::default(),
         consumer: Arc::new(Mutex::new(vec![None])),
         trace: Trace::default(),
@@ -144,7 +143,7 @@ pub fn replay(path: &Path, setup: &ReplaySetup) -> anyhow::Result<ReplayOutcome>
     sim.client(CONSUMER_HOST, hosts::run_consumer_host(world.clone()));
     sim.client(CHECKER_HOST, hosts::run_checker(world.clone()));
     let error = loop {
-        if world.bounce.swap(false, Ordering::Relaxed) {
+        if world.bounce.take() {
             sim.bounce(RELAY_HOST);
         }
         match sim.step() {
