@@ -875,7 +875,7 @@ async fn run_checker(world: World) -> HostResult {
     tokio::time::sleep(QUIESCENCE).await;
     let result = evaluate(&world).await;
     *lock(&world.result) = Some(result);
-    let _ = world.done.send(true);
+    world.done.send_replace(true);
     Ok(())
 }
 

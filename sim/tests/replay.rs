@@ -362,6 +362,23 @@ fn faults_layer_on_a_replay_and_the_consumer_still_converges() {
 }
 
 #[test]
+fn faults_scripted_past_the_journals_end_are_played_and_the_replay_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    record(dir.path());
+    let out = tempfile::tempdir().unwrap();
+    let faults = write(
+        out.path(),
+        "faults.toml",
+        "[[faults]]\nat_ms = 1200\naction = \"wan-partition\"\n\n\
+         [[faults]]\nat_ms = 1500\naction = \"wan-repair\"\n",
+    );
+    let (output, text) =
+        sim(&["replay", path(dir.path()), "--until", "1", "--fault", faults.to_str().unwrap()]);
+    assert!(output.status.success(), "{text}");
+    assert!(check_line(&text, "replica-equals-relay").contains("identical"), "{text}");
+}
+
+#[test]
 fn worker_level_faults_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     record(dir.path());

@@ -183,7 +183,8 @@ async fn feed(world: ReplayWorld, base: Instant, sink: Sink) {
         }
         world.next_input.store(index + 1, Ordering::Relaxed);
     }
-    let _ = world.fed.send(true);
+    // Kept even when nobody waits yet (the checker subscribes once its script is played).
+    world.fed.send_replace(true);
 }
 
 /// Hand `input` to the planes: a discovery input as the registrations the discovery state it
@@ -274,7 +275,7 @@ pub(super) async fn run_checker(world: ReplayWorld) -> HostResult {
     tokio::time::sleep(QUIESCENCE).await;
     let (checks, digest) = evaluate(&world, &report).await;
     *lock(&world.result) = Some((Some(report), checks, digest));
-    let _ = world.done.send(true);
+    world.done.send_replace(true);
     Ok(())
 }
 
