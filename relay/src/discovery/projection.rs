@@ -28,21 +28,6 @@ pub fn is_valid_request_name(name: &str) -> bool {
     !name.is_empty() && name.trim() == name
 }
 
-/// Rewrite a legacy prefill card into its typed form: a card without a worker type whose
-/// `model_type` carries the legacy prefill marker becomes a `Prefill` worker, needing a decode
-/// peer if it declares no needs. Every other card is left alone; the rewrite is idempotent.
-///
-/// The input decoders are expected to grow the same normalization; this copy keeps discovery
-/// independent of where the cards came from.
-pub(super) fn normalize_legacy_prefill(card: &mut ModelCard) {
-    if card.worker_type.is_none() && card.model_type.supports_prefill() {
-        card.worker_type = Some(WorkerType::Prefill);
-        if card.needs.is_empty() {
-            card.needs = vec![vec![WorkerType::Decode]];
-        }
-    }
-}
-
 /// Lowercase `name` and map every character outside `[a-z0-9_-]` to `_`: how a LoRA card's
 /// model suffix is derived from its runtime LoRA name (dc-inputs §1.4).
 ///
@@ -129,9 +114,9 @@ struct AdapterCard<'a> {
 
 /// Project a card set into one membership per endpoint that has at least one card.
 ///
-/// Cards must already be legacy-normalized (see [`normalize_legacy_prefill`]). The same card
-/// identity may appear more than once (a listing can say so); such duplicates are facts like
-/// any other, never deduplicated by picking one. Every membership has generation 0: the view
+/// Cards must already be legacy-normalized (see [`crate::inputs::normalize_legacy_prefill`]).
+/// The same card identity may appear more than once (a listing can say so); such duplicates are
+/// facts like any other, never deduplicated by picking one. Every membership has generation 0: the view
 /// assigns generations.
 pub(super) fn project<'a>(
     cards: impl IntoIterator<Item = (&'a CardInstanceId, &'a ModelCard)>,

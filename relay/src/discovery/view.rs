@@ -21,9 +21,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::membership::EndpointMembership;
-use super::projection::{normalize_legacy_prefill, project};
+use super::projection::project;
 use super::scope::DiscoveryScope;
 use crate::identity::EndpointPath;
+use crate::inputs::normalize_legacy_prefill;
 use crate::inputs::{CardInstanceId, DcInput, ModelCard};
 
 /// One change to the discovered card set.
@@ -164,7 +165,7 @@ impl DiscoveryView {
                     return false;
                 }
                 let mut card = *card;
-                normalize_legacy_prefill(&mut card);
+                let _ = normalize_legacy_prefill(&mut card);
                 let replacement = vec![card];
                 if self.cards.get(&id) == Some(&replacement) {
                     return false;
@@ -192,7 +193,7 @@ impl DiscoveryView {
                     if !self.scope.includes(&id.endpoint) {
                         continue;
                     }
-                    normalize_legacy_prefill(&mut card);
+                    let _ = normalize_legacy_prefill(&mut card);
                     let held = listed.entry(id).or_default();
                     if !held.contains(&card) {
                         held.push(card);
