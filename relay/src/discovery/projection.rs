@@ -19,7 +19,7 @@ use super::membership::{
 };
 use crate::hashing::HashFormat;
 use crate::identity::{DcId, EndpointPath, IndexerDomainId, PoolId, resolve_indexer_domain};
-use crate::inputs::{CardInstanceId, LoraInfo, ModelCard, RuntimeConfig, WorkerType};
+use crate::inputs::{CardInstanceId, LoraInfo, ModelCard, RuntimeConfig};
 
 /// Whether `name` can be a request-facing name (model, alias) or runtime LoRA name: non-empty
 /// and without surrounding whitespace.
