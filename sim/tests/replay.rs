@@ -160,6 +160,8 @@ fn a_recorded_simulated_run_replays_every_checkpoint_from_the_journal_alone() {
     assert!(until.contains("\ncatalog (revision "), "{until}");
     assert!(until.contains("\nreadiness (revision "), "{until}");
     assert!(until.contains(" exact blocks, canonical digest "), "{until}");
+    let load = until.split("\nload (window ").nth(1).expect("the load window in the dump");
+    assert!(load.contains(" blocks used, ") && load.contains(" ranks reported"), "{until}");
 }
 
 #[test]

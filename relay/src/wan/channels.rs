@@ -74,6 +74,12 @@ impl WanViews {
     pub fn current_readiness(&self) -> Arc<proto::ServingReadinessUpdate> {
         Arc::clone(&self.readiness.borrow())
     }
+
+    /// The load window currently published (the last complete one).
+    #[must_use]
+    pub fn current_load(&self) -> Arc<proto::KvPoolLoadUpdate> {
+        Arc::clone(&self.load_current.borrow())
+    }
 }
 
 impl WanPublisher {

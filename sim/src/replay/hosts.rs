@@ -31,6 +31,8 @@ use kvrelay::journal::{END_MARGIN, JournalHeader, JournalReplay, ReplayReport};
 use kvrelay::node::{NoRecovery, NodeConfig, start_node};
 use kvrelay::rng::{derive_seed, rng_from_seed};
 use kvrelay::runtime::{InlineExecutor, ManualWallClock, WallClock};
+use kvrelay::wan::WanViews;
+use kvrelay::wire::{LoadUpdate, validate_load_update};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
@@ -79,6 +81,10 @@ pub(super) struct ReplayWorld {
     /// The one long-lived consumer (`consumer-a`), in a one-slot list.
     pub consumer: crate::ConsumerSlots,
     pub trace: Trace,
+    /// The current boot's WAN views (its published load is dumped at the end).
+    pub views: Arc<Mutex<Option<WanViews>>>,
+    /// The load window the relay published at the journal's end.
+    pub load_at_end: Arc<Mutex<Option<LoadUpdate>>>,
     pub done: watch::Sender<bool>,
     pub result: Arc<Mutex<Option<Evaluation>>>,
 }
@@ -146,6 +152,7 @@ pub(super) async fn run_relay(world: ReplayWorld) -> HostResult {
         (node, now.checked_sub(since).unwrap_or(now), listing)
     };
     world.trace.record(TraceEvent::RelayBoot { boot, incarnation: node.relay.relay_incarnation });
+    *lock(&world.views) = Some(node.views.clone());
     let sink = match &world.plane {
         Some(plane) => {
             // The planes host keeps the discovery state across relay restarts: a new boot lists it.
@@ -263,6 +270,8 @@ pub(super) async fn run_checker(world: ReplayWorld) -> HostResult {
     }
     journal_end(&world).await;
     let report = world.replay.report();
+    let load = lock(&world.views).as_ref().map(|views| views.current_load());
+    *lock(&world.load_at_end) = load.and_then(|load| validate_load_update(&load).ok());
     let planes = world.plane.as_ref().map_or_else(Default::default, |plane| {
         let publisher = lock(&world.publisher);
         crate::planes::PlaneCounters {

@@ -23,6 +23,7 @@ use std::time::Duration;
 use kvrelay::journal::{JournalReplay, ReplayOptions, ReplayReport};
 use kvrelay::rng::{derive_seed, rng_from_seed};
 use kvrelay::runtime::ManualWallClock;
+use kvrelay::wire::LoadUpdate;
 use tokio::sync::watch;
 
 pub use self::report::{render, replay_paused, verdict};
@@ -64,6 +65,8 @@ pub struct ReplayOutcome {
     pub error: Option<String>,
     /// Simulated time the replay took.
     pub simulated: Duration,
+    /// The load window the relay published at the journal's end.
+    pub load: Option<LoadUpdate>,
 }
 
 impl ReplayOutcome {
@@ -83,6 +86,9 @@ impl ReplayOutcome {
     #[must_use]
     pub fn render(&self, dump_state: bool) -> String {
         let mut text = self.report.as_ref().map(|r| render(r, dump_state)).unwrap_or_default();
+        if dump_state {
+            report::dump_load(&mut text, self.load.as_ref());
+        }
         crate::render_checks(&mut text, &self.checks, self.error.as_deref());
         let _ = writeln!(
             text,
@@ -124,6 +130,8 @@ pub fn replay(path: &Path, setup: &ReplaySetup) -> anyhow::Result<ReplayOutcome>
         decode_errors: Arc::default(),
         consumer: Arc::new(Mutex::new(vec![None])),
         trace: Trace::default(),
+        views: Arc::default(),
+        load_at_end: Arc::default(),
         done,
         result: Arc::default(),
     };
@@ -161,5 +169,6 @@ pub fn replay(path: &Path, setup: &ReplaySetup) -> anyhow::Result<ReplayOutcome>
         hasher.update(final_digest.as_bytes());
         hasher.finalize().to_hex()[..16].to_owned()
     };
-    Ok(ReplayOutcome { report, checks, trace, digest, error, simulated })
+    let load = lock(&world.load_at_end).take();
+    Ok(ReplayOutcome { report, checks, trace, digest, error, simulated, load })
 }

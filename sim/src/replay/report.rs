@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use kvrelay::journal::{Checkpoint, JournalReader, ReplayOptions, ReplayReport, replay_journal};
 use kvrelay::runtime::InlineExecutor;
+use kvrelay::wire::LoadUpdate;
 
 /// Replay the journal at `path` (a recording directory or one segment) up to `until` (the whole
 /// journal when `None`), on a current-thread tokio runtime with a paused clock.
@@ -144,6 +145,36 @@ fn dump(out: &mut String, at: Duration, state: &Checkpoint) {
             pool.canonical_digest,
             pool.filter_digest,
             pool.sequence
+        );
+    }
+}
+
+/// The load window the relay published at the end: per pool, occupancy and rank coverage.
+pub fn dump_load(out: &mut String, load: Option<&LoadUpdate>) {
+    let Some(load) = load else {
+        let _ = writeln!(out, "load: none published");
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "load (window {}, {} ms, observed at {} ms, {} pools):",
+        load.window_sequence,
+        load.window_ms,
+        load.observed_ms,
+        load.pools.len()
+    );
+    let blocks = |value: Option<u64>| value.map_or_else(|| "unknown".to_owned(), |v| v.to_string());
+    for pool in &load.pools {
+        let _ = writeln!(
+            out,
+            "  {} incarnation {:016x} generation {}: {} of {} blocks used, {}/{} ranks reported",
+            pool.producer.pool_id(),
+            pool.producer.producer_incarnation(),
+            pool.producer.layout_generation(),
+            blocks(pool.kv_used_blocks),
+            blocks(pool.total_kv_blocks),
+            pool.kv_observed_ranks,
+            pool.kv_expected_ranks
         );
     }
 }
