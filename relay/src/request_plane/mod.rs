@@ -26,6 +26,7 @@
 //!   bounded, with a typed error or a closed connection at each bound;
 //! - no input panics: malformed bytes become a [`RecoveryError`].
 
+pub mod answer;
 mod client;
 pub mod frame;
 pub mod message;

@@ -23,6 +23,8 @@ use kvrelay::discovery::DiscoveryScope;
 use kvrelay::discovery_plane::{DiscoveryOutput, KeyForm, ListingEntry, ListingMode, RecordDiffer};
 use kvrelay::inputs::{DcInput, RecoveryTarget};
 use kvrelay::node::RecoveryTransport;
+use kvrelay::request_plane::PayloadCodec;
+use kvrelay::request_plane::answer::read_answer_stream;
 use kvrelay::sources::{RecoveryRequest, RecoveryResponse};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
@@ -87,7 +89,9 @@ pub struct PlanesClient {
     applied: Option<u64>,
     decode_errors: Arc<AtomicU64>,
     queries: mpsc::UnboundedReceiver<Query>,
-    pending: BTreeMap<u64, oneshot::Sender<Result<RecoveryResponse, String>>>,
+    /// Queries sent and not answered yet: the request (its answer is decoded for it) and the
+    /// caller.
+    pending: BTreeMap<u64, (RecoveryRequest, oneshot::Sender<Result<RecoveryResponse, String>>)>,
     next_query: u64,
 }
 
@@ -178,8 +182,8 @@ impl PlanesClient {
                     let Some(query) = query else { return Ended::Closed };
                     self.next_query += 1;
                     let id = self.next_query;
-                    self.pending.retain(|_, reply| !reply.is_closed());
-                    self.pending.insert(id, query.reply);
+                    self.pending.retain(|_, (_, reply)| !reply.is_closed());
+                    self.pending.insert(id, (query.request, query.reply));
                     let request =
                         ToPlanes::Query { id, target: query.target, request: query.request };
                     if send(&mut writer, &request).await.is_err() {
@@ -236,7 +240,13 @@ impl PlanesClient {
                 outputs
             }
             ToRelay::Answer { id, result } => {
-                if let Some(reply) = self.pending.remove(&id) {
+                if let Some((request, reply)) = self.pending.remove(&id) {
+                    // The worker's call-home stream, read by the relay's own decoders.
+                    let result = result.and_then(|stream| {
+                        let parts = stream.iter().map(|(h, b)| (h.as_slice(), b.as_slice()));
+                        read_answer_stream(PayloadCodec::MsgPack, parts, &request)
+                            .map_err(|error| error.to_string())
+                    });
                     let _ = reply.send(result);
                 }
                 Vec::new()

@@ -14,14 +14,15 @@
 //! | `Publish(publications)` (from host `dc`: registrations and event messages, in order) | |
 //!
 //! Discovery values are the JSON documents of [`super::records`]; event-plane messages are the
-//! envelope bytes a Dynamo worker publishes; recovery bodies are the relay's typed
-//! [`RecoveryRequest`] / [`RecoveryResponse`] (serde, MessagePack): the production request
-//! plane has an encoder for requests and a decoder for responses only, so the simulated worker
-//! side would have nothing to decode or encode them with.
+//! envelope bytes a Dynamo worker publishes; a recovery answer is the call-home response stream
+//! a worker writes (prologue, item, end marker, sentinel as two-part messages, the item in
+//! MessagePack; [`kvrelay::request_plane::answer`]), read on the relay host by the relay's own
+//! frame decoders. The query travels as the typed [`RecoveryRequest`]: the relay only encodes
+//! requests, so there is no production decoder for the simulated worker to run.
 
 use bytes::Bytes;
 use kvrelay::inputs::RecoveryTarget;
-use kvrelay::sources::{RecoveryRequest, RecoveryResponse};
+use kvrelay::sources::RecoveryRequest;
 use serde::{Deserialize, Serialize};
 use tokio_util::codec::LengthDelimitedCodec;
 
@@ -108,8 +109,8 @@ pub enum ToRelay {
     Answer {
         /// The query's id.
         id: u64,
-        /// The worker's response, or why there is none.
-        result: Result<RecoveryResponse, String>,
+        /// The worker's response stream as (header, body) parts, or why there is none.
+        result: Result<Vec<(serde_bytes::ByteBuf, serde_bytes::ByteBuf)>, String>,
     },
     /// The answer to a ping.
     Pong,

@@ -12,6 +12,9 @@ use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
 use kvrelay::node::RecoveryTransport;
+use kvrelay::request_plane::PayloadCodec;
+use kvrelay::request_plane::answer::answer_stream;
+use serde_bytes::ByteBuf;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::codec::{FramedRead, FramedWrite};
 use turmoil::net::{TcpListener, TcpStream};
@@ -85,7 +88,16 @@ async fn connection_task(
                         let query = workers.query(target, request, ANSWER_TIMEOUT);
                         let answers = answers.clone();
                         tokio::spawn(async move {
-                            let result = query.await;
+                            let result = query.await.and_then(|response| {
+                                answer_stream(PayloadCodec::MsgPack, &response)
+                                    .map(|stream| {
+                                        stream
+                                            .into_iter()
+                                            .map(|m| (ByteBuf::from(m.header), ByteBuf::from(m.body)))
+                                            .collect()
+                                    })
+                                    .map_err(|error| error.to_string())
+                            });
                             let _ = answers.send(ToRelay::Answer { id, result });
                         });
                         None
