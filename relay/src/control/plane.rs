@@ -460,6 +460,12 @@ impl ControlPlane {
         self.host.catalog_snapshot()
     }
 
+    /// Number of pools in the catalog (without copying it).
+    #[must_use]
+    pub fn catalog_len(&self) -> usize {
+        self.host.catalog().len()
+    }
+
     /// The current topology entries and revision (what `PublishTopology` makes visible).
     #[must_use]
     pub fn topology_snapshot(&self) -> TopologySnapshot {

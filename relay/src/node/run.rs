@@ -547,14 +547,14 @@ impl Node {
         }
     }
 
+    /// Runs after every input: reads counts and revisions, never copies the catalog or topology.
     fn publish_status(&self, inputs_handled: u64, stopped: bool) {
-        let catalog = self.plane.catalog_snapshot();
         let health = self.plane.health();
         let status = NodeStatus {
             healthy: health.healthy,
-            catalog_revision: catalog.revision,
-            topology_revision: self.plane.topology_snapshot().revision,
-            active_pools: catalog.pools.len(),
+            catalog_revision: health.catalog_revision,
+            topology_revision: health.topology_revision,
+            active_pools: self.plane.catalog_len(),
             inputs_handled,
             stopped,
             control: Some(health),
