@@ -66,7 +66,7 @@ use tokio::sync::watch;
 
 use crate::planes::client::PlanesClient;
 use crate::planes::publisher::{Link, Publisher};
-use crate::planes::{PLANES_HOST, PlaneCounters, Planes};
+use crate::planes::{PLANES_HOST, Planes};
 use crate::scenario::{
     ConsumerExpectation, ConsumerTarget, Expect, Fault, Scenario, ScriptedFault,
 };
@@ -100,6 +100,29 @@ const LEASE_TICK: Duration = Duration::from_millis(50);
 /// How long (wall-clock) a consumer's HTTP/2 connection remembers streams it reset: longer than
 /// any run, so h2's real-time expiry never decides how a late frame is treated.
 const H2_RESET_MEMORY: Duration = Duration::from_secs(24 * 3600);
+
+/// Step `sim` until its clients are done (or it fails: the error), bouncing the relay host
+/// whenever `bounce` asks.
+fn step_to_end(sim: &mut turmoil::Sim<'_>, bounce: &net::Bounce) -> Option<String> {
+    loop {
+        if bounce.take() {
+            sim.bounce(RELAY_HOST);
+        }
+        match sim.step() {
+            Ok(true) => return None,
+            Ok(false) => {}
+            Err(error) => return Some(error.to_string()),
+        }
+    }
+}
+
+/// A run's determinism witness: its trace's digest and the final state's, combined.
+fn run_digest(trace: &[Stamped], final_digest: &str) -> String {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(trace::digest(trace).as_bytes());
+    hasher.update(final_digest.as_bytes());
+    hasher.finalize().to_hex()[..16].to_owned()
+}
 
 /// Simulated milliseconds since the start of the current simulation (0 outside one).
 #[must_use]
@@ -369,27 +392,13 @@ impl Sim {
             sim.client(scenario::consumer_host(index), run_consumer_host(world.clone(), index));
         }
         sim.client(CHECKER_HOST, run_checker(world.clone()));
-        let error = loop {
-            if world.bounce.take() {
-                sim.bounce(RELAY_HOST);
-            }
-            match sim.step() {
-                Ok(true) => break None,
-                Ok(false) => {}
-                Err(error) => break Some(error.to_string()),
-            }
-        };
+        let error = step_to_end(&mut sim, &world.bounce);
         let simulated = sim.elapsed();
         let (checks, final_digest, mut view) = lock(&world.result).take().unwrap_or_default();
         let trace = world.trace.events();
         view.trace_counts =
             trace::counts(&trace).into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
-        let digest = {
-            let mut hasher = blake3::Hasher::new();
-            hasher.update(trace::digest(&trace).as_bytes());
-            hasher.update(final_digest.as_bytes());
-            hasher.finalize().to_hex()[..16].to_owned()
-        };
+        let digest = run_digest(&trace, &final_digest);
         Outcome {
             seed: self.seed,
             scenario: scenario.name.clone(),
@@ -612,16 +621,6 @@ fn register(world: &World) {
     lock(&world.plane).register(&registrations, sim_ms());
 }
 
-/// The planes' counters with the publisher's.
-fn plane_counters(world: &World) -> PlaneCounters {
-    let publisher = lock(&world.publisher);
-    PlaneCounters {
-        stored_events: publisher.stored_events,
-        encode_errors: publisher.encode_errors,
-        ..lock(&world.plane).counters
-    }
-}
-
 /// The planes host: serves the relay host, and runs the discovery leases. A worker whose lease
 /// expired leaves the truth model's listing at that moment (the process lives on).
 async fn run_planes(world: World) -> HostResult {
@@ -641,10 +640,6 @@ async fn run_planes(world: World) -> HostResult {
             record_truth(&world);
         }
     }
-}
-
-fn start_consumer(world: &World, host: &str) -> Result<RelayConsumer, HostResultError> {
-    consumer_for(world.seed, host)
 }
 
 /// A reference consumer on `host` following the relay host, its generator derived from `seed`.
@@ -870,7 +865,7 @@ async fn run_checker(world: World) -> HostResult {
     }
     tokio::time::sleep_until(start + scenario::run_duration(&world.scenario)).await;
     world.traffic_off.store(true, Ordering::Relaxed);
-    let planes = plane_counters(&world);
+    let planes = planes::counters(&world.plane, &world.publisher);
     world.trace.record(TraceEvent::TrafficOff { planes });
     tokio::time::sleep(QUIESCENCE).await;
     let result = evaluate(&world).await;
@@ -1198,7 +1193,7 @@ async fn evaluate(world: &World) -> Verdict {
         all_converged &= converged;
         seen.push(format!("{host}: {}", describe(&snapshot)));
     }
-    let reference = match start_consumer(world, CHECKER_HOST) {
+    let reference = match consumer_for(world.seed, CHECKER_HOST) {
         Ok(reference) => reference,
         Err(error) => {
             checks.push(Check { name: "setup", passed: false, detail: error.to_string() });

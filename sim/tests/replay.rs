@@ -220,6 +220,16 @@ fn a_damaged_journal_fails_naming_the_file_and_offset() {
     assert!(text.contains(name) && text.contains("byte offset 0"), "{text}");
 }
 
+/// A recorded journal (in the first directory) and `faults` written as `faults.toml` in the
+/// second, for `replay --fault`.
+fn recorded_with_faults(faults: &str) -> (tempfile::TempDir, tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    record(dir.path());
+    let out = tempfile::tempdir().unwrap();
+    let file = write(out.path(), "faults.toml", faults);
+    (dir, out, file)
+}
+
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let file = dir.join(name);
     std::fs::write(&file, text).unwrap();
@@ -328,10 +338,7 @@ action = "relay-restart"
 
 #[test]
 fn faults_layer_on_a_replay_and_the_consumer_still_converges() {
-    let dir = tempfile::tempdir().unwrap();
-    record(dir.path());
-    let out = tempfile::tempdir().unwrap();
-    let faults = write(out.path(), "faults.toml", FAULTS);
+    let (dir, out, faults) = recorded_with_faults(FAULTS);
     let trace = out.path().join("trace.jsonl");
     let (output, text) = sim(&[
         "replay",
@@ -365,12 +372,7 @@ fn faults_layer_on_a_replay_and_the_consumer_still_converges() {
 
 #[test]
 fn faults_scripted_past_the_journals_end_are_played_and_the_replay_completes() {
-    let dir = tempfile::tempdir().unwrap();
-    record(dir.path());
-    let out = tempfile::tempdir().unwrap();
-    let faults = write(
-        out.path(),
-        "faults.toml",
+    let (dir, _out, faults) = recorded_with_faults(
         "[[faults]]\nat_ms = 1200\naction = \"wan-partition\"\n\n\
          [[faults]]\nat_ms = 1500\naction = \"wan-repair\"\n",
     );
@@ -382,14 +384,8 @@ fn faults_scripted_past_the_journals_end_are_played_and_the_replay_completes() {
 
 #[test]
 fn worker_level_faults_are_refused_by_name() {
-    let dir = tempfile::tempdir().unwrap();
-    record(dir.path());
-    let out = tempfile::tempdir().unwrap();
-    let faults = write(
-        out.path(),
-        "faults.toml",
-        "[[faults]]\nat_ms = 100\naction = \"expire-lease\"\nworker = 0\n",
-    );
+    let (dir, _out, faults) =
+        recorded_with_faults("[[faults]]\nat_ms = 100\naction = \"expire-lease\"\nworker = 0\n");
     let (output, text) = sim(&["replay", path(dir.path()), "--fault", faults.to_str().unwrap()]);
     assert!(!output.status.success(), "{text}");
     assert!(text.contains("`expire-lease`") && text.contains("no worker model"), "{text}");

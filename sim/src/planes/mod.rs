@@ -280,6 +280,17 @@ impl Planes {
     }
 }
 
+/// What the planes did, with what the workers' publisher counted.
+#[must_use]
+pub fn counters(planes: &Mutex<Planes>, publisher: &Mutex<publisher::Publisher>) -> PlaneCounters {
+    let publisher = publisher.lock().unwrap_or_else(PoisonError::into_inner);
+    PlaneCounters {
+        stored_events: publisher.stored_events,
+        encode_errors: publisher.encode_errors,
+        ..planes.lock().unwrap_or_else(PoisonError::into_inner).counters
+    }
+}
+
 /// Whether `fact` travels on the event plane (everything else is discovery).
 #[must_use]
 pub fn is_event_plane(fact: &DcInput) -> bool {

@@ -272,14 +272,10 @@ pub(super) async fn run_checker(world: ReplayWorld) -> HostResult {
     let report = world.replay.report();
     let load = lock(&world.views).as_ref().map(|views| views.current_load());
     *lock(&world.load_at_end) = load.and_then(|load| validate_load_update(&load).ok());
-    let planes = world.plane.as_ref().map_or_else(Default::default, |plane| {
-        let publisher = lock(&world.publisher);
-        crate::planes::PlaneCounters {
-            stored_events: publisher.stored_events,
-            encode_errors: publisher.encode_errors,
-            ..lock(plane).counters
-        }
-    });
+    let planes = world
+        .plane
+        .as_ref()
+        .map_or_else(Default::default, |plane| planes::counters(plane, &world.publisher));
     world.trace.record(TraceEvent::TrafficOff { planes });
     tokio::time::sleep(QUIESCENCE).await;
     let (checks, digest) = evaluate(&world, &report).await;

@@ -29,7 +29,7 @@ use tokio::sync::watch;
 pub use self::report::{render, replay_paused, verdict};
 use crate::planes::{PLANES_HOST, Planes};
 use crate::scenario::{Expect, ScriptedFault};
-use crate::trace::{self, Stamped, Trace};
+use crate::trace::{Stamped, Trace};
 use crate::{CHECKER_HOST, CONSUMER_HOST, Check, RELAY_HOST, Sim, lock};
 
 /// How to replay.
@@ -150,25 +150,11 @@ pub fn replay(path: &Path, setup: &ReplaySetup) -> anyhow::Result<ReplayOutcome>
     }
     sim.client(CONSUMER_HOST, hosts::run_consumer_host(world.clone()));
     sim.client(CHECKER_HOST, hosts::run_checker(world.clone()));
-    let error = loop {
-        if world.bounce.take() {
-            sim.bounce(RELAY_HOST);
-        }
-        match sim.step() {
-            Ok(true) => break None,
-            Ok(false) => {}
-            Err(error) => break Some(error.to_string()),
-        }
-    };
+    let error = crate::step_to_end(&mut sim, &world.bounce);
     let simulated = sim.elapsed();
     let (report, checks, final_digest) = lock(&world.result).take().unwrap_or_default();
     let trace = world.trace.events();
-    let digest = {
-        let mut hasher = blake3::Hasher::new();
-        hasher.update(trace::digest(&trace).as_bytes());
-        hasher.update(final_digest.as_bytes());
-        hasher.finalize().to_hex()[..16].to_owned()
-    };
+    let digest = crate::run_digest(&trace, &final_digest);
     let load = lock(&world.load_at_end).take();
     Ok(ReplayOutcome { report, checks, trace, digest, error, simulated, load })
 }
