@@ -14,6 +14,11 @@ use kvrelay_sim::replay::{ReplayOutcome, ReplaySetup};
 use kvrelay_sim::scenario::Scenario;
 use kvrelay_sim::{Sim, trace};
 
+/// The simulator allocates and frees many small buffers per simulated message (wire frames,
+/// decoded events, gRPC bodies); mimalloc serves them about a third faster than glibc's malloc.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Parser)]
 #[command(name = "kvrelay-sim", about = "Deterministic simulation of kvrelay")]
 struct Cli {

@@ -99,6 +99,7 @@ struct CachedBlock {
     external: u64,
     local: u64,
     parent: Option<u64>,
+    /// The last request whose chain ended at this block: for a leaf, its LRU recency.
     last_used: u64,
     inserted: u64,
     children: u32,
@@ -410,20 +411,19 @@ impl SimWorker {
         let cache = &mut self.ranks[rank_index];
         cache.clock += 1;
         let now = cache.clock;
-        let mut hit = 0;
-        while hit < sequence.len() {
-            let canonical = sequence[hit].0;
-            match cache.blocks.get_mut(canonical) {
-                Some(block) => {
-                    if block.children == 0 {
-                        cache.leaves.remove(&(block.last_used, canonical));
-                        cache.leaves.insert((now, canonical));
-                    }
-                    block.last_used = now;
-                    hit += 1;
-                }
-                None => break,
+        // The cache is closed under prefixes, so the blocks it holds are a prefix of the chain.
+        let hit = sequence.partition_point(|hash| cache.blocks.get(hash.0).is_some());
+        if hit > 0 {
+            // Only the deepest hit block is touched. Eviction order still equals an LRU that
+            // touches the whole chain: an interior block becomes a leaf only when its last child
+            // was the least recently used block, so it is then the next victim either way.
+            let deepest = sequence[hit - 1].0;
+            let block = cache.blocks.get_mut(deepest).expect("a hit block is cached");
+            if block.children == 0 {
+                cache.leaves.remove(&(block.last_used, deepest));
+                cache.leaves.insert((now, deepest));
             }
+            block.last_used = now;
         }
         let mut events = Vec::new();
         if hit < sequence.len() {

@@ -1,6 +1,8 @@
 //! The simulated worker emits events a real relay pool accepts, with the exact block hashes.
 
 use super::*;
+use std::collections::BTreeMap;
+
 use crate::ckf::{CkfFormat, DEFAULT_SEED, MAX_KICKS_DEFAULT};
 use crate::hashing::{LocalBlockHash, SequenceHash, XXH3_SEED};
 use crate::pool::{PoolOwnership, RankReplacement};
@@ -162,4 +164,72 @@ fn a_legacy_prefill_worker_emits_a_card_the_relay_normalizes_to_prefill() {
     assert_eq!(card.needs, vec![vec![WorkerType::Decode]]);
     let plain = WorkerSpec::aggregated("dynamo/backend/generate".parse().unwrap(), "tiny-llm");
     assert_eq!(plain.card_model_type().to_wire_string(), "Chat | Completions");
+}
+
+/// The textbook LRU the worker's cache must agree with: every block of a request's chain is
+/// touched, and the least recently used leaf goes first.
+#[derive(Default)]
+struct EagerLru {
+    /// canonical -> (parent, last used, children)
+    blocks: BTreeMap<u64, (Option<u64>, u64, u32)>,
+    clock: u64,
+}
+
+impl EagerLru {
+    fn serve(&mut self, chain: &[u64], capacity: usize) {
+        self.clock += 1;
+        let mut parent = None;
+        for &canonical in chain {
+            if let Some(block) = self.blocks.get_mut(&canonical) {
+                block.1 = self.clock;
+            } else {
+                if let Some(p) = parent {
+                    self.blocks.get_mut(&p).unwrap().2 += 1;
+                }
+                self.blocks.insert(canonical, (parent, self.clock, 0));
+            }
+            parent = Some(canonical);
+        }
+        while self.blocks.len() > capacity {
+            let (&victim, _) = self
+                .blocks
+                .iter()
+                .filter(|(_, block)| block.2 == 0)
+                .min_by_key(|(canonical, block)| (block.1, **canonical))
+                .unwrap();
+            let (parent, _, _) = self.blocks.remove(&victim).unwrap();
+            if let Some(p) = parent {
+                self.blocks.get_mut(&p).unwrap().2 -= 1;
+            }
+        }
+    }
+}
+
+#[test]
+fn the_cache_evicts_exactly_as_an_eager_lru() {
+    for capacity in [6, 12, 24] {
+        let mut w = worker(capacity);
+        let mut reference = EagerLru::default();
+        let mut rng = rng_from_seed(capacity as u64);
+        for round in 0..3000u32 {
+            // Nested prefixes of varied depth with short tails: interior blocks turn into
+            // leaves and back, and their recency decides what goes first.
+            let family = rng.next_u32() % 6;
+            let depth = rng.next_u32() % 6;
+            let tail = rng.next_u32() % 4;
+            let tokens: Vec<u32> = (0..depth * 4)
+                .map(|i| family * 1000 + i)
+                .chain((0..(rng.next_u32() % 2) * 4).map(|i| 100_000 + tail * 100 + i))
+                .collect();
+            let _ = w.serve(0, &tokens, None);
+            let locals =
+                local_block_hashes(&tokens, 4, HashFormat::StandardV1, block_hash_seed(None, None));
+            let chain: Vec<u64> = sequence_hashes(&locals).iter().map(|hash| hash.0).collect();
+            reference.serve(&chain, capacity);
+            let mut held: Vec<u64> = w.ranks()[0].canonical_hashes().collect();
+            held.sort_unstable();
+            let expected: Vec<u64> = reference.blocks.keys().copied().collect();
+            assert_eq!(held, expected, "capacity {capacity}, round {round}");
+        }
+    }
 }
