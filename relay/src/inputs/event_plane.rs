@@ -18,10 +18,10 @@
 //! structs.
 //!
 //! Limits before allocation: the envelope is size-checked before parsing and borrows its topic
-//! and payload from the input. A `kv-events` payload is read twice: a first pass counts events
-//! and blocks without keeping them (at most [`EVENTS_PER_MESSAGE_MAX`] small records), and only
-//! when every count is within [`BLOCKS_PER_EVENT_MAX`] and [`BLOCKS_PER_MESSAGE_MAX`] does the
-//! second pass decode the blocks.
+//! and payload from the input. A `kv-events` payload is read twice: a first pass walks the
+//! MessagePack headers, counting events and blocks from their declared lengths without decoding
+//! or keeping anything, and only when every count is within [`EVENTS_PER_MESSAGE_MAX`],
+//! [`BLOCKS_PER_EVENT_MAX`] and [`BLOCKS_PER_MESSAGE_MAX`] does the second pass decode.
 
 use serde::Deserialize;
 
@@ -33,7 +33,7 @@ use super::limits::{
     EVENT_SUBJECT_BYTES_MAX, EVENTS_PER_MESSAGE_MAX,
 };
 use super::wire::{
-    Bounded, SeqLen, WireHash, check_segment, check_size, endpoint_path, msgpack, percent_decode,
+    MsgpackCursor, WireHash, check_segment, check_size, endpoint_path, msgpack, percent_decode,
     percent_encode, subject_literal,
 };
 use crate::identity::EndpointPath;
@@ -242,25 +242,33 @@ fn expect_topic(envelope: &EventEnvelope<'_>, expected: &'static str) -> Result<
     Ok(())
 }
 
-/// First pass over a `kv-events` payload: count events and blocks, keep nothing else.
+/// First pass over a `kv-events` payload: count events and blocks from the MessagePack headers,
+/// keep nothing, and check that the records the second pass reads by name (`RouterEvent`,
+/// `KvCacheEvent`, the event data) are maps, so positional structs never reach it.
 fn check_kv_events_shape(payload: &[u8]) -> Result<(), InputError> {
-    let shape: Bounded<ShapeRouterEvent, EVENTS_PER_MESSAGE_MAX> =
-        msgpack(payload, "kv-events payload")?;
-    let events = shape.into_checked("events in one message")?;
+    let mut cursor = MsgpackCursor::new(payload);
+    let events = cursor.array_len().ok_or_else(|| shape_error("a list of events"))?;
+    if events > EVENTS_PER_MESSAGE_MAX {
+        return Err(InputError::TooMany {
+            what: "events in one message",
+            count: events,
+            max: EVENTS_PER_MESSAGE_MAX,
+        });
+    }
     let mut total = 0usize;
-    for event in &events {
-        let blocks = match &event.event.data {
-            ShapeEventData::Stored(stored) => stored.blocks.0,
-            ShapeEventData::Removed(removed) => removed.block_hashes.0,
-            ShapeEventData::Cleared => 0,
-        };
-        if blocks > BLOCKS_PER_EVENT_MAX {
-            return Err(InputError::TooMany {
-                what: "blocks in one event",
-                count: blocks,
-                max: BLOCKS_PER_EVENT_MAX,
-            });
-        }
+    for _ in 0..events {
+        let mut blocks = None;
+        for_each_field(&mut cursor, "a RouterEvent map", |cursor, key| match key {
+            b"event" => for_each_field(cursor, "a KvCacheEvent map", |cursor, key| match key {
+                b"data" => {
+                    blocks = Some(event_data_blocks(cursor)?);
+                    Ok(())
+                }
+                _ => skip(cursor),
+            }),
+            _ => skip(cursor),
+        })?;
+        let blocks = blocks.ok_or_else(|| shape_error("an event with `data`"))?;
         total = total.saturating_add(blocks);
     }
     if total > BLOCKS_PER_MESSAGE_MAX {
@@ -273,32 +281,69 @@ fn check_kv_events_shape(payload: &[u8]) -> Result<(), InputError> {
     Ok(())
 }
 
-#[derive(Deserialize)]
-struct ShapeRouterEvent {
-    event: ShapeKvCacheEvent,
+/// The blocks an event's data declares: `"cleared"` (or any other bare variant, which the
+/// second pass rejects) has none; `{"stored": {"blocks": [..]}}` and
+/// `{"removed": {"block_hashes": [..]}}` have their list's length, at most
+/// [`BLOCKS_PER_EVENT_MAX`] (a longer list is rejected from its header). Consumes the data.
+fn event_data_blocks(cursor: &mut MsgpackCursor<'_>) -> Result<usize, InputError> {
+    if cursor.str().is_some() {
+        return Ok(0);
+    }
+    if cursor.clone().map_len() != Some(1) {
+        return Err(shape_error("event data: a variant name or a one-entry map"));
+    }
+    let mut blocks = None;
+    for_each_field(cursor, "event data", |cursor, variant| {
+        let list = match variant {
+            b"stored" => b"blocks".as_slice(),
+            b"removed" => b"block_hashes".as_slice(),
+            _ => return skip(cursor),
+        };
+        blocks = Some(0);
+        for_each_field(cursor, "a stored or removed map", |cursor, key| {
+            if key != list {
+                return skip(cursor);
+            }
+            let count = cursor.array_len().ok_or_else(|| shape_error("a block list"))?;
+            if count > BLOCKS_PER_EVENT_MAX {
+                return Err(InputError::TooMany {
+                    what: "blocks in one event",
+                    count,
+                    max: BLOCKS_PER_EVENT_MAX,
+                });
+            }
+            blocks = Some(count);
+            skip_entries(cursor, count)
+        })
+    })?;
+    Ok(blocks.unwrap_or(0))
 }
 
-#[derive(Deserialize)]
-struct ShapeKvCacheEvent {
-    data: ShapeEventData,
+/// Walk the map here, calling `field` with each key (positioned at its value, which `field` must
+/// consume).
+fn for_each_field<'a>(
+    cursor: &mut MsgpackCursor<'a>,
+    expected: &'static str,
+    mut field: impl FnMut(&mut MsgpackCursor<'a>, &'a [u8]) -> Result<(), InputError>,
+) -> Result<(), InputError> {
+    let entries = cursor.map_len().ok_or_else(|| shape_error(expected))?;
+    for _ in 0..entries {
+        let key = cursor.str().ok_or_else(|| shape_error("a field name"))?;
+        field(cursor, key)?;
+    }
+    Ok(())
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum ShapeEventData {
-    Stored(ShapeStored),
-    Removed(ShapeRemoved),
-    Cleared,
+fn skip(cursor: &mut MsgpackCursor<'_>) -> Result<(), InputError> {
+    cursor.skip().ok_or_else(|| shape_error("a complete value"))
 }
 
-#[derive(Deserialize)]
-struct ShapeStored {
-    blocks: SeqLen,
+fn skip_entries(cursor: &mut MsgpackCursor<'_>, count: usize) -> Result<(), InputError> {
+    (0..count).try_for_each(|_| skip(cursor))
 }
 
-#[derive(Deserialize)]
-struct ShapeRemoved {
-    block_hashes: SeqLen,
+fn shape_error(expected: &'static str) -> InputError {
+    InputError::MessagePack { what: "kv-events payload", detail: format!("expected {expected}") }
 }
 
 /// `RouterEvent` as the wire writes it.
@@ -829,6 +874,45 @@ mod tests {
         let payload = [&[0x91][..], &stored_with_nil_blocks(BLOCKS_PER_EVENT_MAX + 1)].concat();
         assert_eq!(
             decode_kv_events_payload(&payload),
+            Err(InputError::TooMany {
+                what: "blocks in one event",
+                count: BLOCKS_PER_EVENT_MAX + 1,
+                max: BLOCKS_PER_EVENT_MAX
+            })
+        );
+    }
+
+    #[test]
+    fn the_counting_pass_walks_wide_headers_and_skips_unknown_fields() {
+        // 16 extra fields (a map16 record), a 40-byte key (str8), 20 blocks (array16).
+        let mut event = serde_json::Map::new();
+        for index in 0..16 {
+            event.insert(format!("extra_{index}"), json!({"nested": [index, "x", {"y": null}]}));
+        }
+        event.insert("k".repeat(40), json!("long key"));
+        event.insert("worker_id".into(), json!(4));
+        let blocks: Vec<_> =
+            (0..20).map(|index| json!({"block_hash": index, "tokens_hash": index + 100})).collect();
+        event
+            .insert("event".into(), json!({"data": {"stored": {"blocks": blocks}}, "event_id": 2}));
+        let events = decode_events(&json!([event])).unwrap();
+        let KvCacheEventData::Stored(stored) = &events[0].event.data else { panic!("not stored") };
+        assert_eq!(stored.blocks.len(), 20);
+        assert_eq!(stored.blocks[19].tokens_hash, LocalBlockHash(119));
+        // A data map of two variants is neither form of an event.
+        let two = json!([{"worker_id": 1, "event": {"event_id": 1,
+            "data": {"removed": {"block_hashes": []}, "cleared": null}}}]);
+        assert!(matches!(decode_events(&two), Err(InputError::MessagePack { .. })));
+    }
+
+    #[test]
+    fn a_block_list_declared_beyond_the_limit_is_rejected_from_its_header() {
+        // The header claims more blocks than allowed and no entry follows.
+        let payload = [&[0x91][..], &stored_with_nil_blocks(0)[..]].concat();
+        let header_only =
+            [&payload[..payload.len() - 5], &array32(BLOCKS_PER_EVENT_MAX + 1)[..]].concat();
+        assert_eq!(
+            decode_kv_events_payload(&header_only),
             Err(InputError::TooMany {
                 what: "blocks in one event",
                 count: BLOCKS_PER_EVENT_MAX + 1,

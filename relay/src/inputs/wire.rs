@@ -109,6 +109,69 @@ pub(crate) fn msgpack_value_len(bytes: &[u8]) -> Option<usize> {
     Some(position)
 }
 
+/// A forward reader over MessagePack that decodes only the headers and keys it is asked for and
+/// skips every other value by its markers (no allocation, no recursion, no UTF-8 validation).
+/// Every method returns `None`, consuming nothing, when the next value is not of the asked kind
+/// or is truncated.
+#[derive(Debug, Clone)]
+pub(crate) struct MsgpackCursor<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> MsgpackCursor<'a> {
+    pub(crate) fn new(bytes: &'a [u8]) -> Self {
+        MsgpackCursor { bytes, at: 0 }
+    }
+
+    /// A container or string header here: `(declared length, header bytes)` when the marker is
+    /// one of `fix` (its low bits hold the length, up to `fix_mask`) or the 1/2/4-byte-length forms
+    /// `wide` (`0` where the kind has no such form).
+    fn header(&self, fix: u8, fix_mask: u8, wide: [u8; 3]) -> Option<(usize, usize)> {
+        let marker = *self.bytes.get(self.at)?;
+        if marker & !fix_mask == fix {
+            return Some((usize::from(marker & fix_mask), 1));
+        }
+        let width = match wide.iter().position(|&form| form != 0 && form == marker)? {
+            0 => 1,
+            1 => 2,
+            _ => 4,
+        };
+        let field = self.bytes.get(self.at + 1..self.at + 1 + width)?;
+        let length = field.iter().fold(0usize, |value, byte| value << 8 | usize::from(*byte));
+        Some((length, 1 + width))
+    }
+
+    /// The declared entry count of the array here, consuming its header.
+    pub(crate) fn array_len(&mut self) -> Option<usize> {
+        let (length, header) = self.header(0x90, 0x0f, [0, 0xdc, 0xdd])?;
+        self.at += header;
+        Some(length)
+    }
+
+    /// The declared entry count of the map here, consuming its header.
+    pub(crate) fn map_len(&mut self) -> Option<usize> {
+        let (length, header) = self.header(0x80, 0x0f, [0, 0xde, 0xdf])?;
+        self.at += header;
+        Some(length)
+    }
+
+    /// The bytes of the string here, consuming it.
+    pub(crate) fn str(&mut self) -> Option<&'a [u8]> {
+        let (length, header) = self.header(0xa0, 0x1f, [0xd9, 0xda, 0xdb])?;
+        let start = self.at + header;
+        let text = self.bytes.get(start..start.checked_add(length)?)?;
+        self.at = start + length;
+        Some(text)
+    }
+
+    /// Skip the whole value here.
+    pub(crate) fn skip(&mut self) -> Option<()> {
+        self.at += msgpack_value_len(self.bytes.get(self.at..)?)?;
+        Some(())
+    }
+}
+
 /// Reject an input larger than `max` bytes before parsing it.
 pub(crate) fn check_size(bytes: usize, max: usize, what: &'static str) -> Result<(), InputError> {
     if bytes > max {
@@ -125,30 +188,6 @@ pub(crate) fn check_text(text: &str, field: &'static str) -> Result<(), InputErr
 /// Reject a name segment longer than [`SEGMENT_BYTES_MAX`].
 pub(crate) fn check_segment(text: &str, field: &'static str) -> Result<(), InputError> {
     check_size(text.len(), SEGMENT_BYTES_MAX, field)
-}
-
-/// The number of entries of a list, counted without decoding or keeping them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct SeqLen(pub usize);
-
-impl<'de> Deserialize<'de> for SeqLen {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct CountVisitor;
-        impl<'de> Visitor<'de> for CountVisitor {
-            type Value = SeqLen;
-            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-                formatter.write_str("a list")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<SeqLen, A::Error> {
-                let mut count = 0usize;
-                while seq.next_element::<IgnoredAny>()?.is_some() {
-                    count = count.saturating_add(1);
-                }
-                Ok(SeqLen(count))
-            }
-        }
-        deserializer.deserialize_seq(CountVisitor)
-    }
 }
 
 /// A list of at most `MAX` entries: entries beyond `MAX` are counted and skipped, never kept, so
