@@ -3,8 +3,9 @@
 //! - [`json`] and [`msgpack`] are the only places bytes enter a parser: each maps the parser's
 //!   error to an [`InputError`] naming what was decoded, and [`msgpack`] rejects trailing bytes
 //!   and caps nesting depth.
-//! - [`SeqLen`] counts a list's entries without keeping them, so a decoder can check counts
-//!   before it allocates the decoded list.
+//! - [`MsgpackCursor`] reads MessagePack headers and keys and skips values by their markers, so
+//!   a decoder can check counts before it allocates the decoded lists; [`Bounded`] keeps at
+//!   most `MAX` entries of a list and counts the rest.
 //! - [`WireHash`] is a 64-bit hash that may arrive as a signed integer (dc-inputs §2.3: signed
 //!   engine hashes are reinterpreted bitwise).
 //! - [`Embedded`] accepts a nested JSON document either as an object or as a string holding it.
