@@ -33,7 +33,7 @@ use super::limits::{
     EVENT_SUBJECT_BYTES_MAX, EVENTS_PER_MESSAGE_MAX,
 };
 use super::wire::{
-    MsgpackCursor, WireHash, check_segment, check_size, endpoint_path, msgpack, percent_decode,
+    MsgpackCursor, WireHash, msgpack_value, check_segment, check_size, endpoint_path, msgpack, percent_decode,
     percent_encode, subject_literal,
 };
 use crate::identity::EndpointPath;
@@ -204,8 +204,14 @@ pub fn decode_kv_events_message(
 /// Decode a `kv-events` payload: a list of `RouterEvent` maps.
 pub fn decode_kv_events_payload(payload: &[u8]) -> Result<Vec<RouterEvent>, InputError> {
     check_size(payload.len(), EVENT_ENVELOPE_BYTES_MAX, "kv-events payload")?;
-    check_kv_events_shape(payload)?;
-    let wire: Vec<WireRouterEvent<'_>> = msgpack(payload, "kv-events payload")?;
+    let length = check_kv_events_shape(payload)?;
+    if length < payload.len() {
+        return Err(InputError::TrailingBytes {
+            what: "kv-events payload",
+            count: payload.len() - length,
+        });
+    }
+    let wire: Vec<WireRouterEvent<'_>> = msgpack_value(payload, "kv-events payload")?;
     wire.into_iter().map(WireRouterEvent::into_router_event).collect()
 }
 
@@ -244,8 +250,9 @@ fn expect_topic(envelope: &EventEnvelope<'_>, expected: &'static str) -> Result<
 
 /// First pass over a `kv-events` payload: count events and blocks from the MessagePack headers,
 /// keep nothing, and check that the records the second pass reads by name (`RouterEvent`,
-/// `KvCacheEvent`, the event data) are maps, so positional structs never reach it.
-fn check_kv_events_shape(payload: &[u8]) -> Result<(), InputError> {
+/// `KvCacheEvent`, the event data) are maps, so positional structs never reach it. Returns the
+/// payload's length in bytes.
+fn check_kv_events_shape(payload: &[u8]) -> Result<usize, InputError> {
     let mut cursor = MsgpackCursor::new(payload);
     let events = cursor.array_len().ok_or_else(|| shape_error("a list of events"))?;
     if events > EVENTS_PER_MESSAGE_MAX {
@@ -278,7 +285,7 @@ fn check_kv_events_shape(payload: &[u8]) -> Result<(), InputError> {
             max: BLOCKS_PER_MESSAGE_MAX,
         });
     }
-    Ok(())
+    Ok(cursor.position())
 }
 
 /// The blocks an event's data declares: `"cleared"` (or any other bare variant, which the
@@ -313,7 +320,7 @@ fn event_data_blocks(cursor: &mut MsgpackCursor<'_>) -> Result<usize, InputError
                 });
             }
             blocks = Some(count);
-            skip_entries(cursor, count)
+            (0..count).try_for_each(|_| skip(cursor))
         })
     })?;
     Ok(blocks.unwrap_or(0))
@@ -336,10 +343,6 @@ fn for_each_field<'a>(
 
 fn skip(cursor: &mut MsgpackCursor<'_>) -> Result<(), InputError> {
     cursor.skip().ok_or_else(|| shape_error("a complete value"))
-}
-
-fn skip_entries(cursor: &mut MsgpackCursor<'_>, count: usize) -> Result<(), InputError> {
-    (0..count).try_for_each(|_| skip(cursor))
 }
 
 fn shape_error(expected: &'static str) -> InputError {
@@ -899,6 +902,12 @@ mod tests {
         let KvCacheEventData::Stored(stored) = &events[0].event.data else { panic!("not stored") };
         assert_eq!(stored.blocks.len(), 20);
         assert_eq!(stored.blocks[19].tokens_hash, LocalBlockHash(119));
+        let mut trailing = named(&json!([event]));
+        trailing.push(0xc0);
+        assert_eq!(
+            decode_kv_events_payload(&trailing),
+            Err(InputError::TrailingBytes { what: "kv-events payload", count: 1 })
+        );
         // A data map of two variants is neither form of an event.
         let two = json!([{"worker_id": 1, "event": {"event_id": 1,
             "data": {"removed": {"block_hashes": []}, "cleared": null}}}]);

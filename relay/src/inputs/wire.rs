@@ -42,6 +42,14 @@ pub(crate) fn msgpack<'a, T: Deserialize<'a>>(
     {
         return Err(InputError::TrailingBytes { what, count: bytes.len() - length });
     }
+    msgpack_value(bytes, what)
+}
+
+/// [`msgpack`] for `bytes` already known to hold exactly one value (no trailing-bytes walk).
+pub(crate) fn msgpack_value<'a, T: Deserialize<'a>>(
+    bytes: &'a [u8],
+    what: &'static str,
+) -> Result<T, InputError> {
     let mut deserializer = rmp_serde::Deserializer::from_read_ref(bytes);
     deserializer.set_max_depth(MSGPACK_DEPTH_MAX);
     T::deserialize(&mut deserializer)
@@ -164,6 +172,11 @@ impl<'a> MsgpackCursor<'a> {
         let text = self.bytes.get(start..start.checked_add(length)?)?;
         self.at = start + length;
         Some(text)
+    }
+
+    /// The bytes read so far.
+    pub(crate) fn position(&self) -> usize {
+        self.at
     }
 
     /// Skip the whole value here.
