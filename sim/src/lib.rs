@@ -836,16 +836,20 @@ async fn follow_consumers(
     slots: ConsumerSlots,
     mut done: watch::Receiver<bool>,
 ) {
-    let mut last: Vec<Option<ConsumerTrace>> = vec![None; hosts.len()];
+    let mut last: Vec<Option<(ConsumerSnapshot, ConsumerTrace)>> = vec![None; hosts.len()];
     loop {
         let consumers = lock(&slots).clone();
         for ((consumer, host), last) in consumers.iter().zip(&hosts).zip(&mut last) {
             let Some(consumer) = consumer else { continue };
-            let view = ConsumerTrace::of(host, &consumer.snapshot());
-            if last.as_ref() != Some(&view) {
-                trace.record(TraceEvent::Consumer(view.clone()));
-                *last = Some(view);
+            let snapshot = consumer.snapshot();
+            if last.as_ref().is_some_and(|(shown, _)| shows_the_same(shown, &snapshot)) {
+                continue;
             }
+            let view = ConsumerTrace::of(host, &snapshot);
+            if last.as_ref().map(|(_, view)| view) != Some(&view) {
+                trace.record(TraceEvent::Consumer(view.clone()));
+            }
+            *last = Some((snapshot, view));
         }
         tokio::select! {
             biased;
@@ -853,6 +857,17 @@ async fn follow_consumers(
             () = tokio::time::sleep(CONSUMER_SAMPLE) => {}
         }
     }
+}
+
+/// Whether two snapshots agree on everything a [`ConsumerTrace`] shows (so the trace, whose
+/// identities are formatted as text, need not be built again).
+fn shows_the_same(a: &ConsumerSnapshot, b: &ConsumerSnapshot) -> bool {
+    a.catalog_revision == b.catalog_revision
+        && a.pools == b.pools
+        && a.readiness == b.readiness
+        && a.counters.subscriptions == b.counters.subscriptions
+        && a.counters.replicas_dropped == b.counters.replicas_dropped
+        && a.counters.faults == b.counters.faults
 }
 
 /// Play the script, stop traffic, quiesce, evaluate the oracles, publish the result.

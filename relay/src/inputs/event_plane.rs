@@ -33,8 +33,8 @@ use super::limits::{
     EVENT_SUBJECT_BYTES_MAX, EVENTS_PER_MESSAGE_MAX,
 };
 use super::wire::{
-    MsgpackCursor, WireHash, msgpack_value, check_segment, check_size, endpoint_path, msgpack, percent_decode,
-    percent_encode, subject_literal,
+    MsgpackCursor, WireHash, check_segment, check_size, endpoint_path, msgpack, msgpack_value,
+    percent_decode, percent_encode, subject_literal,
 };
 use crate::identity::EndpointPath;
 use crate::kv_events::{KvCacheEvent, KvCacheEventData, ResidencyDomain, RouterEvent, SourceKey};
