@@ -110,7 +110,13 @@ pub enum ReplicaProgress {
 #[derive(Debug)]
 enum State {
     Assembling(SnapshotAssembler),
-    Ready { words: Vec<u64>, sequence: u64 },
+    /// `touched` has one bit per bucket, all clear between deltas: a delta marks the buckets it
+    /// writes to find a duplicate image before it writes any word.
+    Ready {
+        words: Vec<u64>,
+        sequence: u64,
+        touched: Vec<u64>,
+    },
     Invalid,
 }
 
@@ -197,13 +203,15 @@ impl FilterReplica {
                     None => Ok(ReplicaProgress::Assembling),
                     Some(snapshot) => {
                         let sequence = snapshot.epoch();
-                        self.state = State::Ready { words: snapshot.into_words(), sequence };
+                        let words = snapshot.into_words();
+                        let touched = vec![0; words.len().div_ceil(64)];
+                        self.state = State::Ready { words, sequence, touched };
                         Ok(ReplicaProgress::Installed { sequence })
                     }
                 }
             }
             FilterFrame::Delta { base_sequence, sequence, payload } => {
-                let State::Ready { words, sequence: current } = &mut self.state else {
+                let State::Ready { words, sequence: current, touched } = &mut self.state else {
                     return Err(self.not_ready("delta"));
                 };
                 if base_sequence != *current {
@@ -230,13 +238,17 @@ impl FilterReplica {
                 }
                 // Validate every image before writing any, so a fault leaves no half-applied delta
                 // (the replica is discarded anyway, but readers never see a torn state).
-                let mut buckets: Vec<u32> = delta.images().map(|image| image.bucket).collect();
-                buckets.sort_unstable();
-                if let Some(pair) = buckets.windows(2).find(|pair| pair[0] == pair[1]) {
-                    return Err(ReplicaFault::DuplicateImage(pair[0]));
+                // (A fault leaves `touched` dirty, but it also invalidates the replica.)
+                for image in delta.images() {
+                    let (index, bit) = (image.bucket as usize / 64, 1u64 << (image.bucket % 64));
+                    if touched[index] & bit != 0 {
+                        return Err(ReplicaFault::DuplicateImage(image.bucket));
+                    }
+                    touched[index] |= bit;
                 }
                 for image in delta.images() {
                     words[image.bucket as usize] = image.word;
+                    touched[image.bucket as usize / 64] = 0;
                 }
                 *current = sequence;
                 Ok(ReplicaProgress::Applied { sequence })

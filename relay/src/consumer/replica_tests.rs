@@ -65,15 +65,28 @@ fn deltas_apply_only_when_contiguous_and_heartbeats_confirm_the_sequence() {
         replica.accept(FilterFrame::Heartbeat { base_sequence: 4, sequence: 4 }),
         Ok(ReplicaProgress::Confirmed)
     );
-    let gap = encoder.encode_delta(5, 6, &[BucketImage { bucket: 2, word: 1 }]).unwrap();
+    // The next delta may write the same buckets again (and its neighbours in the same word).
+    let again = [BucketImage { bucket: 2, word: 10 }, BucketImage { bucket: 3, word: 11 }];
+    let delta = encoder.encode_delta(4, 5, &again).unwrap();
     assert_eq!(
-        replica.accept(FilterFrame::Delta { base_sequence: 5, sequence: 6, payload: &gap }),
-        Err(ReplicaFault::NonContiguous { current: 4, base: 5 })
+        replica.accept(FilterFrame::Delta { base_sequence: 4, sequence: 5, payload: &delta }),
+        Ok(ReplicaProgress::Applied { sequence: 5 })
+    );
+    assert_eq!(&replica.words().unwrap()[2..4], &[10, 11]);
+    let delta = encoder.encode_delta(5, 6, &[BucketImage { bucket: 3, word: 12 }]).unwrap();
+    assert_eq!(
+        replica.accept(FilterFrame::Delta { base_sequence: 5, sequence: 6, payload: &delta }),
+        Ok(ReplicaProgress::Applied { sequence: 6 })
+    );
+    let gap = encoder.encode_delta(7, 8, &[BucketImage { bucket: 2, word: 1 }]).unwrap();
+    assert_eq!(
+        replica.accept(FilterFrame::Delta { base_sequence: 7, sequence: 8, payload: &gap }),
+        Err(ReplicaFault::NonContiguous { current: 6, base: 7 })
     );
     assert!(replica.is_invalid());
     assert_eq!(replica.contains(SequenceHash(1)), None);
     assert_eq!(
-        replica.accept(FilterFrame::Heartbeat { base_sequence: 4, sequence: 4 }),
+        replica.accept(FilterFrame::Heartbeat { base_sequence: 6, sequence: 6 }),
         Err(ReplicaFault::Invalid)
     );
 }

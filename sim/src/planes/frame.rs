@@ -20,7 +20,7 @@
 //! frame decoders. The query travels as the typed [`RecoveryRequest`]: the relay only encodes
 //! requests, so there is no production decoder for the simulated worker to run.
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 use kvrelay::inputs::RecoveryTarget;
 use kvrelay::sources::RecoveryRequest;
 use serde::{Deserialize, Serialize};
@@ -126,6 +126,21 @@ pub fn encode<T: Serialize>(frame: &T) -> Result<Bytes, rmp_serde::encode::Error
     rmp_serde::to_vec(frame).map(Bytes::from)
 }
 
+/// [`encode`] into `buffer`'s allocation, which the next call reuses once the returned body is
+/// dropped (frames of a busy DC are tens of KiB; growing a fresh buffer for each cost page
+/// faults).
+///
+/// # Errors
+/// When MessagePack refuses the value (it never does for these types).
+pub fn encode_with<T: Serialize>(
+    frame: &T,
+    buffer: &mut BytesMut,
+) -> Result<Bytes, rmp_serde::encode::Error> {
+    buffer.clear();
+    rmp_serde::encode::write(&mut (&mut *buffer).writer(), frame)?;
+    Ok(buffer.split().freeze())
+}
+
 /// Decode a frame body.
 ///
 /// # Errors
@@ -136,7 +151,6 @@ pub fn decode<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, rmp_serde:
 
 #[cfg(test)]
 mod tests {
-    use bytes::BytesMut;
     use tokio_util::codec::{Decoder, Encoder};
 
     use super::*;

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Mutex, PoisonError};
 
+use bytes::BytesMut;
 use futures::SinkExt;
 use tokio_util::codec::{FramedWrite, LengthDelimitedCodec};
 use turmoil::net::TcpStream;
@@ -115,6 +116,7 @@ impl Publisher {
 #[derive(Debug, Default)]
 pub struct Link {
     writer: Option<FramedWrite<TcpStream, LengthDelimitedCodec>>,
+    buffer: BytesMut,
     /// Frames that could not be sent (no connection; the link never faults in scenarios).
     pub lost_frames: u64,
 }
@@ -124,7 +126,7 @@ impl Link {
     pub async fn flush(&mut self, publisher: &Mutex<Publisher>) {
         let frame = publisher.lock().unwrap_or_else(PoisonError::into_inner).take();
         let Some(frame) = frame else { return };
-        let Ok(body) = super::frame::encode(&frame) else { return };
+        let Ok(body) = super::frame::encode_with(&frame, &mut self.buffer) else { return };
         if self.writer.is_none() {
             let connect = TcpStream::connect((PLANES_HOST, PLANES_PORT));
             match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {

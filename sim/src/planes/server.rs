@@ -10,6 +10,7 @@ use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use bytes::BytesMut;
 use futures::{SinkExt, StreamExt};
 use kvrelay::node::RecoveryTransport;
 use kvrelay::request_plane::PayloadCodec;
@@ -66,6 +67,7 @@ async fn connection_task(
     let mut notify: Option<Arc<Notify>> = None;
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
     let mut wrote = false;
+    let mut buffer = BytesMut::new();
     loop {
         let ready = async {
             match &notify {
@@ -126,7 +128,7 @@ async fn connection_task(
             }
         };
         if let Some(out) = out {
-            let Ok(body) = frame::encode(&out) else { break };
+            let Ok(body) = frame::encode_with(&out, &mut buffer) else { break };
             if sink.send(body).await.is_err() {
                 break;
             }
