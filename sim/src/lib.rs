@@ -86,9 +86,10 @@ pub const RELAY_PORT: u16 = 7000;
 pub const EPOCH_UNIX_SECONDS: u64 = 1_767_225_600;
 /// Upper bound of simulated time per run.
 pub const SIMULATION_DURATION: Duration = Duration::from_secs(900);
-/// turmoil's step: every host runs once per step, and a message crosses a link in whole steps.
-/// Every scenario timer (DC ticks of tens of ms, leases, keepalives, convergence bounds of
-/// seconds) is a multiple of it; 1 ms steps spent most of a quiet run entering six runtimes.
+/// turmoil's step: every host runs once per step, a message crosses a link in whole steps, and a
+/// timer fires at the first step at or after its deadline (the relay's 1 ms publication delay
+/// takes one step; scripted fault times round up to a step). Scenario timers are tens of ms and
+/// up; 1 ms steps spent most of a quiet run entering the six hosts' runtimes.
 pub const TICK: Duration = Duration::from_millis(5);
 
 /// How long traffic stays off before the oracles look.
