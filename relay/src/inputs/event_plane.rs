@@ -299,14 +299,13 @@ fn event_data_blocks(cursor: &mut MsgpackCursor<'_>) -> Result<usize, InputError
     if cursor.clone().map_len() != Some(1) {
         return Err(shape_error("event data: a variant name or a one-entry map"));
     }
-    let mut blocks = None;
+    let mut blocks = 0;
     for_each_field(cursor, "event data", |cursor, variant| {
         let list = match variant {
             b"stored" => b"blocks".as_slice(),
             b"removed" => b"block_hashes".as_slice(),
             _ => return skip(cursor),
         };
-        blocks = Some(0);
         for_each_field(cursor, "a stored or removed map", |cursor, key| {
             if key != list {
                 return skip(cursor);
@@ -319,11 +318,11 @@ fn event_data_blocks(cursor: &mut MsgpackCursor<'_>) -> Result<usize, InputError
                     max: BLOCKS_PER_EVENT_MAX,
                 });
             }
-            blocks = Some(count);
+            blocks = count;
             (0..count).try_for_each(|_| skip(cursor))
         })
     })?;
-    Ok(blocks.unwrap_or(0))
+    Ok(blocks)
 }
 
 /// Walk the map here, calling `field` with each key (positioned at its value, which `field` must
