@@ -843,7 +843,10 @@ async fn follow_consumers(
         for ((consumer, host), last) in consumers.iter().zip(&hosts).zip(&mut last) {
             let Some(consumer) = consumer else { continue };
             let snapshot = consumer.snapshot();
-            if last.as_ref().is_some_and(|(shown, _)| shows_the_same(shown, &snapshot)) {
+            if last
+                .as_ref()
+                .is_some_and(|(shown, _)| ConsumerTrace::shows_the_same(shown, &snapshot))
+            {
                 continue;
             }
             let view = ConsumerTrace::of(host, &snapshot);
@@ -858,17 +861,6 @@ async fn follow_consumers(
             () = tokio::time::sleep(CONSUMER_SAMPLE) => {}
         }
     }
-}
-
-/// Whether two snapshots agree on everything a [`ConsumerTrace`] shows (so the trace, whose
-/// identities are formatted as text, need not be built again).
-fn shows_the_same(a: &ConsumerSnapshot, b: &ConsumerSnapshot) -> bool {
-    a.catalog_revision == b.catalog_revision
-        && a.pools == b.pools
-        && a.readiness == b.readiness
-        && a.counters.subscriptions == b.counters.subscriptions
-        && a.counters.replicas_dropped == b.counters.replicas_dropped
-        && a.counters.faults == b.counters.faults
 }
 
 /// Play the script, stop traffic, quiesce, evaluate the oracles, publish the result.

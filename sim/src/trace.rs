@@ -113,6 +113,18 @@ pub struct ConsumerTrace {
 }
 
 impl ConsumerTrace {
+    /// Whether two snapshots agree on everything [`ConsumerTrace::of`] shows, so the trace (whose
+    /// identities are formatted as text) need not be built again.
+    #[must_use]
+    pub fn shows_the_same(a: &ConsumerSnapshot, b: &ConsumerSnapshot) -> bool {
+        a.catalog_revision == b.catalog_revision
+            && a.pools == b.pools
+            && a.readiness == b.readiness
+            && a.counters.subscriptions == b.counters.subscriptions
+            && a.counters.replicas_dropped == b.counters.replicas_dropped
+            && a.counters.faults == b.counters.faults
+    }
+
     /// From a snapshot of the consumer on host `consumer`.
     #[must_use]
     pub fn of(consumer: &str, snapshot: &ConsumerSnapshot) -> Self {

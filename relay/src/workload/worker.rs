@@ -127,9 +127,7 @@ impl RankCache {
             publisher_id,
             next_event_id: 1,
             clock: 0,
-            blocks: BlockTable(hashbrown::HashTable::with_capacity(
-                capacity.saturating_add(1).min(PRESIZED_BLOCKS_MAX),
-            )),
+            blocks: BlockTable::for_capacity(capacity),
             leaves: BTreeSet::new(),
             history: VecDeque::new(),
         }
@@ -163,11 +161,19 @@ impl RankCache {
 ///
 /// Canonical hashes are xxh3 outputs, uniformly spread, so each is its own table hash; the
 /// table has no random state, so its order is a function of the rank's history. Requests look
-/// up every block of their prefix, which made an ordered map the workload's hottest path.
-#[derive(Debug, Clone, Default)]
+/// up blocks of their prefix, which made an ordered map the workload's hottest path.
+#[derive(Debug, Clone)]
 struct BlockTable(hashbrown::HashTable<CachedBlock>);
 
 impl BlockTable {
+    /// A table for a rank holding `capacity` blocks (plus the one request's chain stored before
+    /// eviction), allocated up front up to [`PRESIZED_BLOCKS_MAX`].
+    fn for_capacity(capacity: usize) -> Self {
+        BlockTable(hashbrown::HashTable::with_capacity(
+            capacity.saturating_add(1).min(PRESIZED_BLOCKS_MAX),
+        ))
+    }
+
     fn len(&self) -> usize {
         self.0.len()
     }
@@ -422,9 +428,10 @@ impl SimWorker {
         // The cache is closed under prefixes, so the blocks it holds are a prefix of the chain.
         let hit = sequence.partition_point(|hash| cache.blocks.get(hash.0).is_some());
         if hit > 0 {
-            // Only the deepest hit block is touched. Eviction order still equals an LRU that
-            // touches the whole chain: an interior block becomes a leaf only when its last child
-            // was the least recently used block, so it is then the next victim either way.
+            // Only the deepest hit block is touched; eviction order still equals an LRU that
+            // touches the whole chain. An interior block becomes a leaf only after each of its
+            // descendants was evicted as the least recently used block, so their uses are older
+            // than every remaining leaf's, and ranking it by its own last use orders it the same.
             let deepest = sequence[hit - 1].0;
             let block = cache.blocks.get_mut(deepest).expect("a hit block is cached");
             if block.children == 0 {

@@ -123,7 +123,7 @@ pub enum ToRelay {
 /// # Errors
 /// When MessagePack refuses the value (it never does for these types).
 pub fn encode<T: Serialize>(frame: &T) -> Result<Bytes, rmp_serde::encode::Error> {
-    rmp_serde::to_vec(frame).map(Bytes::from)
+    encode_with(frame, &mut BytesMut::new())
 }
 
 /// [`encode`] into `buffer`'s allocation, which the next call reuses once the returned body is
