@@ -7,6 +7,7 @@
 //! every step takes a seeded RNG and returns [`DcInput`](crate::inputs::DcInput) facts.
 
 mod dc;
+mod local_indexer;
 mod traffic;
 mod worker;
 
