@@ -372,8 +372,8 @@ impl SimulatedDc {
     /// Answer a recovery query the way the worker's local indexer would: the process holding
     /// the publisher incarnation whose endpoint `target` names answers for that rank (a listed
     /// worker, or during an overlap the previous incarnation). An endpoint no listed process or
-    /// advertised ghost serves is rejected as by the request plane
-    /// ([`local_indexer::unknown_endpoint`]).
+    /// advertised ghost serves is rejected with the request plane's text
+    /// (`Server unavailable: unknown endpoint <path>`).
     ///
     /// # Errors
     /// The rejection text when no live incarnation serves `target`.

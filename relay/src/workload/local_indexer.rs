@@ -20,7 +20,7 @@ use crate::sources::{RecoveryRequest, RecoveryResponse, TreeDumpScope};
 /// The request plane's rejection of a query for an endpoint no live process serves: the ACK text
 /// a worker sends for a path it does not know (dynamo-planes-wire §A.8).
 #[must_use]
-pub fn unknown_endpoint(target: &RecoveryTarget) -> String {
+pub(super) fn unknown_endpoint(target: &RecoveryTarget) -> String {
     format!("Server unavailable: unknown endpoint {:x}/{}", target.instance_id, target.endpoint)
 }
 
