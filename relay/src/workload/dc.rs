@@ -5,12 +5,13 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use rand_core::Rng;
 
+use super::local_indexer;
 use super::traffic::{Traffic, TrafficConfig};
 use super::worker::{SimWorker, WorkerSpec};
 use crate::identity::EndpointPath;
 use crate::inputs::{DcInput, EndpointInstances, KvEventBatch, RecoveryTarget, WorkerType};
 use crate::rng::RelayRng;
-use crate::sources::{RecoveryRequest, RecoveryResponse, TreeDumpScope};
+use crate::sources::{RecoveryRequest, RecoveryResponse};
 
 /// Workers to start.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,9 +57,10 @@ struct Ghost {
 ///
 /// A worker slot is *listed* unless it crashed or its discovery lease expired; only listed
 /// workers serve traffic, appear in discovery and answer recovery queries. During an overlap a
-/// slot also has a *ghost*: its previous publisher incarnation, still advertised and able to
-/// publish stale events; after the overlap ends it is withdrawn but keeps publishing (a zombie
-/// whose events a relay must drop).
+/// slot also has a *ghost*: its previous publisher incarnation, still advertised, answering
+/// recovery queries for its own incarnations and able to publish stale events; after the overlap
+/// ends it is withdrawn (its recovery endpoints with it) but keeps publishing (a zombie whose
+/// events a relay must drop).
 #[derive(Debug, Clone)]
 pub struct SimulatedDc {
     workers: Vec<SimWorker>,
@@ -367,47 +369,34 @@ impl SimulatedDc {
             .collect()
     }
 
-    /// Answer a recovery query the way the worker's local indexer would.
+    /// Answer a recovery query the way the worker's local indexer would: the process holding
+    /// the publisher incarnation whose endpoint `target` names answers for that rank (a listed
+    /// worker, or during an overlap the previous incarnation). An endpoint no listed process or
+    /// advertised ghost serves is rejected with the request plane's text
+    /// (`Server unavailable: unknown endpoint <path>`).
+    ///
+    /// # Errors
+    /// The rejection text when no live incarnation serves `target`.
     pub fn answer(
         &self,
         target: &RecoveryTarget,
         request: &RecoveryRequest,
     ) -> Result<RecoveryResponse, String> {
-        let worker = self
-            .listed_workers()
-            .find(|worker| worker.worker_id() == target.instance_id)
-            .ok_or_else(|| format!("no worker {:x}", target.instance_id))?;
-        match request.start_event_id {
-            None => {
-                let (events, last_event_id) = worker.tree_dump(request.dp_rank);
-                Ok(RecoveryResponse::TreeDump {
-                    events,
-                    last_event_id,
-                    reset_scope: TreeDumpScope::Rank,
-                })
-            }
-            Some(start) => {
-                let newest = worker
-                    .ranks()
-                    .get(request.dp_rank as usize)
-                    .map_or(0, |_| worker.tree_dump(request.dp_rank).1);
-                let end = request.end_event_id.unwrap_or(newest);
-                match worker.event_range(request.dp_rank, start, end) {
-                    Some(events) => Ok(RecoveryResponse::Events { events, last_event_id: end }),
-                    None => Ok(RecoveryResponse::TooNew {
-                        requested_start: start,
-                        requested_end: request.end_event_id,
-                        newest_available: newest,
-                    }),
-                }
-            }
-        }
+        let ghosts =
+            self.ghosts.values().filter(|ghost| ghost.advertised).map(|ghost| &ghost.worker);
+        self.listed_workers()
+            .chain(ghosts)
+            .find_map(|worker| {
+                worker.recovery_rank(target).map(|rank| worker.answer_recovery(rank, request))
+            })
+            .ok_or_else(|| local_indexer::unknown_endpoint(target))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv_events::SourceKey;
     use crate::rng::rng_from_seed;
 
     #[test]
@@ -498,6 +487,74 @@ mod tests {
             )
         );
         assert!(!stale.is_empty());
+    }
+
+    fn recovery_targets(facts: &[DcInput]) -> Vec<(SourceKey, RecoveryTarget)> {
+        facts
+            .iter()
+            .filter_map(|fact| match fact {
+                DcInput::SourceAdvertised(advert) => {
+                    Some((advert.source, advert.recovery_target.clone()?))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn dump_of(dc: &SimulatedDc, source: SourceKey, target: &RecoveryTarget) -> (usize, u64) {
+        match dc.answer(target, &RecoveryRequest::tree_dump(source)) {
+            Ok(RecoveryResponse::TreeDump { events, last_event_id, .. }) => {
+                (events.len(), last_event_id)
+            }
+            other => panic!("a tree dump, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn recovery_is_answered_by_the_incarnation_the_target_names() {
+        let mut rng = rng_from_seed(9);
+        let mut dc = SimulatedDc::start(&Deployment::demo(), TrafficConfig::default(), &mut rng);
+        for request in 0..3u32 {
+            let _ = dc.workers[1].serve(
+                0,
+                &(request * 100..request * 100 + 32).collect::<Vec<_>>(),
+                None,
+            );
+        }
+        let old = recovery_targets(&dc.workers()[1].discovery_facts());
+        let (source, old_target) = old[0].clone();
+        assert_eq!(source.dp_rank, 0);
+        assert_eq!(dump_of(&dc, source, &old_target), (6, 3));
+
+        // Same worker id, new incarnation: both answer, each for its own rank state.
+        let new = recovery_targets(&dc.begin_overlap(1, &mut rng));
+        let (new_source, new_target) = new[0].clone();
+        assert_eq!((new_source, new_target.instance_id), (source, old_target.instance_id));
+        assert_ne!(new_target.endpoint, old_target.endpoint);
+        let _ = dc.workers[1].serve(0, &(0..16).collect::<Vec<_>>(), None);
+        assert_eq!(dump_of(&dc, source, &new_target), (1, 1));
+        assert_eq!(dump_of(&dc, source, &old_target), (6, 3));
+        let ranged = dc.answer(&old_target, &RecoveryRequest::range(source, 2, None)).unwrap();
+        assert!(
+            matches!(&ranged, RecoveryResponse::Events { events, last_event_id: 3 } if events.len() == 2)
+        );
+
+        // The overlap ends: the old incarnation's endpoint is gone, as on a real request plane.
+        let _ = dc.end_overlap(1);
+        let gone = dc.answer(&old_target, &RecoveryRequest::tree_dump(source)).unwrap_err();
+        assert_eq!(
+            gone,
+            format!(
+                "Server unavailable: unknown endpoint {:x}/{}",
+                old_target.instance_id, old_target.endpoint
+            )
+        );
+        assert_eq!(dump_of(&dc, source, &new_target), (1, 1));
+        // A restart under the same id retires the new incarnation's endpoint too.
+        let _ = dc.start_worker(1, true, &mut rng);
+        assert!(dc.answer(&new_target, &RecoveryRequest::tree_dump(source)).is_err());
+        let (_, restarted) = recovery_targets(&dc.workers()[1].discovery_facts())[0].clone();
+        assert_eq!(dump_of(&dc, source, &restarted), (0, 0));
     }
 
     #[test]

@@ -139,6 +139,12 @@ impl RankCache {
         self.publisher_id
     }
 
+    /// The newest event id published (0 before the first event).
+    #[must_use]
+    pub fn newest_event_id(&self) -> u64 {
+        self.next_event_id - 1
+    }
+
     /// Blocks held.
     #[must_use]
     pub fn len(&self) -> usize {
@@ -322,14 +328,38 @@ impl SimWorker {
         facts
     }
 
+    /// The recovery endpoint of one publisher incarnation: `worker_kv_query_source_<hex id>` on
+    /// the worker's component (dc-inputs §3.1).
+    fn recovery_endpoint(&self, publisher_id: u64) -> EndpointPath {
+        EndpointPath::new(
+            self.spec.endpoint.namespace(),
+            self.spec.endpoint.component(),
+            format!("worker_kv_query_source_{publisher_id:x}"),
+        )
+        .expect("derived from a valid endpoint")
+    }
+
+    /// The rank whose recovery endpoint `target` names, if this process serves it: the worker
+    /// runs a local indexer, `target` names this worker instance, and its endpoint is the one of
+    /// a current publisher incarnation of this process.
+    #[must_use]
+    pub fn recovery_rank(&self, target: &RecoveryTarget) -> Option<u32> {
+        if !self.spec.enable_local_indexer
+            || !self.spec.publishes_kv
+            || target.instance_id != self.worker_id
+        {
+            return None;
+        }
+        let rank = self
+            .ranks
+            .iter()
+            .position(|cache| self.recovery_endpoint(cache.publisher_id) == target.endpoint)?;
+        u32::try_from(rank).ok()
+    }
+
     fn advert(&self, rank: u32, cache: &RankCache) -> KvEventSourceAdvert {
         let recovery_target = self.spec.enable_local_indexer.then(|| RecoveryTarget {
-            endpoint: EndpointPath::new(
-                self.spec.endpoint.namespace(),
-                self.spec.endpoint.component(),
-                format!("worker_kv_query_source_{:x}", cache.publisher_id),
-            )
-            .expect("derived from a valid endpoint"),
+            endpoint: self.recovery_endpoint(cache.publisher_id),
             instance_id: self.worker_id,
             transport: RequestPlaneTransport::Tcp(format!("sim-worker-{:x}:0", self.worker_id)),
         });
@@ -551,25 +581,20 @@ impl SimWorker {
                 worker_event(self.worker_id, rank, index as u64, data)
             })
             .collect();
-        (events, cache.next_event_id - 1)
+        (events, cache.newest_event_id())
     }
 
-    /// Events `start..=end` of `rank` if the history still holds them all.
+    /// The events of `rank` from `start` through its newest one, if its ring still holds
+    /// `start` (the ring keeps the last [`EVENT_HISTORY_MAX`] events).
     #[must_use]
-    pub fn event_range(&self, rank: u32, start: u64, end: u64) -> Option<Vec<RouterEvent>> {
+    pub fn events_from(&self, rank: u32, start: u64) -> Option<Vec<RouterEvent>> {
         let cache = self.ranks.get(rank as usize)?;
         let first = cache.history.front()?.event.event_id;
-        if start < first || end >= cache.next_event_id || start > end {
+        if start < first || start >= cache.next_event_id {
             return None;
         }
-        Some(
-            cache
-                .history
-                .iter()
-                .filter(|e| (start..=end).contains(&e.event.event_id))
-                .cloned()
-                .collect(),
-        )
+        let skip = usize::try_from(start - first).ok()?;
+        Some(cache.history.iter().skip(skip).cloned().collect())
     }
 
     /// One occupancy report per rank.

@@ -7,6 +7,7 @@ use crate::ckf::{CkfFormat, DEFAULT_SEED, MAX_KICKS_DEFAULT};
 use crate::hashing::{LocalBlockHash, SequenceHash, XXH3_SEED};
 use crate::pool::{PoolOwnership, RankReplacement};
 use crate::rng::rng_from_seed;
+use crate::sources::{RecoveryRequest, RecoveryResponse, TreeDumpScope};
 
 fn worker(capacity: usize) -> SimWorker {
     let mut spec = WorkerSpec::aggregated("dynamo/backend/generate".parse().unwrap(), "tiny-llm");
@@ -119,15 +120,92 @@ fn history_answers_ranges_it_still_holds() {
     for start in 0..5u32 {
         let _ = w.serve(0, &(start * 10..start * 10 + 4).collect::<Vec<u32>>(), None);
     }
-    let range = w.event_range(0, 2, 4).unwrap();
-    assert_eq!(range.iter().map(|e| e.event.event_id).collect::<Vec<_>>(), vec![2, 3, 4]);
-    assert!(w.event_range(0, 3, 99).is_none());
+    let ids =
+        |events: Vec<RouterEvent>| events.iter().map(|e| e.event.event_id).collect::<Vec<_>>();
+    assert_eq!(ids(w.events_from(0, 2).unwrap()), vec![2, 3, 4, 5]);
+    assert_eq!(ids(w.events_from(0, 5).unwrap()), vec![5]);
+    assert!(w.events_from(0, 6).is_none(), "nothing newer than the newest");
+    assert!(w.events_from(0, 0).is_none(), "ids start at 1");
+    assert!(w.events_from(1, 1).is_none(), "no such rank");
     let facts = w.discovery_facts();
     assert!(
         facts
             .iter()
             .any(|f| matches!(f, DcInput::SourceAdvertised(a) if a.recovery_target.is_some()))
     );
+}
+
+/// A worker whose rank 0 is at event id `newest`, the last `stores` of them one-block stores
+/// (the rest `Cleared`), so the ring's oldest ids are known exactly.
+fn worker_at(newest: u64, stores: u64) -> SimWorker {
+    let mut w = worker(1 << 20);
+    while w.ranks()[0].newest_event_id() < newest - stores {
+        let _ = w.clear(0);
+    }
+    for request in 0..stores {
+        let first = u32::try_from(request).unwrap() * 4;
+        assert_eq!(w.serve(0, &(first..first + 4).collect::<Vec<u32>>(), None).len(), 1);
+    }
+    assert_eq!(w.ranks()[0].newest_event_id(), newest);
+    w
+}
+
+fn range(w: &SimWorker, start: u64, end: Option<u64>) -> RecoveryResponse {
+    w.answer_recovery(
+        0,
+        &RecoveryRequest::range(SourceKey { worker_id: 7, dp_rank: 0 }, start, end),
+    )
+}
+
+#[test]
+fn the_ring_answers_from_its_oldest_kept_id_and_a_tree_dump_before_it() {
+    // dynamo-planes-wire §A.6: on a worker at id 20000, start=18977 gave Events and start=18976
+    // gave a TreeDump.
+    let w = worker_at(20_000, 1_500);
+    let RecoveryResponse::Events { events, last_event_id } = range(&w, 18_977, None) else {
+        panic!("the oldest kept id is answered from the ring")
+    };
+    assert_eq!(last_event_id, 20_000);
+    assert_eq!(events.len(), EVENT_HISTORY_MAX);
+    assert!(events.iter().map(|e| e.event.event_id).eq(18_977..=20_000));
+    let RecoveryResponse::TreeDump { events, last_event_id, reset_scope } = range(&w, 18_976, None)
+    else {
+        panic!("one older than the ring is a tree dump")
+    };
+    assert_eq!((last_event_id, reset_scope), (20_000, TreeDumpScope::Rank));
+    assert_eq!(events.len(), 1_500, "one event per cached block");
+    assert!(events.iter().map(|e| e.event.event_id).eq(0..1_500), "synthetic ids from 0");
+    assert!(matches!(range(&w, 1, Some(5)), RecoveryResponse::TreeDump { .. }));
+}
+
+#[test]
+fn ranges_answer_through_the_newest_and_bad_ranges_as_a_worker_does() {
+    let w = worker_at(1_200, 1_200);
+    // The end only validates: the answer runs through the newest id.
+    let RecoveryResponse::Events { events, last_event_id } = range(&w, 1_198, Some(1_198)) else {
+        panic!("events")
+    };
+    assert_eq!(last_event_id, 1_200);
+    assert!(events.iter().map(|e| e.event.event_id).eq(1_198..=1_200));
+    // Observed: start=100, end=nil on a worker at 50 -> TooNew with the end filled in.
+    let at_fifty = worker_at(50, 50);
+    assert_eq!(
+        range(&at_fifty, 100, None),
+        RecoveryResponse::TooNew {
+            requested_start: 100,
+            requested_end: Some(50),
+            newest_available: 50
+        }
+    );
+    assert_eq!(
+        range(&at_fifty, 9, Some(3)),
+        RecoveryResponse::InvalidRange { start_id: 9, end_id: Some(3) }
+    );
+    let mut other_rank = RecoveryRequest::tree_dump(SourceKey { worker_id: 7, dp_rank: 1 });
+    assert!(matches!(at_fifty.answer_recovery(0, &other_rank), RecoveryResponse::Error(_)));
+    other_rank.dp_rank = 0;
+    other_rank.worker_id = 8;
+    assert!(matches!(at_fifty.answer_recovery(0, &other_rank), RecoveryResponse::Error(_)));
 }
 
 #[test]
