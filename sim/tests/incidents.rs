@@ -12,7 +12,8 @@ fn every_incident_meets_its_expectation_and_replays_identically() {
     assert!(!incidents.is_empty(), "no incident in {}", dir.display());
     for incident in incidents {
         let journal = std::fs::metadata(incident.journal_path()).unwrap();
-        assert!(journal.len() < 100_000, "{}: keep checked-in journals small", incident.name);
+        // A window carries its ranks' state at its start (tree dumps) besides its own inputs.
+        assert!(journal.len() < 200_000, "{}: keep checked-in journals small", incident.name);
         for seed in [0, 1] {
             let outcome = incident.run(seed).unwrap();
             assert!(

@@ -10,7 +10,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvrelay::journal::{Checkpoint, JournalReader, ReplayOptions, ReplayReport, replay_journal};
+use kvrelay::journal::{
+    Checkpoint, JournalReader, NO_CADENCE, ReplayOptions, ReplayReport, replay_journal,
+};
 use kvrelay::runtime::InlineExecutor;
 use kvrelay::wire::LoadUpdate;
 
@@ -44,8 +46,10 @@ fn seconds(at: Option<Duration>) -> String {
 pub fn render(report: &ReplayReport, dump_state: bool) -> String {
     let mut out = String::new();
     let header = &report.header;
-    let cadence = if header.checkpoint_every_inputs == u64::MAX {
-        "no scheduled checkpoints (a cut window)".to_owned()
+    let cadence = if header.checkpoint_every_inputs == NO_CADENCE {
+        "a cut window: its recorded checkpoints, revisions, filter digests and sequences not \
+         compared"
+            .to_owned()
     } else {
         format!(
             "checkpoint every {} inputs or {:.3} s",
