@@ -5,12 +5,17 @@
 //! A window cannot start from the recorded node's state: a checkpoint holds digests, not the
 //! state itself. So the cut journal starts a fresh node (the recorded configuration and seed)
 //! on a synthesized listing of the discovery state the inputs before the window leave
-//! ([`DiscoveryState`](crate::replay::listing)), stamped at the window's start,
-//! then the window's inputs and recovery answers at their times shifted to the window. KV state
-//! from before the window is not carried (the node learns what the window's events and recovery
-//! answers tell it), so the cut journal has no checkpoints of its own: the recorded ones describe
-//! a node with the full history. What the incident file expects instead is what the recorded node
-//! published after the window's last input: its catalog's pool count and its readiness.
+//! ([`DiscoveryState`](crate::replay::listing)) and, per advertised recoverable rank, the tree
+//! dump its worker would answer to the query the fresh node makes on activating it: the rank's
+//! blocks as the KV events and recovery answers before the window leave them
+//! ([`RankStates`](crate::replay::dumps)), all stamped at the window's start; then the
+//! window's inputs, recovery answers and checkpoints at their times shifted to the window (each
+//! checkpoint renumbered to the cut's inputs). The cut's header has no cadence, so its replay
+//! takes checkpoints exactly there and compares what a window reproduces
+//! ([`Checkpoint::window_view`](kvrelay::journal::Checkpoint::window_view)). What the incident
+//! file expects is what the recorded node published after the window's last input: its
+//! catalog's pool count, its readiness and, per pool generation, its exact-block count and
+//! canonical digest ([`kv`]).
 
 pub mod kv;
 

@@ -10,6 +10,10 @@ fn every_incident_meets_its_expectation_and_replays_identically() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/incidents");
     let incidents = Incident::load_dir(&dir).unwrap();
     assert!(!incidents.is_empty(), "no incident in {}", dir.display());
+    assert!(
+        incidents.iter().any(|incident| incident.faults.is_empty() && !incident.kv.is_empty()),
+        "a plain cut incident expects the KV state it recorded"
+    );
     for incident in incidents {
         let journal = std::fs::metadata(incident.journal_path()).unwrap();
         // A window carries its ranks' state at its start (tree dumps) besides its own inputs.
@@ -23,6 +27,12 @@ fn every_incident_meets_its_expectation_and_replays_identically() {
                 outcome.render(false)
             );
             assert!(outcome.checks.iter().any(|c| c.name == "expected-outcome"));
+            assert_eq!(
+                outcome.checks.iter().any(|c| c.name == "expected-kv"),
+                !incident.kv.is_empty(),
+                "{}",
+                incident.name
+            );
             let again = incident.run(seed).unwrap();
             assert_eq!(outcome.trace, again.trace, "{}", incident.reproduce_command(seed));
         }
