@@ -494,6 +494,10 @@ fn a_cut_window_replays_with_the_kv_state_the_whole_journal_has_at_its_end() {
     let again = incident.run(4).unwrap();
     assert_eq!(outcome.trace, again.trace);
     assert_eq!(outcome.digest, again.digest);
+    let out2 = tempfile::tempdir().unwrap();
+    let (twin, _) = cut_and_state_at_its_end(dir.path(), out2.path());
+    let bytes = |incident: &Incident| std::fs::read(incident.journal_path()).unwrap();
+    assert_eq!(bytes(&incident), bytes(&twin), "cutting is a function of the journal");
 }
 
 #[test]

@@ -255,3 +255,159 @@ impl RankStates {
         RankDump { events, last_event_id: rank.last_event_id, blocks: listed.len(), orphans }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use kvrelay::identity::EndpointPath;
+    use kvrelay::inputs::{KvEventBatch, RequestPlaneTransport};
+    use kvrelay::kv_events::RemoveData;
+    use kvrelay::pool::RankReplacement;
+
+    use super::*;
+
+    const PUBLISHER: u64 = 0xabc;
+    const SOURCE: SourceKey = SourceKey { worker_id: 7, dp_rank: 1 };
+
+    fn advert() -> KvEventSourceAdvert {
+        let endpoint = EndpointPath::new("dynamo", "backend", "generate").unwrap();
+        KvEventSourceAdvert {
+            kv_state_endpoint: endpoint.clone(),
+            source: SOURCE,
+            publisher_id: PUBLISHER,
+            recovery_target: Some(RecoveryTarget {
+                endpoint,
+                instance_id: SOURCE.worker_id,
+                transport: RequestPlaneTransport::Tcp("127.0.0.1:1/q".into()),
+            }),
+        }
+    }
+
+    fn event(event_id: u64, data: KvCacheEventData) -> RouterEvent {
+        RouterEvent {
+            worker_id: SOURCE.worker_id,
+            storage_tier: StorageTier::Device,
+            residency_domain: None,
+            event: KvCacheEvent { event_id, dp_rank: SOURCE.dp_rank, data },
+        }
+    }
+
+    fn store(event_id: u64, parent: Option<u64>, blocks: &[u64]) -> RouterEvent {
+        let blocks = blocks
+            .iter()
+            .map(|&hash| StoredBlock {
+                block_hash: ExternalBlockHash(hash),
+                tokens_hash: LocalBlockHash(hash * 10),
+            })
+            .collect();
+        event(
+            event_id,
+            KvCacheEventData::Stored(StoreData {
+                parent_hash: parent.map(ExternalBlockHash),
+                start_position: None,
+                blocks,
+            }),
+        )
+    }
+
+    fn remove(event_id: u64, hashes: &[u64]) -> RouterEvent {
+        let block_hashes = hashes.iter().map(|&hash| ExternalBlockHash(hash)).collect();
+        event(event_id, KvCacheEventData::Removed(RemoveData { block_hashes }))
+    }
+
+    fn batch(events: Vec<RouterEvent>) -> DcInput {
+        DcInput::KvEvents(KvEventBatch {
+            endpoint: advert().kv_state_endpoint,
+            publisher_id: PUBLISHER,
+            sequence: 0,
+            published_at_ms: 0,
+            events,
+        })
+    }
+
+    fn held(dump: &RankDump) -> Vec<u64> {
+        let mut hashes: Vec<u64> = dump
+            .events
+            .iter()
+            .flat_map(|e| match &e.event.data {
+                KvCacheEventData::Stored(store) => store.blocks.iter().map(|b| b.block_hash.0),
+                _ => panic!("a dump holds stores only"),
+            })
+            .collect();
+        hashes.sort_unstable();
+        hashes
+    }
+
+    /// The relay accepts the dump as a rank replacement with every block in it.
+    fn accepted(dump: &RankDump) -> usize {
+        let mut replacement = RankReplacement::new();
+        for event in &dump.events {
+            replacement.push_event(event).unwrap();
+        }
+        replacement.block_count()
+    }
+
+    #[test]
+    fn events_apply_in_id_order_and_the_dump_lists_parents_first() {
+        let mut states = RankStates::new();
+        states.apply_input(&DcInput::SourceAdvertised(advert()));
+        states.apply_input(&batch(vec![store(1, None, &[1, 2, 3])]));
+        // Event 3 (a child of block 2) comes before event 2 (removing block 3).
+        states.apply_input(&batch(vec![store(3, Some(2), &[4])]));
+        let waiting = states.dump(&advert());
+        assert_eq!((held(&waiting), waiting.last_event_id), (vec![1, 2, 3], 1));
+        states.apply_input(&batch(vec![remove(2, &[3]), store(1, None, &[9])]));
+        let dump = states.dump(&advert());
+        assert_eq!((held(&dump), dump.last_event_id, dump.orphans), (vec![1, 2, 4], 3, 0));
+        assert_eq!(dump.blocks, 3);
+        assert_eq!(accepted(&dump), 3);
+        // Other publishers' and non-primary events do not touch the rank.
+        let mut other = batch(vec![store(4, None, &[5])]);
+        if let DcInput::KvEvents(batch) = &mut other {
+            batch.publisher_id = PUBLISHER + 1;
+        }
+        states.apply_input(&other);
+        let mut host = store(4, None, &[6]);
+        host.storage_tier = StorageTier::HostPinned;
+        states.apply_input(&batch(vec![host]));
+        assert_eq!(held(&states.dump(&advert())), vec![1, 2, 4]);
+    }
+
+    #[test]
+    fn a_newer_recorded_dump_replaces_the_rank_and_cleared_empties_it() {
+        let mut states = RankStates::new();
+        let advert = advert();
+        let target = advert.recovery_target.clone().unwrap();
+        states.apply_input(&DcInput::SourceAdvertised(advert.clone()));
+        states.apply_input(&batch(vec![store(1, None, &[1])]));
+        // Events 2..=9 were lost; the worker's dump at 9 fills the hole, event 10 follows it.
+        states.apply_input(&batch(vec![store(10, Some(21), &[22])]));
+        let answer = Ok(RecoveryResponse::TreeDump {
+            events: vec![store(0, None, &[20, 21])],
+            last_event_id: 9,
+            reset_scope: TreeDumpScope::Rank,
+        });
+        states.apply_recovery(&target, &RecoveryRequest::tree_dump(SOURCE), &answer);
+        let dump = states.dump(&advert);
+        assert_eq!((held(&dump), dump.last_event_id), (vec![20, 21, 22], 10));
+        // An older dump changes nothing.
+        let stale = Ok(RecoveryResponse::TreeDump {
+            events: Vec::new(),
+            last_event_id: 5,
+            reset_scope: TreeDumpScope::Rank,
+        });
+        states.apply_recovery(&target, &RecoveryRequest::tree_dump(SOURCE), &stale);
+        assert_eq!(held(&states.dump(&advert)), vec![20, 21, 22]);
+        states.apply_input(&batch(vec![event(11, KvCacheEventData::Cleared)]));
+        let cleared = states.dump(&advert);
+        assert_eq!((cleared.events.len(), cleared.last_event_id), (0, 11));
+    }
+
+    #[test]
+    fn a_block_whose_ancestor_was_removed_is_left_out_and_counted() {
+        let mut states = RankStates::new();
+        states.apply_input(&batch(vec![store(1, None, &[1, 2, 3]), remove(2, &[2])]));
+        let dump = states.dump(&advert());
+        assert_eq!((held(&dump), dump.orphans), (vec![1], 1));
+        assert_eq!(accepted(&dump), 1);
+    }
+}
