@@ -69,8 +69,7 @@ impl Checkpoint {
     }
 }
 
-/// [`CheckpointSchedule`]'s cadence in a journal header that has none: a window cut out of a
-/// recording, whose checkpoints are the recorded ones of the window, renumbered.
+/// Both cadence fields of a journal header that has none (see `JournalHeader::is_window`).
 pub const NO_CADENCE: u64 = u64::MAX;
 
 fn json<T: Serialize>(value: &T) -> String {

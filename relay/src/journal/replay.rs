@@ -20,9 +20,7 @@ use futures::future::BoxFuture;
 use thiserror::Error;
 use tokio::time::Instant;
 
-use super::checkpoint::{
-    Checkpoint, CheckpointDiff, CheckpointSchedule, NO_CADENCE, compare_checkpoints,
-};
+use super::checkpoint::{Checkpoint, CheckpointDiff, CheckpointSchedule, compare_checkpoints};
 use super::format::{JournalHeader, Record, RecoveryOutcome, Stamp};
 use super::reader::{JournalError, read_journal};
 use super::scripts::RecordedTiming;
@@ -284,7 +282,7 @@ impl JournalReplay {
         let end = options.until.unwrap_or(last_at);
         timing.end_at(end);
         timing.inputs_at(inputs.iter().map(|(at, _)| at.mono()));
-        let schedule = if header.checkpoint_every_inputs == NO_CADENCE {
+        let schedule = if header.is_window() {
             Schedule::After(recorded.iter().map(|(_, c)| c.inputs_handled).collect())
         } else {
             let interval = Duration::from_nanos(header.checkpoint_interval_ns);
@@ -366,7 +364,7 @@ impl JournalReplay {
         let state = self.shared.state();
         let mut replayed = state.checkpoints.clone();
         replayed.retain(|(at, _)| *at <= self.end);
-        let divergence = if self.header.checkpoint_every_inputs == NO_CADENCE {
+        let divergence = if self.header.is_window() {
             let view = |checkpoints: &[(Duration, Checkpoint)]| -> Vec<(Duration, Checkpoint)> {
                 checkpoints.iter().map(|(at, c)| (*at, c.window_view())).collect()
             };

@@ -10,9 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvrelay::journal::{
-    Checkpoint, JournalReader, NO_CADENCE, ReplayOptions, ReplayReport, replay_journal,
-};
+use kvrelay::journal::{Checkpoint, JournalReader, ReplayOptions, ReplayReport, replay_journal};
 use kvrelay::runtime::InlineExecutor;
 use kvrelay::wire::LoadUpdate;
 
@@ -46,7 +44,7 @@ fn seconds(at: Option<Duration>) -> String {
 pub fn render(report: &ReplayReport, dump_state: bool) -> String {
     let mut out = String::new();
     let header = &report.header;
-    let cadence = if header.checkpoint_every_inputs == NO_CADENCE {
+    let cadence = if header.is_window() {
         "a cut window: its recorded checkpoints, revisions, filter digests and sequences not \
          compared"
             .to_owned()
