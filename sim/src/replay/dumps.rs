@@ -206,11 +206,11 @@ impl RankStates {
                     rank.offer(event.event.event_id, &event.event.data);
                 }
             }
-            Ok(RecoveryResponse::TreeDump { events, last_event_id, reset_scope }) => {
-                if *reset_scope == TreeDumpScope::Rank {
-                    rank.replace(events, *last_event_id);
-                }
-            }
+            Ok(RecoveryResponse::TreeDump {
+                events,
+                last_event_id,
+                reset_scope: TreeDumpScope::Rank,
+            }) => rank.replace(events, *last_event_id),
             _ => {}
         }
     }
