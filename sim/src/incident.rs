@@ -143,6 +143,8 @@ pub struct Cut {
     pub carried_blocks: usize,
     /// Blocks held before the window that no dump could carry (an ancestor was removed).
     pub orphans: usize,
+    /// Advertised ranks with no recovery target: their state before the window is not carried.
+    pub live_only: usize,
     /// Bytes of the journal file.
     pub bytes: u64,
     /// The expectation written.
@@ -263,10 +265,13 @@ pub fn cut(journal: &Path, from: Duration, to: Duration, out: &Path) -> anyhow::
     for input in &listing {
         writer.append(&Record::Input { at: opening, input: input.clone() })?;
     }
-    let (mut dumps, mut carried, mut orphans) = (0, 0, 0);
+    let (mut dumps, mut carried, mut orphans, mut live_only) = (0, 0, 0, 0);
     for input in &listing {
         let DcInput::SourceAdvertised(advert) = input else { continue };
-        let Some(target) = &advert.recovery_target else { continue };
+        let Some(target) = &advert.recovery_target else {
+            live_only += 1;
+            continue;
+        };
         let dump = ranks.dump(advert);
         dumps += 1;
         carried += dump.blocks;
@@ -328,6 +333,7 @@ pub fn cut(journal: &Path, from: Duration, to: Duration, out: &Path) -> anyhow::
         dumps,
         carried_blocks: carried,
         orphans,
+        live_only,
         expect,
         kv,
     })

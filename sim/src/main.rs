@@ -351,13 +351,14 @@ fn main() -> anyhow::Result<ExitCode> {
                 kvrelay_sim::incident::cut(&journal, seconds_arg(from)?, seconds_arg(to)?, &out)?;
             println!(
                 "cut {} [{from:.3} s, {to:.3} s]: {} listed discovery facts, {} tree dumps of the \
-                 ranks' state ({} blocks, {} orphaned blocks left out), {} inputs, {} recovery \
-                 answers, {} checkpoints; {} bytes",
+                 ranks' state ({} blocks, {} orphaned blocks left out, {} live-only ranks not \
+                 carried), {} inputs, {} recovery answers, {} checkpoints; {} bytes",
                 journal.display(),
                 cut.listing,
                 cut.dumps,
                 cut.carried_blocks,
                 cut.orphans,
+                cut.live_only,
                 cut.inputs,
                 cut.recoveries,
                 cut.checkpoints,
