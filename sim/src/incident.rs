@@ -5,20 +5,31 @@
 //! A window cannot start from the recorded node's state: a checkpoint holds digests, not the
 //! state itself. So the cut journal starts a fresh node (the recorded configuration and seed)
 //! on a synthesized listing of the discovery state the inputs before the window leave
-//! ([`DiscoveryState`](crate::replay::listing)), stamped at the window's start,
-//! then the window's inputs and recovery answers at their times shifted to the window. KV state
-//! from before the window is not carried (the node learns what the window's events and recovery
-//! answers tell it), so the cut journal has no checkpoints of its own: the recorded ones describe
-//! a node with the full history. What the incident file expects instead is what the recorded node
-//! published after the window's last input: its catalog's pool count and its readiness.
+//! ([`DiscoveryState`](crate::replay::listing)) and, per advertised recoverable rank, the tree
+//! dump its worker would answer to the query the fresh node makes on activating it: the rank's
+//! blocks as the KV events and recovery answers before the window leave them
+//! ([`RankStates`](crate::replay::dumps)), all stamped at the window's start; then the
+//! window's inputs, recovery answers and checkpoints at their times shifted to the window (each
+//! checkpoint renumbered to the cut's inputs). The cut's header has no cadence, so its replay
+//! takes checkpoints exactly there and compares what a window reproduces
+//! ([`Checkpoint::window_view`](kvrelay::journal::Checkpoint::window_view)). What the incident
+//! file expects is what the recorded node published after the window's last input: its
+//! catalog's pool count, its readiness and, per pool generation, its exact-block count and
+//! canonical digest ([`kv`]).
+
+pub mod kv;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use kvrelay::journal::{Record, SegmentLimits, SegmentWriter, Stamp, read_journal};
+use kvrelay::inputs::DcInput;
+use kvrelay::journal::{NO_CADENCE, Record, SegmentLimits, SegmentWriter, Stamp, read_journal};
+use kvrelay::sources::{RecoveryRequest, RecoveryResponse, TreeDumpScope};
 use serde::{Deserialize, Serialize};
 
+use self::kv::ExpectedPool;
+use crate::replay::dumps::RankStates;
 use crate::replay::listing::DiscoveryState;
 use crate::replay::{ReplayOutcome, ReplaySetup, replay, replay_paused};
 use crate::scenario::{ConsumerExpectations, Expect, ExpectedState, ScriptedFault, toml_files};
@@ -40,6 +51,9 @@ pub struct Incident {
     pub faults: Vec<ScriptedFault>,
     /// The outcome both the long-lived and a fresh consumer must see after the replay.
     pub expect: Expect,
+    /// The KV state the replay must end with, per pool generation (checked when not empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kv: Vec<ExpectedPool>,
     /// Where the file was loaded from (not part of the schema).
     #[serde(skip)]
     pub path: Option<PathBuf>,
@@ -90,7 +104,13 @@ impl Incident {
             expect: Some(self.expect.clone()),
             consumer_after_end: false,
         };
-        replay(&self.journal_path(), &setup).with_context(|| format!("incident {}", self.name))
+        let mut outcome = replay(&self.journal_path(), &setup)
+            .with_context(|| format!("incident {}", self.name))?;
+        if !self.kv.is_empty() {
+            let state = outcome.report.as_ref().and_then(|report| report.final_state.as_ref());
+            outcome.checks.push(kv::check(&self.kv, state));
+        }
+        Ok(outcome)
     }
 
     /// The one command that reproduces a run.
@@ -115,10 +135,22 @@ pub struct Cut {
     pub inputs: usize,
     /// Recovery answers of the window.
     pub recoveries: usize,
+    /// Recorded checkpoints of the window.
+    pub checkpoints: usize,
+    /// Synthesized tree dumps carrying the ranks' state at the window's start.
+    pub dumps: usize,
+    /// Blocks those dumps carry.
+    pub carried_blocks: usize,
+    /// Blocks held before the window that no dump could carry (an ancestor was removed).
+    pub orphans: usize,
+    /// Advertised ranks with no recovery target: their state before the window is not carried.
+    pub live_only: usize,
     /// Bytes of the journal file.
     pub bytes: u64,
     /// The expectation written.
     pub expect: Expect,
+    /// The KV state expected.
+    pub kv: Vec<ExpectedPool>,
 }
 
 fn expected_state(entry_json: &str) -> Option<(String, ExpectedState)> {
@@ -166,16 +198,27 @@ pub fn cut(journal: &Path, from: Duration, to: Duration, out: &Path) -> anyhow::
         consumer: ConsumerExpectations::default(),
         capacity_omissions: false,
     };
+    let kv: Vec<ExpectedPool> = state.pools.iter().map(ExpectedPool::of).collect();
 
     let mut discovery = DiscoveryState::new(header.node.control.scope.clone());
+    let mut ranks = RankStates::new();
+    let mut inputs_before = 0u64;
     let mut window = Vec::new();
     let mut start_wall = None;
     for record in records {
         let Some(at) = record.stamp() else { continue };
         let mono = at.mono();
         if mono < from {
-            if let Record::Input { input, .. } = &record {
-                discovery.apply(input);
+            match &record {
+                Record::Input { input, .. } => {
+                    inputs_before += 1;
+                    discovery.apply(input);
+                    ranks.apply_input(input);
+                }
+                Record::Recovery { target, request, outcome, .. } => {
+                    ranks.apply_recovery(target, request, outcome);
+                }
+                _ => {}
             }
             continue;
         }
@@ -196,15 +239,19 @@ pub fn cut(journal: &Path, from: Duration, to: Duration, out: &Path) -> anyhow::
                 window.push(Record::Recovery { at: shift(at), target, request, outcome });
             }
             Record::Gap { at, lost } => window.push(Record::Gap { at: shift(at), lost }),
-            Record::Checkpoint { .. } | Record::Publication { .. } | Record::Header(_) => {}
+            Record::Checkpoint { at, mut checkpoint } => {
+                checkpoint.inputs_handled -= inputs_before;
+                window.push(Record::Checkpoint { at: shift(at), checkpoint });
+            }
+            Record::Publication { .. } | Record::Header(_) => {}
         }
     }
     let start_wall = start_wall.context("no record in the window")?;
     let mut cut_header = header;
     cut_header.wall_origin_us = start_wall;
-    // No scheduled checkpoints: see the module doc.
-    cut_header.checkpoint_every_inputs = u64::MAX;
-    cut_header.checkpoint_interval_ns = u64::MAX;
+    // The window's recorded checkpoints are its checkpoints: see the module doc.
+    cut_header.checkpoint_every_inputs = NO_CADENCE;
+    cut_header.checkpoint_interval_ns = NO_CADENCE;
     cut_header.segment = 0;
     let listing = discovery.listing();
     let parts = out.with_file_name(format!(".{name}.parts"));
@@ -218,6 +265,34 @@ pub fn cut(journal: &Path, from: Duration, to: Duration, out: &Path) -> anyhow::
     for input in &listing {
         writer.append(&Record::Input { at: opening, input: input.clone() })?;
     }
+    let (mut dumps, mut carried, mut orphans, mut live_only) = (0, 0, 0, 0);
+    for input in &listing {
+        let DcInput::SourceAdvertised(advert) = input else { continue };
+        let Some(target) = &advert.recovery_target else {
+            live_only += 1;
+            continue;
+        };
+        let dump = ranks.dump(advert);
+        dumps += 1;
+        carried += dump.blocks;
+        orphans += dump.orphans;
+        writer.append(&Record::Recovery {
+            at: opening,
+            target: target.clone(),
+            request: RecoveryRequest::tree_dump(advert.source),
+            outcome: Ok(RecoveryResponse::TreeDump {
+                events: dump.events,
+                last_event_id: dump.last_event_id,
+                reset_scope: TreeDumpScope::Rank,
+            }),
+        })?;
+    }
+    let listed = listing.len() as u64;
+    for record in &mut window {
+        if let Record::Checkpoint { checkpoint, .. } = record {
+            checkpoint.inputs_handled += listed;
+        }
+    }
     for record in &window {
         writer.append(record)?;
     }
@@ -228,11 +303,13 @@ pub fn cut(journal: &Path, from: Duration, to: Duration, out: &Path) -> anyhow::
     std::fs::remove_dir(&parts)?;
     let inputs = window.iter().filter(|r| matches!(r, Record::Input { .. })).count();
     let recoveries = window.iter().filter(|r| matches!(r, Record::Recovery { .. })).count();
+    let checkpoints = window.iter().filter(|r| matches!(r, Record::Checkpoint { .. })).count();
     let incident = Incident {
         name: name.clone(),
         description: format!(
-            "Cut from {} over [{:.3} s, {:.3} s]: {} discovery facts listed at the start, {inputs} \
-             inputs and {recoveries} recovery answers.",
+            "Cut from {} over [{:.3} s, {:.3} s]: {} discovery facts listed and {dumps} ranks' \
+             state ({carried} blocks) answered as tree dumps at the start, {inputs} inputs, \
+             {recoveries} recovery answers and {checkpoints} recorded checkpoints.",
             journal.display(),
             from.as_secs_f64(),
             to.as_secs_f64(),
@@ -241,6 +318,7 @@ pub fn cut(journal: &Path, from: Duration, to: Duration, out: &Path) -> anyhow::
         journal: format!("{name}.kvj"),
         faults: Vec::new(),
         expect: expect.clone(),
+        kv: kv.clone(),
         path: None,
     };
     std::fs::write(&incident_file, toml::to_string(&incident)?)?;
@@ -251,6 +329,12 @@ pub fn cut(journal: &Path, from: Duration, to: Duration, out: &Path) -> anyhow::
         listing: listing.len(),
         inputs,
         recoveries,
+        checkpoints,
+        dumps,
+        carried_blocks: carried,
+        orphans,
+        live_only,
         expect,
+        kv,
     })
 }

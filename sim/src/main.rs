@@ -81,13 +81,16 @@ enum Command {
         /// Replay twice and require identical traces and digests.
         #[arg(long)]
         twice: bool,
-        /// Connect the WAN consumer only after the journal's end: for a journal recorded with
-        /// no WAN subscriber (publication sequences advance only while one holds a lease).
+        /// Connect the WAN consumer only after the journal's end, to look at a window without
+        /// WAN traffic (the checkpoints reproduce with or without it: the replayed pool actors
+        /// follow their recorded publication points, a replay subscriber moves nothing).
         #[arg(long)]
         consumer_after_end: bool,
     },
     /// Cut the window [FROM, TO] (node seconds) of a journal into DIR/NAME.kvj and an incident
-    /// file DIR/NAME.toml expecting what the recorded relay published at the window's end.
+    /// file DIR/NAME.toml expecting what the recorded relay published at the window's end (pool
+    /// count, readiness, per pool the exact blocks and canonical digest); the ranks' KV state at
+    /// the window's start is carried as the tree dumps their workers would answer.
     Cut {
         /// The recording directory (or one segment file).
         journal: PathBuf,
@@ -347,20 +350,29 @@ fn main() -> anyhow::Result<ExitCode> {
             let cut =
                 kvrelay_sim::incident::cut(&journal, seconds_arg(from)?, seconds_arg(to)?, &out)?;
             println!(
-                "cut {} [{from:.3} s, {to:.3} s]: {} listed discovery facts, {} inputs, {} recovery \
-                 answers; {} bytes",
+                "cut {} [{from:.3} s, {to:.3} s]: {} listed discovery facts, {} tree dumps of the \
+                 ranks' state ({} blocks, {} orphaned blocks left out, {} live-only ranks not \
+                 carried), {} inputs, {} recovery answers, {} checkpoints; {} bytes",
                 journal.display(),
                 cut.listing,
+                cut.dumps,
+                cut.carried_blocks,
+                cut.orphans,
+                cut.live_only,
                 cut.inputs,
                 cut.recoveries,
+                cut.checkpoints,
                 cut.bytes
             );
             println!("  journal:  {}", cut.journal.display());
             println!(
-                "  incident: {} (expects {} pools, readiness {:?})",
+                "  incident: {} (expects {} pools, readiness {:?}, {} exact blocks over {} pool \
+                 generations)",
                 cut.incident.display(),
                 cut.expect.pools,
-                cut.expect.readiness
+                cut.expect.readiness,
+                cut.kv.iter().map(|pool| pool.exact_blocks).sum::<u64>(),
+                cut.kv.len()
             );
             println!(
                 "  run it:   cargo run --profile test -p kvrelay-sim -- run {}",

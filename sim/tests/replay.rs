@@ -21,7 +21,9 @@ use kvrelay::pool::ActorConfig;
 use kvrelay::publication::HubConfig;
 use kvrelay::rng::{derive_seed, rng_from_seed};
 use kvrelay::runtime::{InlineExecutor, ManualWallClock, WallClock};
+use kvrelay::sources::RecoveryResponse;
 use kvrelay::workload::{Deployment, SimulatedDc, TrafficConfig};
+use kvrelay_sim::incident::Incident;
 
 const SEED: u64 = 0x5eed_0007;
 
@@ -246,7 +248,7 @@ fn check_line<'a>(text: &'a str, name: &str) -> &'a str {
 fn in_the_simulator_the_consumer_ends_equal_to_a_fresh_subscriber() {
     let dir = tempfile::tempdir().unwrap();
     record(dir.path());
-    let (_, text) = sim(&["replay", path(dir.path())]);
+    let (output, text) = sim(&["replay", path(dir.path())]);
     for check in [
         "consumer-caught-up",
         "replica-equals-relay",
@@ -257,7 +259,12 @@ fn in_the_simulator_the_consumer_ends_equal_to_a_fresh_subscriber() {
         assert!(check_line(&text, check).trim_start().starts_with("ok   "), "{text}");
     }
     assert!(check_line(&text, "consumer-caught-up").contains("consumer-a: 4 pools"), "{text}");
-    assert!(check_line(&text, "checkpoints").contains("checkpoint"), "{text}");
+    let checkpoints = check_line(&text, "checkpoints");
+    assert!(
+        checkpoints.trim_start().starts_with("ok   ") && checkpoints.contains("reproduced"),
+        "{text}"
+    );
+    assert!(output.status.success(), "{text}");
 }
 
 #[test]
@@ -408,14 +415,32 @@ fn a_cut_window_becomes_an_incident_that_run_checks() {
     assert!(
         matches!(&records[0], Record::Input { input: DcInput::CardsListed { .. }, at } if at.mono_ns == 0)
     );
-    assert!(records.iter().all(|r| !matches!(r, Record::Checkpoint { .. })));
     let last = records.iter().filter_map(Record::stamp).map(|at| at.mono()).max().unwrap();
     assert!(last <= Duration::from_secs(1), "shifted to the window: {last:?}");
     assert!(records.iter().any(|r| matches!(r, Record::Recovery { .. })), "the restart's answers");
+    let carried: usize = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Recovery {
+                at, outcome: Ok(RecoveryResponse::TreeDump { events, .. }), ..
+            } if at.mono_ns == 0 => Some(events.len()),
+            _ => None,
+        })
+        .sum();
+    assert!(carried > 0, "the ranks' state at the window's start is answered as tree dumps");
+    // The recorded cadence (every 40 inputs or 400 ms) puts checkpoints inside the window.
+    let checkpoints = records.iter().filter(|r| matches!(r, Record::Checkpoint { .. })).count();
+    assert!(checkpoints >= 2, "{checkpoints} recorded checkpoints in the window");
 
     let (output, run) = sim(&["run", path(&incident), "--seed", "2"]);
     assert!(output.status.success(), "{run}");
-    assert!(check_line(&run, "expected-outcome").trim_start().starts_with("ok   "), "{run}");
+    for check in ["expected-outcome", "expected-kv", "checkpoints"] {
+        assert!(check_line(&run, check).trim_start().starts_with("ok   "), "{run}");
+    }
+    assert!(
+        check_line(&run, "checkpoints").contains(&format!("{checkpoints} checkpoints reproduced")),
+        "{run}"
+    );
 
     let text = std::fs::read_to_string(&incident).unwrap();
     let wrong = text.replace("pools = 4", "pools = 5");
@@ -429,6 +454,79 @@ fn a_cut_window_becomes_an_incident_that_run_checks() {
     let (output, again) =
         sim(&["cut", path(dir.path()), "--from", "1.0", "--to", "2.0", "--out", path(&name)]);
     assert!(!output.status.success() && again.contains("already exists"), "{again}");
+}
+
+/// The cut of [1.0 s, 2.0 s] and the state the whole journal's replay has at 2.0 s.
+fn cut_and_state_at_its_end(
+    dir: &Path,
+    out: &Path,
+) -> (Incident, Vec<kvrelay::journal::PoolCheckpoint>) {
+    let (from, to) = (Duration::from_secs(1), Duration::from_secs(2));
+    let cut = kvrelay_sim::incident::cut(dir, from, to, &out.join("window")).unwrap();
+    assert!(cut.dumps > 0 && cut.carried_blocks > 0, "{cut:?}");
+    assert_eq!(cut.orphans, 0, "{cut:?}");
+    let whole = kvrelay_sim::replay::replay_paused(dir, Some(to)).unwrap();
+    let (_, state) = whole.final_state.unwrap();
+    (Incident::load(&cut.incident).unwrap(), state.pools)
+}
+
+#[test]
+fn a_cut_window_replays_with_the_kv_state_the_whole_journal_has_at_its_end() {
+    let dir = tempfile::tempdir().unwrap();
+    record(dir.path());
+    let out = tempfile::tempdir().unwrap();
+    let (incident, recorded) = cut_and_state_at_its_end(dir.path(), out.path());
+    assert!(recorded.iter().all(|pool| pool.exact_blocks > 0), "{recorded:?}");
+    assert_eq!(incident.kv.len(), recorded.len());
+
+    let outcome = incident.run(4).unwrap();
+    assert!(outcome.passed(), "{}", outcome.render(true));
+    let report = outcome.report.as_ref().unwrap();
+    let (_, replayed) = report.final_state.clone().unwrap();
+    let kv = |pools: &[kvrelay::journal::PoolCheckpoint]| -> Vec<(String, u64, u64, u64)> {
+        pools
+            .iter()
+            .map(|p| (p.pool.clone(), p.layout_generation, p.exact_blocks, p.canonical_digest))
+            .collect()
+    };
+    assert_eq!(kv(&replayed.pools), kv(&recorded), "{}", outcome.render(true));
+    assert!(report.checkpoints_compared > 0 && report.divergence.is_none());
+    let again = incident.run(4).unwrap();
+    assert_eq!(outcome.trace, again.trace);
+    assert_eq!(outcome.digest, again.digest);
+    let out2 = tempfile::tempdir().unwrap();
+    let (twin, _) = cut_and_state_at_its_end(dir.path(), out2.path());
+    let bytes = |incident: &Incident| std::fs::read(incident.journal_path()).unwrap();
+    assert_eq!(bytes(&incident), bytes(&twin), "cutting is a function of the journal");
+}
+
+#[test]
+fn an_incident_whose_kv_state_is_not_reached_fails_naming_the_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    record(dir.path());
+    let out = tempfile::tempdir().unwrap();
+    let (mut incident, _) = cut_and_state_at_its_end(dir.path(), out.path());
+    let expected = incident.kv[0].exact_blocks;
+    incident.kv[0].exact_blocks += 1;
+    let outcome = incident.run(0).unwrap();
+    assert!(!outcome.passed());
+    let failure = outcome.failure().unwrap();
+    assert!(failure.contains("expected-kv"), "{failure}");
+    assert!(
+        failure.contains(&format!(
+            "{} generation {}: expected {} exact blocks",
+            incident.kv[0].pool,
+            incident.kv[0].layout_generation,
+            expected + 1
+        )),
+        "{failure}"
+    );
+    assert!(failure.contains(&format!("replayed {expected} ")), "{failure}");
+    // The checked-in incident would fail the same way if the window's KV events were dropped:
+    // a node with no KV state does not meet the expectation.
+    let empty = kvrelay::journal::Checkpoint::default();
+    let check = kvrelay_sim::incident::kv::check(&incident.kv, Some(&(Duration::ZERO, empty)));
+    assert!(!check.passed && check.detail.contains("not in the replayed state"), "{check:?}");
 }
 
 #[test]

@@ -49,6 +49,29 @@ pub struct Checkpoint {
     pub pools: Vec<PoolCheckpoint>,
 }
 
+impl Checkpoint {
+    /// What a node started on a window cut out of a recording reproduces of this checkpoint:
+    /// everything but the catalog and readiness revisions (they count every change since the
+    /// node started, and the window's node learns the earlier ones as one listing), each pool's
+    /// filter digest (the filter's words depend on the order blocks were inserted in, and the
+    /// window's node learns the earlier blocks from a tree dump) and its sequence (publications
+    /// are counted from the node's start).
+    #[must_use]
+    pub fn window_view(&self) -> Checkpoint {
+        let mut view = self.clone();
+        view.catalog_revision = 0;
+        view.readiness_revision = 0;
+        for pool in &mut view.pools {
+            pool.filter_digest = 0;
+            pool.sequence = 0;
+        }
+        view
+    }
+}
+
+/// Both cadence fields of a journal header that has none (see `JournalHeader::is_window`).
+pub const NO_CADENCE: u64 = u64::MAX;
+
 fn json<T: Serialize>(value: &T) -> String {
     serde_json::to_string(value).unwrap_or_else(|error| format!("<unrenderable: {error}>"))
 }

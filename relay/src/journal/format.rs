@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::checkpoint::Checkpoint;
+use super::checkpoint::{Checkpoint, NO_CADENCE};
 use crate::inputs::{DcInput, RecoveryTarget};
 use crate::node::NodeConfig;
 use crate::pool::PublicationPoint;
@@ -71,6 +71,16 @@ pub struct JournalHeader {
     pub checkpoint_interval_ns: u64,
     /// This segment's number (from 0).
     pub segment: u64,
+}
+
+impl JournalHeader {
+    /// Whether the header has no checkpoint cadence ([`NO_CADENCE`] for both): a window cut out
+    /// of a recording, whose checkpoints are the recorded ones of the window, renumbered to its
+    /// own inputs, and are compared in their [`Checkpoint::window_view`].
+    #[must_use]
+    pub fn is_window(&self) -> bool {
+        self.checkpoint_every_inputs == NO_CADENCE && self.checkpoint_interval_ns == NO_CADENCE
+    }
 }
 
 /// The outcome of one recovery query as the transport delivered it.

@@ -31,7 +31,7 @@ mod tap;
 mod tests;
 
 pub use checkpoint::{
-    Checkpoint, CheckpointDiff, CheckpointSchedule, PoolCheckpoint, capture_checkpoint,
+    Checkpoint, CheckpointDiff, CheckpointSchedule, NO_CADENCE, PoolCheckpoint, capture_checkpoint,
     compare_checkpoints,
 };
 pub use format::{FORMAT_VERSION, JournalHeader, Record, RecoveryOutcome, Stamp};

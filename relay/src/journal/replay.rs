@@ -11,7 +11,7 @@
 //! the node regenerates them. Pool actors run scripted: each performs its recorded publication
 //! points after the same commands, with no timer, until the end of the replayed window.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -119,9 +119,28 @@ fn recovery_key(target: &RecoveryTarget, request: &RecoveryRequest) -> RecoveryK
     )
 }
 
+/// When the replay takes its checkpoints.
+#[derive(Debug)]
+enum Schedule {
+    /// On the recorded cadence (a recording's journal).
+    Cadence(CheckpointSchedule),
+    /// After exactly these inputs: a journal with no cadence (a window cut out of a recording)
+    /// carries the recorded checkpoints of its window, renumbered to its own inputs.
+    After(BTreeSet<u64>),
+}
+
+impl Schedule {
+    fn due(&mut self, at: Duration, inputs_handled: u64) -> bool {
+        match self {
+            Schedule::Cadence(schedule) => schedule.due(at, inputs_handled),
+            Schedule::After(points) => points.remove(&inputs_handled),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct TapState {
-    schedule: CheckpointSchedule,
+    schedule: Schedule,
     final_inputs: u64,
     pending: (bool, bool),
     checkpoints: Vec<(Duration, Checkpoint)>,
@@ -263,11 +282,16 @@ impl JournalReplay {
         let end = options.until.unwrap_or(last_at);
         timing.end_at(end);
         timing.inputs_at(inputs.iter().map(|(at, _)| at.mono()));
-        let interval = Duration::from_nanos(header.checkpoint_interval_ns);
+        let schedule = if header.is_window() {
+            Schedule::After(recorded.iter().map(|(_, c)| c.inputs_handled).collect())
+        } else {
+            let interval = Duration::from_nanos(header.checkpoint_interval_ns);
+            Schedule::Cadence(CheckpointSchedule::new(header.checkpoint_every_inputs, interval))
+        };
         let shared = Arc::new(ReplayShared {
             origin: OnceLock::new(),
             state: Mutex::new(TapState {
-                schedule: CheckpointSchedule::new(header.checkpoint_every_inputs, interval),
+                schedule,
                 final_inputs: inputs.len() as u64,
                 pending: (false, false),
                 checkpoints: Vec::new(),
@@ -340,12 +364,20 @@ impl JournalReplay {
         let state = self.shared.state();
         let mut replayed = state.checkpoints.clone();
         replayed.retain(|(at, _)| *at <= self.end);
+        let divergence = if self.header.is_window() {
+            let view = |checkpoints: &[(Duration, Checkpoint)]| -> Vec<(Duration, Checkpoint)> {
+                checkpoints.iter().map(|(at, c)| (*at, c.window_view())).collect()
+            };
+            first_divergence(&view(&self.recorded), &view(&replayed))
+        } else {
+            first_divergence(&self.recorded, &replayed)
+        };
         ReplayReport {
             header: self.header.clone(),
             inputs_replayed: self.inputs.len() as u64,
             recoveries_recorded: self.recoveries_recorded,
             checkpoints_compared: self.recorded.len(),
-            divergence: first_divergence(&self.recorded, &replayed),
+            divergence,
             gaps: self.gaps.clone(),
             journal_fault: self.journal_fault.clone(),
             checkpoints: replayed,

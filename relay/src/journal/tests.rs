@@ -792,3 +792,31 @@ async fn a_journal_whose_start_was_deleted_is_not_replayed() {
         matches!(error, ReplayError::StartMissing { first_segment } if first_segment == tally.deleted)
     );
 }
+
+#[test]
+fn a_windows_checkpoints_compare_what_a_fresh_node_can_reproduce() {
+    let recorded = checkpoint(12);
+    let mut replayed = recorded.clone();
+    replayed.catalog_revision += 3;
+    replayed.readiness_revision += 5;
+    replayed.pools[0].filter_digest ^= 1;
+    replayed.pools[0].sequence = 1;
+    assert!(compare_checkpoints(&recorded, &replayed).is_some());
+    assert_eq!(compare_checkpoints(&recorded.window_view(), &replayed.window_view()), None);
+    for change in [
+        |c: &mut Checkpoint| c.pools[0].exact_blocks += 1,
+        |c: &mut Checkpoint| c.pools[0].canonical_digest ^= 1,
+        |c: &mut Checkpoint| c.inputs_handled += 1,
+        |c: &mut Checkpoint| c.readiness.push("{}".into()),
+    ] {
+        let mut wrong = replayed.clone();
+        change(&mut wrong);
+        assert!(compare_checkpoints(&recorded.window_view(), &wrong.window_view()).is_some());
+    }
+    let mut window = header();
+    assert!(!window.is_window());
+    window.checkpoint_every_inputs = NO_CADENCE;
+    assert!(!window.is_window(), "both cadence fields mark a window");
+    window.checkpoint_interval_ns = NO_CADENCE;
+    assert!(window.is_window());
+}

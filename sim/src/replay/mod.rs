@@ -10,6 +10,7 @@
 //! subscriber's, every replica ready), `replica-equals-relay`, and for an incident file its
 //! `expected-outcome`. See `hosts.rs` for how the hosts run and [`faults`] for which faults apply.
 
+pub mod dumps;
 pub mod faults;
 mod hosts;
 pub mod listing;
@@ -44,9 +45,9 @@ pub struct ReplaySetup {
     pub seed: u64,
     /// The expected outcome of an incident file.
     pub expect: Option<Expect>,
-    /// Connect the WAN consumer only once the journal's end has passed. A pool's publication
-    /// sequence advances only while a subscriber holds a lease, so a journal recorded with no
-    /// WAN subscriber reproduces its checkpoints' sequences only without one.
+    /// Connect the WAN consumer only once the journal's end has passed (to look at a window
+    /// without WAN traffic). Checkpoints reproduce either way: until the journal's end every
+    /// pool actor performs its recorded publication points and a replay subscriber moves none.
     pub consumer_after_end: bool,
 }
 

@@ -44,8 +44,10 @@ fn seconds(at: Option<Duration>) -> String {
 pub fn render(report: &ReplayReport, dump_state: bool) -> String {
     let mut out = String::new();
     let header = &report.header;
-    let cadence = if header.checkpoint_every_inputs == u64::MAX {
-        "no scheduled checkpoints (a cut window)".to_owned()
+    let cadence = if header.is_window() {
+        "a cut window: its recorded checkpoints, revisions, filter digests and sequences not \
+         compared"
+            .to_owned()
     } else {
         format!(
             "checkpoint every {} inputs or {:.3} s",
