@@ -284,6 +284,19 @@ mod tests {
     }
 
     #[test]
+    fn a_teardown_while_still_catalogued_is_a_violation() {
+        let withdrawn = [catalog(1, vec![producer(1)]), catalog(2, vec![])];
+        let fine = withdrawal_precedes_teardown(&withdrawn);
+        assert!(fine.passed, "{}", fine.detail);
+        let teardown =
+            at(3, TraceEvent::TeardownBeforeWithdrawal { boot: 0, producer: producer(1) });
+        let torn = [catalog(1, vec![producer(1)]), teardown, catalog(4, vec![])];
+        let check = withdrawal_precedes_teardown(&torn);
+        assert!(!check.passed);
+        assert!(check.detail.contains("ns/c/e at 3 ms"), "{}", check.detail);
+    }
+
+    #[test]
     fn ready_is_allowed_only_while_the_truth_is_settling() {
         let boot = at(0, TraceEvent::RelayBoot { boot: 0, incarnation: 1 });
         let settling = [

@@ -363,6 +363,38 @@ mod tests {
         PoolKey { endpoint: endpoint.into(), pool: pool.into() }
     }
 
+    /// The truth catalog of a DC of `workers` (TOML `[[topology.workers]]` tables), by endpoint.
+    fn truth_endpoints(workers: &str) -> Vec<String> {
+        let text = format!(
+            "run_ms = 1000\n[topology]\n{workers}\n[expect]\npools = 0\nreadiness = {{}}\n"
+        );
+        let scenario = crate::scenario::Scenario::parse(&text, "t").unwrap();
+        let mut rng = kvrelay::rng::rng_from_seed(1);
+        let dc = SimulatedDc::start(&scenario.deployment().unwrap(), scenario.traffic(), &mut rng);
+        let dc_id = kvrelay::identity::stable_dc_id("t").unwrap();
+        truth_catalog(&dc, dc_id).into_iter().map(|key| key.endpoint).collect()
+    }
+
+    fn worker(endpoint: &str, extra: &str) -> String {
+        format!("[[topology.workers]]\nendpoint = \"{endpoint}\"\nmodel = \"m\"\n{extra}\n")
+    }
+
+    #[test]
+    fn the_truth_catalog_fences_ambiguous_identities() {
+        let plain = worker("a/b/c", "replicas = 2") + &worker("d/e/f", "");
+        assert_eq!(truth_endpoints(&plain), ["a/b/c", "d/e/f"]);
+        // Eagle and standard workers on one endpoint: two domains, the endpoint is fenced.
+        let mixed = worker("a/b/c", "") + &worker("a/b/c", "eagle = true") + &worker("d/e/f", "");
+        assert_eq!(truth_endpoints(&mixed), ["d/e/f"]);
+        // Two endpoints claiming one routing pool: both fenced.
+        let shared = worker("a/b/c", "routing_pool = \"p\"")
+            + &worker("d/e/f", "routing_pool = \"p\"")
+            + &worker("g/h/i", "");
+        assert_eq!(truth_endpoints(&shared), ["g/h/i"]);
+        // An encode worker publishes no KV.
+        assert!(truth_endpoints(&worker("a/b/c", "role = \"encode\"")).is_empty());
+    }
+
     #[test]
     fn a_catalogued_pool_outside_the_truth_is_a_phantom() {
         let truth: BTreeSet<PoolKey> = [key("a/b/c", "p1"), key("d/e/f", "p2")].into();
