@@ -811,6 +811,14 @@ fn apply(world: &World, fault: &Fault, rng: &mut RelayRng) {
             Vec::new()
         }
     };
+    // A worker that (re)registers holds its lease anew, even one the planes host expired.
+    if let Fault::RestartWorker { worker, .. }
+    | Fault::StartWorker { worker, .. }
+    | Fault::RenewLease { worker } = fault
+        && let Some(lease) = listed_worker_id(world, *worker)
+    {
+        lock(&world.plane).grant(lease);
+    }
     publish(world, facts);
 }
 

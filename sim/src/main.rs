@@ -303,17 +303,18 @@ fn main() -> anyhow::Result<ExitCode> {
             let wall = started.elapsed().as_secs_f64();
             print!("{}", outcome.render());
             let simulated = outcome.simulated.as_secs_f64();
-            let stored = outcome.trace.iter().find_map(|event| match &event.event {
-                trace::TraceEvent::TrafficOff { planes } => Some(planes.stored_events),
+            let planes = outcome.trace.iter().find_map(|event| match &event.event {
+                trace::TraceEvent::TrafficOff { planes } => Some(*planes),
                 _ => None,
             });
+            let stored = planes.map_or(0, |planes| planes.stored_events);
             println!(
-                "  {simulated:.1} simulated s in {wall:.2} wall s ({:.0}x real time); {} stored \
-                 events in {:.1} s of traffic ({:.0}/s)",
+                "  {simulated:.1} simulated s in {wall:.2} wall s ({:.0}x real time); {stored} stored \
+                 events in {:.1} s of traffic ({:.0}/s), {} removed",
                 simulated / wall.max(1e-9),
-                stored.unwrap_or(0),
                 scenario.run_ms as f64 / 1000.0,
-                stored.unwrap_or(0) as f64 * 1000.0 / scenario.run_ms as f64
+                stored as f64 * 1000.0 / scenario.run_ms as f64,
+                planes.map_or(0, |planes| planes.removed_events)
             );
             if let Some(root) = &record {
                 println!("  journal: one recording directory per relay boot in {}", root.display());
