@@ -346,17 +346,21 @@ impl Sim {
     /// Play `scenario` to the end and evaluate the oracles: the trace oracles of [`oracles`],
     /// then on the final state
     ///
-    /// - **catalog-and-readiness-converge**: every long-lived consumer and a fresh one reach the
-    ///   expected pool count (every replica installed) and exactly the expected readiness;
-    /// - **replica-equals-relay**: every replica of every long-lived consumer equals what a
-    ///   fresh subscriber receives;
+    /// - **catalog-and-readiness-converge**: every long-lived consumer and a fresh one hold
+    ///   exactly the truth model's catalog ([`settled::truth_catalog`]), the expected pool count
+    ///   (every replica ready) and exactly the expected readiness;
+    /// - **replica-equals-relay**: every replica of every long-lived consumer has the producer,
+    ///   sequence and filter words of the relay's own pool (read from its pool actors);
     /// - **no-false-negatives**: every canonical block the truth model says a pool's listed
     ///   workers hold is in every long-lived consumer's replica (with expected capacity
     ///   omissions: at most the blocks the filter's occupancy cannot account for are absent);
     /// - **load-converges**: at every long-lived consumer, every catalogued pool's load is
     ///   complete and sums the truth model's occupancy of its listed workers (workers report
     ///   once more when traffic stops);
-    /// - **no-phantom-pools**: every catalogued pool's endpoint has a listed KV publisher;
+    /// - **converges-within-bound**: the consumers' catalog and readiness settled within
+    ///   [`settled::CONVERGENCE_BOUND_MS`] of the last fault, their load within it of the later
+    ///   of the last fault and traffic-off;
+    /// - **no-phantom-pools**: every catalogued `(endpoint, pool id)` is in the truth catalog;
     /// - **consumer-followed**: the scenario's expectation of each consumer's streams.
     #[must_use]
     pub fn run(self, scenario: &Scenario) -> Outcome {

@@ -32,7 +32,9 @@ pub fn trace_checks(events: &[Stamped]) -> Vec<Check> {
     ]
 }
 
-fn verdict(name: &'static str, violations: &[String], fine: String) -> Check {
+/// The check `name`: passed with `fine` as its detail when there are no `violations`, else
+/// failed naming their count and the first.
+pub(crate) fn verdict(name: &'static str, violations: &[String], fine: String) -> Check {
     match violations.first() {
         None => Check { name, passed: true, detail: fine },
         Some(first) => Check {

@@ -24,6 +24,7 @@ use kvrelay::workload::SimulatedDc;
 use serde::Serialize;
 
 use crate::Check;
+use crate::oracles::verdict;
 use crate::scenario::ConsumerExpectation;
 
 /// How long after the last fault (simulated ms) every long-lived consumer's catalog, readiness
@@ -233,17 +234,10 @@ pub fn no_phantom_pools(truth: &BTreeSet<PoolKey>, catalog: &[PoolKey]) -> Check
     let phantoms: Vec<String> = catalog
         .iter()
         .filter(|key| !truth.contains(key))
-        .map(|key| format!("{} ({})", key.endpoint, key.pool))
+        .map(|key| format!("{} ({}) is not in the truth model", key.endpoint, key.pool))
         .collect();
-    Check {
-        name: "no-phantom-pools",
-        passed: phantoms.is_empty(),
-        detail: if phantoms.is_empty() {
-            format!("{} pools, each with a listed publisher of its identity", catalog.len())
-        } else {
-            format!("not in the truth model: {}", phantoms.join(", "))
-        },
-    }
+    let fine = format!("{} pools, each with a listed publisher of its identity", catalog.len());
+    verdict("no-phantom-pools", &phantoms, fine)
 }
 
 /// One catalogued pool's load at a consumer against the truth model.
@@ -265,15 +259,8 @@ pub fn load_converges(pools: &[LoadSeen]) -> Check {
         .filter(|pool| pool.used != Some(pool.truth))
         .map(|pool| format!("{}: {:?} used, truth {}", pool.endpoint, pool.used, pool.truth))
         .collect();
-    Check {
-        name: "load-converges",
-        passed: wrong.is_empty(),
-        detail: if wrong.is_empty() {
-            format!("{} pools report their truth occupancy", pools.len())
-        } else {
-            wrong.join(", ")
-        },
-    }
+    let fine = format!("{} pools report their truth occupancy", pools.len());
+    verdict("load-converges", &wrong, fine)
 }
 
 /// The consumer's streams to `pools` expected pools went as `expectation` says.
