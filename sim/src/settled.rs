@@ -110,7 +110,7 @@ type Since<T> = Option<(T, u64)>;
 /// When each part of one consumer's view last changed (simulated ms), fed every observation.
 #[derive(Debug, Clone, Default)]
 pub struct Settling {
-    catalog: Since<Vec<(PoolKey, ProducerIdentity, FilterStatus)>>,
+    catalog: Since<Vec<(ProducerIdentity, FilterStatus)>>,
     readiness: Since<Vec<TopologyEntry>>,
     load: Since<Vec<(ProducerIdentity, Option<u64>, u32)>>,
 }
@@ -124,14 +124,8 @@ fn changed<T: PartialEq>(slot: &mut Since<T>, value: T, ms: u64) {
 impl Settling {
     /// Note the consumer's view at `ms`.
     pub fn observe(&mut self, ms: u64, snapshot: &ConsumerSnapshot) {
-        let catalog = snapshot
-            .pools
-            .iter()
-            .map(|pool| {
-                let key = PoolKey::new(&pool.descriptor.serving_endpoint, &pool.producer.pool_id());
-                (key, pool.producer, pool.status)
-            })
-            .collect();
+        // The producer names the pool (its id derives from the endpoint's routing scope).
+        let catalog = snapshot.pools.iter().map(|pool| (pool.producer, pool.status)).collect();
         changed(&mut self.catalog, catalog, ms);
         if self.readiness.as_ref().is_none_or(|(last, _)| *last != snapshot.readiness) {
             changed(&mut self.readiness, snapshot.readiness.clone(), ms);
