@@ -35,6 +35,7 @@ pub mod oracles;
 pub mod planes;
 pub mod replay;
 pub mod scenario;
+pub mod settled;
 pub mod timeline;
 pub mod trace;
 
@@ -51,10 +52,11 @@ use kvrelay::consumer::{ConsumerConfig, ConsumerSnapshot, FilterStatus, RelayCon
 use kvrelay::control::ControlConfig;
 use kvrelay::demo::SharedDc;
 use kvrelay::discovery::DiscoveryScope;
-use kvrelay::identity::{ProducerIdentity, RelayIdentity, stable_dc_id};
+use kvrelay::identity::{DcId, PoolId, ProducerIdentity, RelayIdentity, stable_dc_id};
 use kvrelay::inputs::{DcInput, WorkerType, normalize_legacy_prefill};
 use kvrelay::node::{NodeConfig, NodeHandle, RecoveryTransport, start_node_with_tap};
 use kvrelay::pool::ActorConfig;
+use kvrelay::pool::{PoolDigest, filter_words_digest};
 use kvrelay::publication::{HubConfig, PoolPublications};
 use kvrelay::rng::{RelayRng, derive_seed, rng_from_seed};
 use kvrelay::runtime::{InlineExecutor, WallClock};
@@ -67,9 +69,8 @@ use tokio::sync::watch;
 use crate::planes::client::PlanesClient;
 use crate::planes::publisher::{Link, Publisher};
 use crate::planes::{PLANES_HOST, Planes};
-use crate::scenario::{
-    ConsumerExpectation, ConsumerTarget, Expect, Fault, Scenario, ScriptedFault,
-};
+use crate::scenario::{ConsumerTarget, Expect, Fault, Scenario, ScriptedFault};
+use crate::settled::{Convergence, LoadSeen, PoolKey, Probed, Settling};
 use crate::trace::{ConsumerTrace, EntryTrace, ProducerTrace, Stamped, Trace, TraceEvent};
 
 /// The relay host's name on turmoil's network.
@@ -94,8 +95,9 @@ pub const TICK: Duration = Duration::from_millis(5);
 
 /// How long traffic stays off before the oracles look.
 const QUIESCENCE: Duration = Duration::from_secs(3);
-/// Bound on every convergence wait of the oracles (simulated time): catalog, readiness,
-/// replicas, blocks and load must each converge within it after traffic stops.
+/// How long the oracles wait (simulated time) for catalog, readiness, replicas, blocks and load
+/// to converge after quiescence, each; how soon they must have converged after the last fault
+/// is [`settled::CONVERGENCE_BOUND_MS`].
 const CONVERGENCE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often the observers sample the relay and the consumer.
 const RELAY_SAMPLE: Duration = Duration::from_millis(5);
@@ -189,6 +191,8 @@ pub struct FinalView {
     pub faults: Vec<String>,
     /// Relay boots.
     pub relay_boots: u64,
+    /// When the long-lived consumers' catalog, readiness and load reached their final state.
+    pub convergence: Convergence,
 }
 
 /// What one simulated run produced.
@@ -239,6 +243,7 @@ impl Outcome {
         let mut text = String::new();
         let _ = writeln!(text, "scenario {} seed {}", self.scenario, self.seed);
         render_checks(&mut text, &self.checks, self.error.as_deref());
+        let _ = writeln!(text, "  converged: {}", self.view.convergence.describe());
         let _ = writeln!(text, "  digest {} ({} trace events)", self.digest, self.trace.len());
         if !self.passed() {
             let _ = writeln!(text, "  reproduce: {}", self.reproduce_command());
@@ -290,6 +295,10 @@ struct World {
     decode_errors: Arc<AtomicU64>,
     /// The long-lived consumers by index, each once its host started it.
     consumers: Arc<Mutex<Vec<Option<Arc<RelayConsumer>>>>>,
+    /// When each long-lived consumer's view last changed, by index.
+    settling: Arc<Mutex<Vec<Settling>>>,
+    /// The current relay boot's publications (the pools' own filters).
+    publications: Arc<Mutex<Option<Arc<PoolPublications>>>>,
     trace: Trace,
     done: watch::Sender<bool>,
     result: Arc<Mutex<Option<Verdict>>>,
@@ -337,17 +346,21 @@ impl Sim {
     /// Play `scenario` to the end and evaluate the oracles: the trace oracles of [`oracles`],
     /// then on the final state
     ///
-    /// - **catalog-and-readiness-converge**: every long-lived consumer and a fresh one reach the
-    ///   expected pool count (every replica installed) and exactly the expected readiness;
-    /// - **replica-equals-relay**: every replica of every long-lived consumer equals what a
-    ///   fresh subscriber receives;
+    /// - **catalog-and-readiness-converge**: every long-lived consumer and a fresh one hold
+    ///   exactly the truth model's catalog ([`settled::truth_catalog`]), the expected pool count
+    ///   (every replica ready) and exactly the expected readiness;
+    /// - **replica-equals-relay**: every replica of every long-lived consumer has the producer,
+    ///   sequence and filter words of the relay's own pool (read from its pool actors);
     /// - **no-false-negatives**: every canonical block the truth model says a pool's listed
     ///   workers hold is in every long-lived consumer's replica (with expected capacity
     ///   omissions: at most the blocks the filter's occupancy cannot account for are absent);
     /// - **load-converges**: at every long-lived consumer, every catalogued pool's load is
     ///   complete and sums the truth model's occupancy of its listed workers (workers report
     ///   once more when traffic stops);
-    /// - **no-phantom-pools**: every catalogued pool's endpoint has a listed KV publisher;
+    /// - **converges-within-bound**: the consumers' catalog and readiness settled within
+    ///   [`settled::CONVERGENCE_BOUND_MS`] of the last fault, their load within it of the later
+    ///   of the last fault and traffic-off;
+    /// - **no-phantom-pools**: every catalogued `(endpoint, pool id)` is in the truth catalog;
     /// - **consumer-followed**: the scenario's expectation of each consumer's streams.
     #[must_use]
     pub fn run(self, scenario: &Scenario) -> Outcome {
@@ -379,6 +392,8 @@ impl Sim {
             traffic_off: Arc::default(),
             decode_errors: Arc::default(),
             consumers: Arc::new(Mutex::new(vec![None; scenario.topology.consumers])),
+            settling: Arc::new(Mutex::new(vec![Settling::default(); scenario.topology.consumers])),
+            publications: Arc::default(),
             trace: Trace::default(),
             done,
             result: Arc::default(),
@@ -434,11 +449,16 @@ fn failed(seed: u64, scenario: &Scenario, file: String, error: String) -> Outcom
 
 type HostResult = Result<(), Box<dyn std::error::Error>>;
 
+/// The simulated DC's id.
+fn sim_dc_id() -> DcId {
+    stable_dc_id("sim-dc").expect("valid name")
+}
+
 fn node_config(seed: u64, boot: u64, scenario: &Scenario) -> NodeConfig {
     let mut rng = rng_from_seed(derive_seed(seed, &format!("sim/relay/{boot}")));
     let relay = RelayIdentity::start(0x051d_0000_0000_0001, &mut rng);
     let scope = DiscoveryScope::new(Vec::new(), Vec::new(), true).expect("watch-all is valid");
-    let mut control = ControlConfig::new(relay, stable_dc_id("sim-dc").expect("valid name"), scope);
+    let mut control = ControlConfig::new(relay, sim_dc_id(), scope);
     control.expected_unique_blocks = scenario.workload.expected_unique_blocks;
     NodeConfig {
         control,
@@ -472,6 +492,7 @@ async fn run_relay(world: World) -> HostResult {
     let node =
         start_node_with_tap(config, Arc::new(InlineExecutor), Arc::clone(&clock), recovery, tap)?;
     world.trace.record(TraceEvent::RelayBoot { boot, incarnation: node.relay.relay_incarnation });
+    *lock(&world.publications) = Some(Arc::clone(&node.publications));
     // On the host's LocalSet: a bounce drops it after every runtime task, in a fixed order, so
     // the segments its socket sends when dropped draw turmoil's latencies deterministically
     // (runtime tasks are dropped in an order that depends on process-wide task ids).
@@ -794,6 +815,14 @@ fn apply(world: &World, fault: &Fault, rng: &mut RelayRng) {
             Vec::new()
         }
     };
+    // A worker that (re)registers holds its lease anew, even one the planes host expired.
+    if let Fault::RestartWorker { worker, .. }
+    | Fault::StartWorker { worker, .. }
+    | Fault::RenewLease { worker } = fault
+        && let Some(lease) = listed_worker_id(world, *worker)
+    {
+        lock(&world.plane).grant(lease);
+    }
     publish(world, facts);
 }
 
@@ -820,11 +849,12 @@ fn wan_links(
 async fn observe_consumers(world: World) {
     let hosts: Vec<String> =
         (0..world.scenario.topology.consumers).map(scenario::consumer_host).collect();
-    follow_consumers(
+    follow_consumers_settling(
         world.trace.clone(),
         hosts,
         Arc::clone(&world.consumers),
         world.done.subscribe(),
+        Some(Arc::clone(&world.settling)),
     )
     .await;
 }
@@ -835,14 +865,32 @@ async fn follow_consumers(
     trace: Trace,
     hosts: Vec<String>,
     slots: ConsumerSlots,
+    done: watch::Receiver<bool>,
+) {
+    follow_consumers_settling(trace, hosts, slots, done, None).await;
+}
+
+/// [`follow_consumers`], also noting each view in `settling` (by the same index).
+async fn follow_consumers_settling(
+    trace: Trace,
+    hosts: Vec<String>,
+    slots: ConsumerSlots,
     mut done: watch::Receiver<bool>,
+    settling: Option<Arc<Mutex<Vec<Settling>>>>,
 ) {
     let mut last: Vec<Option<(ConsumerSnapshot, ConsumerTrace)>> = vec![None; hosts.len()];
     loop {
         let consumers = lock(&slots).clone();
-        for ((consumer, host), last) in consumers.iter().zip(&hosts).zip(&mut last) {
+        for (index, ((consumer, host), last)) in
+            consumers.iter().zip(&hosts).zip(&mut last).enumerate()
+        {
             let Some(consumer) = consumer else { continue };
             let snapshot = consumer.snapshot();
+            if let Some(settling) = &settling
+                && let Some(settling) = lock(settling).get_mut(index)
+            {
+                settling.observe(sim_ms(), &snapshot);
+            }
             if last
                 .as_ref()
                 .is_some_and(|(shown, _)| ConsumerTrace::shows_the_same(shown, &snapshot))
@@ -886,10 +934,11 @@ async fn run_checker(world: World) -> HostResult {
     Ok(())
 }
 
-/// The consumer's snapshot has the expected pools (each with a replica) and exactly the
-/// expected readiness.
-fn converged(snapshot: &ConsumerSnapshot, scenario: &Scenario) -> bool {
+/// The consumer's snapshot holds exactly the pools the truth model says exist (`truth`), as
+/// many as the scenario expects, each replica ready, and exactly the expected readiness.
+fn converged(snapshot: &ConsumerSnapshot, scenario: &Scenario, truth: &BTreeSet<PoolKey>) -> bool {
     meets(snapshot, &scenario.expect)
+        && PoolKey::of_snapshot(snapshot).into_iter().collect::<BTreeSet<_>>() == *truth
 }
 
 /// The snapshot has `expect`'s pool count (each replica ready) and exactly its readiness.
@@ -926,8 +975,12 @@ fn describe(snapshot: &ConsumerSnapshot) -> String {
     )
 }
 
-async fn wait_converged(consumer: &RelayConsumer, scenario: &Scenario) -> (bool, ConsumerSnapshot) {
-    let predicate = |snapshot: &ConsumerSnapshot| converged(snapshot, scenario);
+async fn wait_converged(
+    consumer: &RelayConsumer,
+    scenario: &Scenario,
+    truth: &BTreeSet<PoolKey>,
+) -> (bool, ConsumerSnapshot) {
+    let predicate = |snapshot: &ConsumerSnapshot| converged(snapshot, scenario, truth);
     match tokio::time::timeout(CONVERGENCE_TIMEOUT, consumer.wait_until(predicate)).await {
         Ok(Ok(snapshot)) => (true, snapshot),
         _ => (false, consumer.snapshot()),
@@ -976,142 +1029,124 @@ fn truth_hashes(dc: &SimulatedDc, endpoint: &str) -> Vec<u64> {
         .collect()
 }
 
-/// Every block the truth model holds for each pool the relay catalogues (as `catalogued`, a
-/// fresh subscriber's view, shows it) is in `consumer`'s replica of that pool.
+/// Probe, in `consumer`'s replicas, every block the truth model holds for each pool the relay
+/// catalogues (as `catalogued`, a fresh subscriber's view, shows it).
 fn no_false_negatives(
     world: &World,
     consumer: &RelayConsumer,
     catalogued: &ConsumerSnapshot,
 ) -> Check {
-    let snapshot = catalogued;
-    let capacity = world.scenario.expect.capacity_omissions;
-    let mut cached_total = 0usize;
-    let mut omitted_total = 0usize;
-    let mut missing = Vec::new();
-    for pool in &snapshot.pools {
-        let endpoint = pool.descriptor.serving_endpoint.to_string();
-        let hashes = world.dc.with(|dc| truth_hashes(dc, &endpoint));
-        cached_total += hashes.len();
-        let Some(copy) = consumer.filter_copy(&pool.producer.pool_id()) else {
-            missing.push(format!("{endpoint}: no replica"));
-            continue;
-        };
-        let addressing = Addressing::new(&pool.producer.format());
-        let absent = hashes
-            .iter()
-            .filter(|hash| {
-                let probe = addressing.probe(**hash);
-                !(word_contains(copy.words[probe.bucket_a as usize], probe.fingerprint)
-                    || word_contains(copy.words[probe.bucket_b as usize], probe.fingerprint))
-            })
-            .count();
-        // With capacity omissions, each occupied slot accounts for one present block, so at
-        // most the blocks beyond the occupancy may be absent.
-        let allowed = if capacity {
-            hashes.len().saturating_sub(usize::try_from(pool.resident_slots).unwrap_or(0))
-        } else {
-            0
-        };
-        omitted_total += absent.min(allowed);
-        if absent > allowed {
-            missing.push(format!("{endpoint}: {absent} of {} missing", hashes.len()));
-        }
-    }
-    let passed = missing.is_empty() && (cached_total > 0 || snapshot.pools.is_empty());
-    let passed = passed && (!capacity || omitted_total > 0);
-    Check {
-        name: "no-false-negatives",
-        passed,
-        detail: if missing.is_empty() {
-            format!(
-                "{cached_total} cached blocks: {omitted_total} capacity omissions, the rest present"
-            )
-        } else {
-            missing.join(", ")
-        },
-    }
+    let probed: Vec<Probed> = catalogued
+        .pools
+        .iter()
+        .map(|pool| {
+            let endpoint = pool.descriptor.serving_endpoint.to_string();
+            let hashes = world.dc.with(|dc| truth_hashes(dc, &endpoint));
+            let addressing = Addressing::new(&pool.producer.format());
+            let absent = consumer.filter_copy(&pool.producer.pool_id()).map(|copy| {
+                hashes
+                    .iter()
+                    .filter(|hash| {
+                        let probe = addressing.probe(**hash);
+                        !(word_contains(copy.words[probe.bucket_a as usize], probe.fingerprint)
+                            || word_contains(
+                                copy.words[probe.bucket_b as usize],
+                                probe.fingerprint,
+                            ))
+                    })
+                    .count()
+            });
+            Probed { endpoint, cached: hashes.len(), absent, resident_slots: pool.resident_slots }
+        })
+        .collect();
+    settled::no_false_negatives(&probed, world.scenario.expect.capacity_omissions)
 }
 
-/// At the consumer whose view is `snapshot`, every pool the relay catalogues (`catalogued`) has
-/// a complete load that sums what the truth model says its listed workers hold.
+/// The load `snapshot` shows for every pool the relay catalogues (`catalogued`), against the
+/// truth model's occupancy of the pool's listed workers.
 fn load_converged(
     world: &World,
     snapshot: &ConsumerSnapshot,
     catalogued: &ConsumerSnapshot,
 ) -> Check {
-    let mut wrong = Vec::new();
+    let seen: Vec<LoadSeen> = catalogued
+        .pools
+        .iter()
+        .map(|pool| {
+            let endpoint = pool.descriptor.serving_endpoint.to_string();
+            let truth = world.dc.with(|dc| truth_hashes(dc, &endpoint)).len() as u64;
+            let load = snapshot.load.iter().find(|load| load.producer == pool.producer);
+            LoadSeen { endpoint, truth, used: load.and_then(|load| load.kv_used_blocks) }
+        })
+        .collect();
+    settled::load_converges(&seen)
+}
+
+/// The relay's own state of each pool `catalogued` shows, read from the current boot's pool
+/// actors (an empty map while the relay is down).
+async fn relay_digests(
+    world: &World,
+    catalogued: &ConsumerSnapshot,
+) -> BTreeMap<PoolId, (ProducerIdentity, PoolDigest)> {
+    let publications = lock(&world.publications).clone();
+    let mut digests = BTreeMap::new();
+    let Some(publications) = publications else { return digests };
     for pool in &catalogued.pools {
-        let endpoint = pool.descriptor.serving_endpoint.to_string();
-        let expected = world.dc.with(|dc| truth_hashes(dc, &endpoint)).len() as u64;
-        let load = snapshot.load.iter().find(|load| load.producer == pool.producer);
-        let used = load.and_then(|load| load.kv_used_blocks);
-        if used != Some(expected) {
-            wrong.push(format!("{endpoint}: {used:?} used, truth {expected}"));
+        let pool_id = pool.producer.pool_id();
+        if let Some(digest) = publications.digest(&pool_id).await {
+            digests.insert(pool_id, digest);
+        }
+    }
+    digests
+}
+
+/// Every replica of `consumer` of a pool `catalogued` shows has the relay's producer, sequence
+/// and filter words (`relay`, read from the relay's pool actors).
+fn replica_equals_relay(
+    consumer: &RelayConsumer,
+    catalogued: &ConsumerSnapshot,
+    relay: &BTreeMap<PoolId, (ProducerIdentity, PoolDigest)>,
+) -> Check {
+    let mut differing = Vec::new();
+    for pool in &catalogued.pools {
+        let pool_id = pool.producer.pool_id();
+        let ours = consumer.filter_copy(&pool_id);
+        let theirs = relay.get(&pool_id);
+        let equal = match (&ours, theirs) {
+            (Some(copy), Some((producer, digest))) => {
+                copy.producer == *producer
+                    && copy.sequence == digest.sequence
+                    && filter_words_digest(&copy.words) == digest.filter_digest
+            }
+            _ => false,
+        };
+        if !equal {
+            differing.push(format!(
+                "{} (consumer seq {:?}, relay seq {:?})",
+                pool.descriptor.serving_endpoint,
+                ours.map(|copy| copy.sequence),
+                theirs.map(|(_, digest)| digest.sequence)
+            ));
         }
     }
     Check {
-        name: "load-converges",
-        passed: wrong.is_empty(),
-        detail: if wrong.is_empty() {
-            format!("{} pools report their truth occupancy", catalogued.pools.len())
+        name: "replica-equals-relay",
+        passed: differing.is_empty(),
+        detail: if differing.is_empty() {
+            format!("{} pools: words and sequence equal the relay's", catalogued.pools.len())
         } else {
-            wrong.join(", ")
+            format!("differ: {}", differing.join(", "))
         },
     }
 }
 
-fn no_phantom_pools(world: &World, snapshot: &ConsumerSnapshot) -> Check {
-    let phantoms: Vec<String> = snapshot
-        .pools
-        .iter()
-        .map(|pool| pool.descriptor.serving_endpoint.to_string())
-        .filter(|endpoint| {
-            !world.dc.with(|dc| {
-                dc.workers().iter().enumerate().any(|(index, worker)| {
-                    dc.is_listed(index)
-                        && worker.spec().publishes_kv
-                        && worker.spec().endpoint.to_string() == *endpoint
-                })
-            })
-        })
-        .collect();
-    Check {
-        name: "no-phantom-pools",
-        passed: phantoms.is_empty(),
-        detail: if phantoms.is_empty() {
-            format!("{} pools, each with a listed publisher", snapshot.pools.len())
-        } else {
-            format!("no listed publisher: {}", phantoms.join(", "))
-        },
-    }
-}
-
-/// The consumer's streams to the `pools` expected pools went as `expectation` says.
+/// [`settled::consumer_followed`] on `consumer`'s counters now.
 fn consumer_followed(
-    expectation: ConsumerExpectation,
+    expectation: scenario::ConsumerExpectation,
     pools: usize,
     consumer: &RelayConsumer,
 ) -> Check {
-    let snapshot = consumer.snapshot();
-    let counters = &snapshot.counters;
-    let pools = pools as u64;
-    let passed = match expectation {
-        ConsumerExpectation::Any => true,
-        ConsumerExpectation::Resubscribed => {
-            counters.subscriptions > pools && counters.installs > pools
-        }
-        ConsumerExpectation::KeptStreams => {
-            counters.subscriptions == pools && counters.replicas_dropped == 0
-        }
-    };
-    Check {
-        name: "consumer-followed",
-        passed,
-        detail: format!(
-            "expected {expectation:?}: {} subscriptions, {} installs, {} replicas dropped",
-            counters.subscriptions, counters.installs, counters.replicas_dropped
-        ),
-    }
+    settled::consumer_followed(expectation, pools, &consumer.snapshot().counters)
 }
 
 fn final_view(world: &World, snapshot: &ConsumerSnapshot) -> FinalView {
@@ -1139,6 +1174,7 @@ fn final_view(world: &World, snapshot: &ConsumerSnapshot) -> FinalView {
             .map(|scripted| format!("{} {}", scripted.at_ms, scripted.fault.action()))
             .collect(),
         relay_boots: world.boots.load(Ordering::Relaxed),
+        convergence: Convergence::default(),
     }
 }
 
@@ -1172,14 +1208,36 @@ fn at_every_consumer(
 }
 
 /// Re-run `check` every 100 ms of simulated time until it holds or the convergence bound ends.
-async fn within_convergence(check: impl Fn() -> Check) -> Check {
+async fn within_convergence(mut check: impl AsyncFnMut() -> Check) -> Check {
     let deadline = tokio::time::Instant::now() + CONVERGENCE_TIMEOUT;
-    let mut result = check();
+    let mut result = check().await;
     while !result.passed && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        result = check();
+        result = check().await;
     }
     result
+}
+
+/// When the long-lived consumers reached their final state (each observed once more now),
+/// against the trace's last fault and traffic-off.
+fn convergence(world: &World, consumers: &[(String, Arc<RelayConsumer>)]) -> Convergence {
+    let events = world.trace.events();
+    let last_fault_ms = events
+        .iter()
+        .rev()
+        .find(|stamped| matches!(stamped.event, TraceEvent::Fault { .. }))
+        .map_or(0, |stamped| stamped.ms);
+    let traffic_off_ms = events
+        .iter()
+        .find(|stamped| matches!(stamped.event, TraceEvent::TrafficOff { .. }))
+        .map_or(0, |stamped| stamped.ms);
+    let mut settling = lock(&world.settling);
+    for (index, (_, consumer)) in consumers.iter().enumerate() {
+        if let Some(settling) = settling.get_mut(index) {
+            settling.observe(sim_ms(), &consumer.snapshot());
+        }
+    }
+    Convergence::of(last_fault_ms, traffic_off_ms, &settling)
 }
 
 async fn evaluate(world: &World) -> Verdict {
@@ -1198,10 +1256,11 @@ async fn evaluate(world: &World) -> Verdict {
         checks.push(Check { name: "setup", passed: false, detail });
         return (checks, String::new(), FinalView::default());
     }
+    let truth = world.dc.with(|dc| settled::truth_catalog(dc, sim_dc_id()));
     let mut all_converged = true;
     let mut seen = Vec::new();
     for (host, consumer) in &consumers {
-        let (converged, snapshot) = wait_converged(consumer, scenario).await;
+        let (converged, snapshot) = wait_converged(consumer, scenario, &truth).await;
         all_converged &= converged;
         seen.push(format!("{host}: {}", describe(&snapshot)));
     }
@@ -1212,8 +1271,12 @@ async fn evaluate(world: &World) -> Verdict {
             return (checks, String::new(), FinalView::default());
         }
     };
-    let (converged_ref, snapshot_ref) = wait_converged(&reference, scenario).await;
+    let (converged_ref, snapshot_ref) = wait_converged(&reference, scenario, &truth).await;
     seen.push(format!("fresh: {}", describe(&snapshot_ref)));
+    if !(all_converged && converged_ref) {
+        let truth: Vec<&str> = truth.iter().map(|key| key.endpoint.as_str()).collect();
+        seen.push(format!("truth: [{}]", truth.join(", ")));
+    }
     checks.push(Check {
         name: "catalog-and-readiness-converge",
         passed: all_converged && converged_ref,
@@ -1221,23 +1284,24 @@ async fn evaluate(world: &World) -> Verdict {
     });
     // Recovery may still be under way (a query held by a partition ends at the repair, or
     // times out and retries): the blocks must arrive within the convergence bound.
-    let complete = within_convergence(|| {
+    let complete = within_convergence(async || {
         let catalogued = reference.snapshot();
         at_every_consumer(&consumers, |_, consumer| {
             no_false_negatives(world, consumer, &catalogued)
         })
     })
     .await;
-    let equal = within_convergence(|| {
+    let equal = within_convergence(async || {
+        let catalogued = reference.snapshot();
+        let relay = relay_digests(world, &catalogued).await;
         at_every_consumer(&consumers, |_, consumer| {
-            let (passed, detail) = replicas_equal(consumer, &reference);
-            Check { name: "replica-equals-relay", passed, detail }
+            replica_equals_relay(consumer, &catalogued, &relay)
         })
     })
     .await;
     checks.push(equal);
     checks.push(complete);
-    let load = within_convergence(|| {
+    let load = within_convergence(async || {
         let catalogued = reference.snapshot();
         at_every_consumer(&consumers, |_, consumer| {
             load_converged(world, &consumer.snapshot(), &catalogued)
@@ -1245,8 +1309,10 @@ async fn evaluate(world: &World) -> Verdict {
     })
     .await;
     checks.push(load);
+    let convergence = convergence(world, &consumers);
+    checks.push(settled::converges_within_bound(&convergence));
     checks.push(at_every_consumer(&consumers, |_, consumer| {
-        no_phantom_pools(world, &consumer.snapshot())
+        settled::no_phantom_pools(&truth, &PoolKey::of_snapshot(&consumer.snapshot()))
     }));
     checks.push(at_every_consumer(&consumers, |index, consumer| {
         consumer_followed(scenario.expect.consumer.of(index), scenario.expect.pools, consumer)
@@ -1264,7 +1330,8 @@ async fn evaluate(world: &World) -> Verdict {
         consumers.iter().map(|(_, consumer)| consumer.as_ref()).collect();
     replicas.push(&reference);
     let digest = digest(&snapshots.iter().collect::<Vec<_>>(), &replicas);
-    let view = final_view(world, &snapshots[0]);
+    let mut view = final_view(world, &snapshots[0]);
+    view.convergence = convergence;
     reference.shutdown().await;
     (checks, digest, view)
 }

@@ -122,12 +122,14 @@ fn parse_range(text: &str) -> anyhow::Result<std::ops::Range<u64>> {
     Ok(range)
 }
 
-/// Pass/fail counts and simulated/wall time of one scenario in a sweep.
+/// Pass/fail counts, wall time and slowest convergence of one scenario in a sweep.
 #[derive(Debug, Default)]
 struct Row {
     passed: u64,
     failed: u64,
     wall: std::time::Duration,
+    /// Most simulated ms from the last fault to catalog and readiness convergence.
+    converged_ms: u64,
 }
 
 fn sweep(dir: &std::path::Path, seeds: std::ops::Range<u64>) -> anyhow::Result<ExitCode> {
@@ -144,8 +146,18 @@ fn sweep(dir: &std::path::Path, seeds: std::ops::Range<u64>) -> anyhow::Result<E
             let started = std::time::Instant::now();
             let outcome = Sim::new(seed).run(scenario);
             let row = rows.entry(scenario.name.clone()).or_default();
-            row.wall += started.elapsed();
+            let wall = started.elapsed();
+            row.wall += wall;
+            let converged_ms = outcome.view.convergence.after_last_fault_ms();
+            row.converged_ms = row.converged_ms.max(converged_ms);
             done += 1;
+            println!(
+                "  {} seed {seed}: {} in {:.2} s, converged {converged_ms} ms after the last fault",
+                scenario.name,
+                if outcome.passed() { "ok" } else { "FAIL" },
+                wall.as_secs_f64()
+            );
+            let _ = std::io::stdout().flush();
             if outcome.passed() {
                 row.passed += 1;
             } else {
@@ -169,12 +181,20 @@ fn sweep(dir: &std::path::Path, seeds: std::ops::Range<u64>) -> anyhow::Result<E
             let started = std::time::Instant::now();
             let outcome = incident.run(seed);
             let row = rows.entry(format!("incidents/{}", incident.name)).or_default();
-            row.wall += started.elapsed();
+            let wall = started.elapsed();
+            row.wall += wall;
             done += 1;
             let failure = match &outcome {
                 Ok(outcome) => outcome.failure(),
                 Err(error) => Some(format!("{error:#}")),
             };
+            println!(
+                "  incidents/{} seed {seed}: {} in {:.2} s",
+                incident.name,
+                if failure.is_none() { "ok" } else { "FAIL" },
+                wall.as_secs_f64()
+            );
+            let _ = std::io::stdout().flush();
             match failure {
                 None => row.passed += 1,
                 Some(failure) => {
@@ -191,9 +211,18 @@ fn sweep(dir: &std::path::Path, seeds: std::ops::Range<u64>) -> anyhow::Result<E
         println!("[{done}/{total}] incidents/{} done", incident.name);
         let _ = std::io::stdout().flush();
     }
-    println!("{:<32} {:>6} {:>6} {:>10}", "scenario", "passed", "failed", "wall s");
+    println!(
+        "{:<40} {:>6} {:>6} {:>8} {:>14}",
+        "scenario", "passed", "failed", "wall s", "max conv. ms"
+    );
     for (name, row) in &rows {
-        println!("{name:<32} {:>6} {:>6} {:>10.1}", row.passed, row.failed, row.wall.as_secs_f64());
+        println!(
+            "{name:<40} {:>6} {:>6} {:>8.1} {:>14}",
+            row.passed,
+            row.failed,
+            row.wall.as_secs_f64(),
+            row.converged_ms
+        );
     }
     if failures.is_empty() {
         println!("sweep: {total} passed, 0 failed");
@@ -277,17 +306,18 @@ fn main() -> anyhow::Result<ExitCode> {
             let wall = started.elapsed().as_secs_f64();
             print!("{}", outcome.render());
             let simulated = outcome.simulated.as_secs_f64();
-            let stored = outcome.trace.iter().find_map(|event| match &event.event {
-                trace::TraceEvent::TrafficOff { planes } => Some(planes.stored_events),
+            let planes = outcome.trace.iter().find_map(|event| match &event.event {
+                trace::TraceEvent::TrafficOff { planes } => Some(*planes),
                 _ => None,
             });
+            let stored = planes.map_or(0, |planes| planes.stored_events);
             println!(
-                "  {simulated:.1} simulated s in {wall:.2} wall s ({:.0}x real time); {} stored \
-                 events in {:.1} s of traffic ({:.0}/s)",
+                "  {simulated:.1} simulated s in {wall:.2} wall s ({:.0}x real time); {stored} stored \
+                 events in {:.1} s of traffic ({:.0}/s), {} removed",
                 simulated / wall.max(1e-9),
-                stored.unwrap_or(0),
                 scenario.run_ms as f64 / 1000.0,
-                stored.unwrap_or(0) as f64 * 1000.0 / scenario.run_ms as f64
+                stored as f64 * 1000.0 / scenario.run_ms as f64,
+                planes.map_or(0, |planes| planes.removed_events)
             );
             if let Some(root) = &record {
                 println!("  journal: one recording directory per relay boot in {}", root.display());

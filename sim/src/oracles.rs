@@ -32,7 +32,9 @@ pub fn trace_checks(events: &[Stamped]) -> Vec<Check> {
     ]
 }
 
-fn verdict(name: &'static str, violations: &[String], fine: String) -> Check {
+/// The check `name`: passed with `fine` as its detail when there are no `violations`, else
+/// failed naming their count and the first.
+pub(crate) fn verdict(name: &'static str, violations: &[String], fine: String) -> Check {
     match violations.first() {
         None => Check { name, passed: true, detail: fine },
         Some(first) => Check {
@@ -281,6 +283,19 @@ mod tests {
         let reused =
             [catalog(1, vec![producer(1)]), catalog(2, vec![]), catalog(3, vec![producer(1)])];
         assert!(!producer_identity_never_reused(&reused).passed);
+    }
+
+    #[test]
+    fn a_teardown_while_still_catalogued_is_a_violation() {
+        let withdrawn = [catalog(1, vec![producer(1)]), catalog(2, vec![])];
+        let fine = withdrawal_precedes_teardown(&withdrawn);
+        assert!(fine.passed, "{}", fine.detail);
+        let teardown =
+            at(3, TraceEvent::TeardownBeforeWithdrawal { boot: 0, producer: producer(1) });
+        let torn = [catalog(1, vec![producer(1)]), teardown, catalog(4, vec![])];
+        let check = withdrawal_precedes_teardown(&torn);
+        assert!(!check.passed);
+        assert!(check.detail.contains("ns/c/e at 3 ms"), "{}", check.detail);
     }
 
     #[test]

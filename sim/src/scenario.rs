@@ -526,7 +526,19 @@ pub enum RandomKind {
     RelayRestart,
     /// A skew of the relay's wall clock.
     ClockSkew,
+    /// A worker crash, and its start (same or new id) at the window's end.
+    WorkerCrash,
+    /// Overlapping incarnations: a new process under the same worker id while the old one is
+    /// advertised, the old one withdrawn at the window's end (it keeps publishing stale events).
+    Overlap,
+    /// A rank's cache cleared (`Cleared`).
+    CacheClear,
+    /// A LoRA adapter (`drawn-adapter`) loaded, and unloaded at the window's end.
+    AdapterChurn,
 }
+
+/// The adapter [`RandomKind::AdapterChurn`] loads and unloads.
+pub const DRAWN_ADAPTER: &str = "drawn-adapter";
 
 /// Faults drawn from the seed.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -897,6 +909,24 @@ fn draw(random: &RandomFaults, seed: u64, workers: usize, consumers: usize) -> V
                 let ms = i64::try_from(below(20_000)).unwrap_or(0) - 10_000;
                 at(start, Fault::ClockSkew { ms });
             }
+            RandomKind::WorkerCrash => {
+                let same_id = below(2) == 0;
+                at(start, Fault::CrashWorker { worker });
+                at(end, Fault::StartWorker { worker, same_id });
+            }
+            RandomKind::Overlap => {
+                at(start, Fault::BeginOverlap { worker });
+                at(end, Fault::EndOverlap { worker });
+            }
+            RandomKind::CacheClear => {
+                let rank = u32::try_from(below(64)).unwrap_or(0);
+                at(start, Fault::ClearRank { worker, rank });
+            }
+            RandomKind::AdapterChurn => {
+                let adapter = DRAWN_ADAPTER.to_owned();
+                at(start, Fault::LoadAdapter { worker, adapter: adapter.clone() });
+                at(end, Fault::UnloadAdapter { worker, adapter });
+            }
         }
     }
     faults
@@ -1026,6 +1056,41 @@ readiness = { tiny-llm = "ready" }
             }
         }
         assert_eq!(targets.len(), 3, "every consumer is drawn for some seed");
+    }
+
+    #[test]
+    fn drawn_worker_faults_come_with_their_repair_on_the_same_worker() {
+        let text = format!(
+            "{MINIMAL}\n[random_faults]\ncount = 16\nkinds = [\"worker-crash\", \"overlap\", \
+             \"cache-clear\", \"adapter-churn\"]\nfrom_ms = 100\nuntil_ms = 900\n"
+        );
+        let scenario = Scenario::parse(&text, "x").unwrap();
+        let mut actions = std::collections::BTreeSet::new();
+        for seed in 0..4 {
+            let script = scenario.script(seed, 5);
+            for scripted in &script {
+                actions.insert(scripted.fault.action());
+                let worker = scripted.fault.worker().expect("a worker-level fault");
+                assert!(worker < 5 && (100..=900).contains(&scripted.at_ms));
+                let repair = match &scripted.fault {
+                    Fault::CrashWorker { .. } => "start-worker",
+                    Fault::BeginOverlap { .. } => "end-overlap",
+                    Fault::LoadAdapter { adapter, .. } => {
+                        assert_eq!(adapter, DRAWN_ADAPTER);
+                        "unload-adapter"
+                    }
+                    _ => continue,
+                };
+                assert!(
+                    script.iter().any(|later| later.at_ms >= scripted.at_ms
+                        && later.fault.action() == repair
+                        && later.fault.worker() == Some(worker)),
+                    "{scripted:?} has no {repair} in {script:?}"
+                );
+            }
+        }
+        let drawn = ["clear-rank", "crash-worker", "begin-overlap", "load-adapter"];
+        assert!(drawn.iter().all(|action| actions.contains(*action)), "{actions:?}");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use kvrelay_sim::scenario::Scenario;
 use kvrelay_sim::{Outcome, Sim};
 
-/// Seeds every scenario runs at in the test suite (the CI sweep covers 0..32).
+/// Seeds every scenario runs at in the test suite (the CI sweep in `.ci/run` covers 0..64).
 const SEEDS: [u64; 2] = [1, 2];
 
 fn scenarios_dir() -> PathBuf {
@@ -102,6 +102,27 @@ fn a_consumer_left_partitioned_fails_convergence_by_name() {
         assert!(check.detail.starts_with("consumer-b: "), "{name}: {}", check.detail);
         assert!(!check.detail.contains("consumer-a") && !check.detail.contains("consumer-c"));
     }
+}
+
+#[test]
+fn eviction_under_capacity_publishes_removals_and_eagle_blocks_are_probed() {
+    let eviction = Scenario::load(&scenarios_dir().join("capacity-eviction.toml")).unwrap();
+    let outcome = run(&eviction, 3);
+    assert!(outcome.passed(), "{}", outcome.render());
+    let planes = outcome
+        .trace
+        .iter()
+        .find_map(|stamped| match &stamped.event {
+            kvrelay_sim::trace::TraceEvent::TrafficOff { planes } => Some(*planes),
+            _ => None,
+        })
+        .unwrap();
+    assert!(planes.removed_events > 100, "{planes:?}");
+    let eagle = run(&Scenario::load(&scenarios_dir().join("eagle.toml")).unwrap(), 3);
+    assert!(eagle.passed(), "{}", eagle.render());
+    assert_eq!(eagle.view.catalog.len(), 1);
+    let probed = eagle.checks.iter().find(|check| check.name == "no-false-negatives").unwrap();
+    assert!(!probed.detail.contains(" 0 cached blocks"), "{}", probed.detail);
 }
 
 #[test]

@@ -406,6 +406,13 @@ impl ActorCore {
     }
 }
 
+/// The digest [`PoolDigest::filter_digest`] takes of a filter's words, for comparing a copy of
+/// them (a consumer's replica) with the pool's own.
+#[must_use]
+pub fn filter_words_digest(words: &[u64]) -> u64 {
+    digest_u64s(words.iter().copied())
+}
+
 /// xxh3-64 of `values` as consecutive little-endian bytes, fed to the hasher in 4 KiB chunks.
 fn digest_u64s(values: impl Iterator<Item = u64>) -> u64 {
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();

@@ -10,7 +10,8 @@ mod tables;
 
 pub use actor::{
     ActorConfig, ActorExit, ActorFault, ActorGone, ActorStats, FaultSink, PoolActorHandle,
-    PoolDigest, PoolTotals, SubscribeError, Subscription, spawn_pool_actor, spawn_pool_actor_with,
+    PoolDigest, PoolTotals, SubscribeError, Subscription, filter_words_digest, spawn_pool_actor,
+    spawn_pool_actor_with,
 };
 pub use ownership::{
     ApplyError, ApplyOutcome, FailureDisposition, OwnershipCounters, PoolOwnership,

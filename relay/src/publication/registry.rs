@@ -12,7 +12,7 @@ use super::hub::Hub;
 use super::stream::PoolStream;
 use super::{HubConfig, PublicationError};
 use crate::identity::{PoolId, ProducerIdentity};
-use crate::pool::{PoolActorHandle, PoolTotals};
+use crate::pool::{PoolActorHandle, PoolDigest, PoolTotals};
 use crate::runtime::BlockingExecutor;
 
 /// Generations whose publication failed and that the host must fence.
@@ -143,6 +143,18 @@ impl PoolPublications {
     #[must_use]
     pub fn producer(&self, pool_id: &PoolId) -> Option<ProducerIdentity> {
         self.pools().get(pool_id).map(|entry| entry.identity)
+    }
+
+    /// The current generation of a pool and its logical state in digest form (filter words and
+    /// published sequence), after every command queued to its actor before; `None` when the
+    /// pool has no generation or its actor has stopped.
+    pub async fn digest(&self, pool_id: &PoolId) -> Option<(ProducerIdentity, PoolDigest)> {
+        let (identity, actor) = {
+            let pools = self.pools();
+            let entry = pools.get(pool_id)?;
+            (entry.identity, entry.actor.clone())
+        };
+        actor.digest().await.ok().map(|digest| (identity, digest))
     }
 
     /// Number of hubs holding a mirror.

@@ -77,6 +77,8 @@ pub struct PlaneCounters {
     pub encode_errors: u64,
     /// `Stored` KV events published, before any fault (counted by the publisher).
     pub stored_events: u64,
+    /// `Removed` KV events (evictions) published, before any fault (counted by the publisher).
+    pub removed_events: u64,
 }
 
 /// The subscribed relay connection and what waits to be written to it.
@@ -199,6 +201,11 @@ impl Planes {
         }
     }
 
+    /// Lease `lease` may be written under again after it expired (its owner registers anew).
+    pub fn grant(&mut self, lease: u64) {
+        self.store.grant(lease);
+    }
+
     /// Lease `lease`'s owner stops (`false`) or resumes (`true`) its keep-alives.
     pub fn set_keepalive(&mut self, lease: u64, alive: bool) {
         self.store.set_keepalive(lease, alive);
@@ -286,6 +293,7 @@ pub fn counters(planes: &Mutex<Planes>, publisher: &Mutex<publisher::Publisher>)
     let publisher = publisher.lock().unwrap_or_else(PoisonError::into_inner);
     PlaneCounters {
         stored_events: publisher.stored_events,
+        removed_events: publisher.removed_events,
         encode_errors: publisher.encode_errors,
         ..planes.lock().unwrap_or_else(PoisonError::into_inner).counters
     }

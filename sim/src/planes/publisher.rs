@@ -29,6 +29,8 @@ pub struct Publisher {
     load_sequence: u64,
     /// `Stored` KV events published (before any fault).
     pub stored_events: u64,
+    /// `Removed` KV events published (evictions; before any fault).
+    pub removed_events: u64,
     /// Facts the encoders refused.
     pub encode_errors: u64,
 }
@@ -76,6 +78,11 @@ impl Publisher {
                     .events
                     .iter()
                     .filter(|event| matches!(event.event.data, KvCacheEventData::Stored(_)))
+                    .count() as u64;
+                self.removed_events += batch
+                    .events
+                    .iter()
+                    .filter(|event| matches!(event.event.data, KvCacheEventData::Removed(_)))
                     .count() as u64;
                 let payload = encode_kv_events_payload(&batch.events)?;
                 let bytes = encode_event_envelope(&EventEnvelope {

@@ -10,7 +10,7 @@
 //!   TTL expires, and every key under it is deleted at that moment (one change per key);
 //! - [`Store::sync`] writes only differences: an unchanged value is not rewritten.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -56,6 +56,10 @@ pub struct Store {
     entries: BTreeMap<String, Registration>,
     history: VecDeque<Change>,
     leases: BTreeMap<u64, Lease>,
+    /// Leases that expired and were not granted again: writes under them are refused (as etcd
+    /// refuses a put under a revoked lease), so a registration sent before the expiry and
+    /// arriving after it cannot bring the keys back.
+    revoked: BTreeSet<u64>,
 }
 
 impl Store {
@@ -103,13 +107,20 @@ impl Store {
         ttl: Duration,
     ) -> Vec<Change> {
         let mut changes = Vec::new();
-        let gone: Vec<String> =
-            self.entries.keys().filter(|key| !desired.contains_key(*key)).cloned().collect();
+        let gone: Vec<String> = self
+            .entries
+            .keys()
+            .filter(|key| desired.get(*key).is_none_or(|r| self.revoked.contains(&r.lease)))
+            .cloned()
+            .collect();
         for key in gone {
             self.entries.remove(&key);
             changes.push(self.record(key, None));
         }
         for (key, registration) in desired {
+            if self.revoked.contains(&registration.lease) {
+                continue;
+            }
             self.leases
                 .entry(registration.lease)
                 .or_insert(Lease { deadline_ms: now_ms + ttl_ms(ttl), alive: true });
@@ -123,6 +134,11 @@ impl Store {
             self.entries.values().map(|entry| entry.lease).collect();
         self.leases.retain(|lease, _| held.contains(lease));
         changes
+    }
+
+    /// Lease `lease` may be written under again (its owner registers anew after an expiry).
+    pub fn grant(&mut self, lease: u64) {
+        self.revoked.remove(&lease);
     }
 
     /// The owner of `lease` stops (`false`) or resumes (`true`) its keep-alives.
@@ -146,6 +162,7 @@ impl Store {
         let mut changes = Vec::new();
         for id in &expired {
             self.leases.remove(id);
+            self.revoked.insert(*id);
             let keys: Vec<String> = self
                 .entries
                 .iter()
@@ -237,6 +254,14 @@ mod tests {
         // Lease 2 was kept alive all along.
         assert_eq!(store.tick(5000, TTL).0, Vec::<u64>::new());
         assert_eq!(store.listing().len(), 1);
+        // A registration under the expired lease (sent before the expiry) writes nothing.
+        let late = desired(&[("a", "1", 1), ("b", "2", 2)]);
+        assert!(store.sync(&late, 5000, TTL).is_empty());
+        assert_eq!(store.listing().len(), 1);
+        // Granted again (the owner registers anew), it writes.
+        store.grant(1);
+        assert_eq!(store.sync(&late, 6000, TTL).len(), 1);
+        assert_eq!(store.listing().len(), 2);
     }
 
     #[test]
