@@ -269,14 +269,14 @@ impl SegmentWriter {
     /// the file exists.
     fn open_next(&mut self) -> io::Result<()> {
         let index = self.next_index;
-        let file = self.io.create(&segment_path(&self.dir, index))?;
-        self.next_index += 1;
         let mut header = self.header.clone();
         header.segment = index;
         let mut pending = segment_preamble().to_vec();
         encode_frame(&Record::Header(header), &mut pending)
             .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))?;
         debug_assert!(pending.len() > SEGMENT_PREAMBLE_BYTES);
+        let file = self.io.create(&segment_path(&self.dir, index))?;
+        self.next_index += 1;
         self.tally.segments_opened += 1;
         self.open = Some(OpenSegment {
             index,
@@ -304,6 +304,8 @@ impl SegmentWriter {
         let bytes = open.pending.len() as u64;
         open.written += bytes;
         open.pending.clear();
+        // A record larger than the buffer does not keep its size allocated.
+        open.pending.shrink_to(WRITE_BUFFER_BYTES);
         self.tally.records += open.pending_records;
         self.tally.bytes += bytes;
         open.pending_records = 0;
