@@ -13,7 +13,8 @@
 //! recording.
 //!
 //! - [`format`]: records, frames and segment preambles (pure);
-//! - [`segments`]: segment files, rotation and retention (synchronous I/O);
+//! - [`segments`]: segment files, rotation, retention and what a failed write leaves
+//!   (synchronous I/O);
 //! - [`reader`]: records back, with typed faults naming file and offset;
 //! - [`recorder`]: the tap and recovery wrapper feeding a bounded queue, and the writer task;
 //! - [`replay`]: a node driven by a journal under a paused clock, checkpoints compared.

@@ -1,7 +1,10 @@
 //! Reading a journal back: records in order across segments, stopping at the first fault.
 //!
 //! Every fault is a [`JournalError`] naming the file and the byte offset of the frame (or
-//! preamble) that is wrong; the reader returns nothing past it. Frame lengths are checked
+//! preamble) that is wrong; the reader returns nothing past it. One exception is not a fault:
+//! a last frame cut short by the end of a segment followed by a segment that starts with a
+//! [`Record::Gap`], which is what a failed write leaves when cutting the frame off failed too
+//! (see [`segments`](super::segments)); the reader goes on with the gap. Frame lengths are checked
 //! against [`RECORD_BYTES_MAX`](super::format::RECORD_BYTES_MAX) and the bytes left in the file
 //! before anything is allocated.
 
@@ -117,31 +120,59 @@ impl JournalReader {
     fn next_record(&mut self) -> Result<Option<Record>, JournalError> {
         loop {
             if let Some(file) = self.current.as_mut() {
-                if let Some(record) = read_frame(file)? {
-                    if matches!(record, Record::Header(_)) {
-                        return Err(JournalError {
-                            file: file.path.clone(),
-                            offset: file.offset,
-                            kind: FormatError::Structure("header record after the first frame")
-                                .into(),
-                        });
+                match read_frame(file) {
+                    Ok(Some(record)) => {
+                        if matches!(record, Record::Header(_)) {
+                            return Err(JournalError {
+                                file: file.path.clone(),
+                                offset: file.offset,
+                                kind: FormatError::Structure("header record after the first frame")
+                                    .into(),
+                            });
+                        }
+                        return Ok(Some(record));
                     }
-                    return Ok(Some(record));
+                    Ok(None) => self.current = None,
+                    Err(fault) => return self.past_torn_tail(fault).map(Some),
                 }
-                self.current = None;
             }
             let Some((_, path)) = self.segments.next() else { return Ok(None) };
-            let (file, header) = open_segment(&path)?;
-            let mut expected = self.header.clone();
-            expected.segment = header.segment;
-            if header != expected {
-                return Err(JournalError {
-                    file: path,
-                    offset: SEGMENT_PREAMBLE_BYTES as u64,
-                    kind: JournalErrorKind::HeaderMismatch,
-                });
+            self.current = Some(self.open_next(&path)?);
+        }
+    }
+
+    /// Open the next segment and check its header against the first one's.
+    fn open_next(&self, path: &Path) -> Result<OpenFile, JournalError> {
+        let (file, header) = open_segment(path)?;
+        let mut expected = self.header.clone();
+        expected.segment = header.segment;
+        if header != expected {
+            return Err(JournalError {
+                file: path.to_path_buf(),
+                offset: SEGMENT_PREAMBLE_BYTES as u64,
+                kind: JournalErrorKind::HeaderMismatch,
+            });
+        }
+        Ok(file)
+    }
+
+    /// After `fault` in the current segment: a frame cut short by the end of a segment that is
+    /// not the last, when the next segment's first record is a gap, is the torn tail a failed
+    /// write left (the writer could not cut it off); the reader goes on with that gap.
+    /// Anything else is the fault.
+    fn past_torn_tail(&mut self, fault: JournalError) -> Result<Record, JournalError> {
+        let torn = matches!(fault.kind, JournalErrorKind::Format(FormatError::Truncated { .. }));
+        let Some((_, path)) = self.segments.as_slice().first().filter(|_| torn).cloned() else {
+            return Err(fault);
+        };
+        let Ok(mut file) = self.open_next(&path) else { return Err(fault) };
+        match read_frame(&mut file) {
+            Ok(Some(gap @ Record::Gap { .. })) => {
+                self.segments.next();
+                self.current = Some(file);
+                Ok(gap)
             }
-            self.current = Some(file);
+            _ => Err(fault),
         }
     }
 }

@@ -7,8 +7,10 @@
 //! takes batches off the queue (gathered for up to [`BATCH_DELAY`]) and writes them through the
 //! blocking-executor seam; a write
 //! error is logged (the first and then every [`ERROR_LOG_EVERY`]th), counted, and loses the
-//! rest of its batch; the next batch starts a new segment. Every loss is written as a
-//! [`Record::Gap`] before the next record that makes it to disk.
+//! rest of its batch and what the writer had buffered; the segment is cut back to its whole
+//! frames and closed (see [`segments`](super::segments)), and the next batch starts a new
+//! segment. Every loss is written as a [`Record::Gap`] before the next record that makes it to
+//! disk, so a segment after a failure starts with one.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::checkpoint::{Checkpoint, CheckpointSchedule};
 use super::format::{JournalHeader, Record, Stamp};
-use super::segments::{SegmentLimits, SegmentWriter, WriteTally};
+use super::segments::{FileSystem, SegmentIo, SegmentLimits, SegmentWriter, WriteTally};
 use super::tap::NodeTap;
 use crate::identity::PoolId;
 use crate::inputs::{DcInput, RecoveryTarget};
@@ -256,6 +258,17 @@ pub fn start_recorder(
     clock: Arc<dyn WallClock>,
     executor: Arc<dyn BlockingExecutor>,
 ) -> std::io::Result<Recorder> {
+    start_recorder_with_io(config, node, clock, executor, Box::new(FileSystem))
+}
+
+/// [`start_recorder`], writing segments through `io`.
+pub(crate) fn start_recorder_with_io(
+    config: &RecorderConfig,
+    node: &NodeConfig,
+    clock: Arc<dyn WallClock>,
+    executor: Arc<dyn BlockingExecutor>,
+    io: Box<dyn SegmentIo>,
+) -> std::io::Result<Recorder> {
     let schedule =
         CheckpointSchedule::new(config.checkpoint_every_inputs, config.checkpoint_interval);
     let header = JournalHeader {
@@ -270,7 +283,7 @@ pub fn start_recorder(
         checkpoint_interval_ns: u64::try_from(schedule.interval().as_nanos()).unwrap_or(u64::MAX),
         segment: 0,
     };
-    let writer = SegmentWriter::create(&config.dir, header, config.limits)?;
+    let writer = SegmentWriter::create_with_io(&config.dir, header, config.limits, io)?;
     let (queue, records) = mpsc::channel(config.queue_capacity.max(1));
     let shared = Arc::new(Shared {
         queue,
@@ -352,6 +365,10 @@ struct GapState {
     write_losses: u64,
     /// Stamp of the last record written.
     last_at: Option<Stamp>,
+    /// The writer's [`WriteTally::records_lost`] already counted.
+    writer_records_lost: u64,
+    /// The writer's [`WriteTally::gap_losses_lost`] already counted.
+    writer_gap_losses_lost: u64,
 }
 
 async fn write_loop(
@@ -408,7 +425,8 @@ async fn write_loop(
 
 /// Append `batch`, each record preceded by a gap record if losses happened before it; when
 /// `finishing`, a last gap record covers the losses after the last record, and the segment is
-/// synced.
+/// synced. A failed write or sync loses the rest of the batch; what the writer had buffered
+/// and lost with its segment is added to the losses the next gap record reports.
 fn write_batch(
     writer: &mut SegmentWriter,
     batch: Vec<Queued>,
@@ -440,29 +458,58 @@ fn write_batch(
                 failed = error.kind() != std::io::ErrorKind::InvalidData;
                 gaps.write_losses += 1;
                 shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
-                let errors = shared.counters.errors.fetch_add(1, Ordering::Relaxed);
-                if errors.is_multiple_of(ERROR_LOG_EVERY) {
-                    tracing::warn!(%error, dir = %writer.dir().display(), errors = errors + 1, "journal write failed; recording degraded");
-                }
+                note_write_error(shared, writer, &error, &mut gaps);
             }
         }
     }
     if finishing {
-        let queue_drops = shared.counters.queue_dropped.load(Ordering::Relaxed);
-        let lost = queue_drops.saturating_sub(gaps.reported_queue_drops) + gaps.write_losses;
-        if let (Some(at), true) = (gaps.last_at, lost > 0)
-            && writer.append(&Record::Gap { at, lost }).is_ok()
-        {
-            gaps.reported_queue_drops = queue_drops;
-            gaps.write_losses = 0;
+        // A failed sync leaves a new segment to try once more: the losses then get their gap.
+        for _ in 0..2 {
+            write_final_gap(writer, shared, &mut gaps);
+            match writer.flush(true) {
+                Ok(()) => break,
+                Err(error) => note_write_error(shared, writer, &error, &mut gaps),
+            }
         }
-    }
-    if let Err(error) = writer.flush(finishing) {
-        shared.counters.errors.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(%error, "journal flush failed");
+    } else if let Err(error) = writer.flush(false) {
+        note_write_error(shared, writer, &error, &mut gaps);
     }
     add_tally(&shared.counters, before, writer.tally());
     gaps
+}
+
+/// A last gap record for the losses after the last record written.
+fn write_final_gap(writer: &mut SegmentWriter, shared: &Shared, gaps: &mut GapState) {
+    let queue_drops = shared.counters.queue_dropped.load(Ordering::Relaxed);
+    let lost = queue_drops.saturating_sub(gaps.reported_queue_drops) + gaps.write_losses;
+    if let (Some(at), true) = (gaps.last_at, lost > 0)
+        && writer.append(&Record::Gap { at, lost }).is_ok()
+    {
+        gaps.reported_queue_drops = queue_drops;
+        gaps.write_losses = 0;
+    }
+}
+
+/// Count (and every [`ERROR_LOG_EVERY`]th time log) a write error, and take over the losses
+/// of the segment it closed: records it had buffered (dropped, a gap's worth each) and the
+/// losses of gap records it had buffered (reported again by the next gap).
+fn note_write_error(
+    shared: &Shared,
+    writer: &SegmentWriter,
+    error: &std::io::Error,
+    gaps: &mut GapState,
+) {
+    let tally = writer.tally();
+    let records = tally.records_lost - gaps.writer_records_lost;
+    let reported = tally.gap_losses_lost - gaps.writer_gap_losses_lost;
+    gaps.writer_records_lost = tally.records_lost;
+    gaps.writer_gap_losses_lost = tally.gap_losses_lost;
+    gaps.write_losses += records + reported;
+    shared.counters.dropped.fetch_add(records, Ordering::Relaxed);
+    let errors = shared.counters.errors.fetch_add(1, Ordering::Relaxed);
+    if errors.is_multiple_of(ERROR_LOG_EVERY) {
+        tracing::warn!(%error, dir = %writer.dir().display(), errors = errors + 1, lost = records, "journal write failed; recording degraded");
+    }
 }
 
 fn add_tally(counters: &Counters, before: WriteTally, after: WriteTally) {

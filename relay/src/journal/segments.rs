@@ -1,4 +1,5 @@
-//! Segment files: naming, rotation by size and age, and retention by total size.
+//! Segment files: naming, rotation by size and age, retention by total size, and what a write
+//! failure leaves.
 //!
 //! Segments are `journal-<n>.kvj` with `n` zero-padded to 8 digits, numbered from 0 in one
 //! directory. A segment is closed once appending would pass the size limit or its first record
@@ -6,11 +7,21 @@
 //! repeat of the header. After a rotation the oldest closed segments are deleted until the
 //! directory's total fits the total limit (the open segment is never deleted).
 //!
-//! This is synchronous file I/O; the recorder runs it through the blocking-executor seam.
+//! Frames gather in a buffer and reach the file in whole-buffer writes, so the bytes a segment
+//! holds after every successful write are whole frames. A failed write (or sync) closes the
+//! segment at once: the file is cut back to its last whole frame and counted by retention like
+//! any closed segment; a segment that never had a successful write is deleted and its number
+//! reused, so numbers stay consecutive. If the cut fails too, the segment is kept at its
+//! on-disk size with a torn last frame; the reader steps over such a tail only when the next
+//! segment starts with a [`Record::Gap`] (docs/journal.md, "Write failures").
+//!
+//! This is synchronous file I/O; the recorder runs it through the blocking-executor seam. The
+//! file operations go through [`SegmentIo`], so a test can make them fail.
 
 use std::collections::VecDeque;
+use std::fmt::Debug;
 use std::fs::{File, OpenOptions};
-use std::io::{self, BufWriter, Write};
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -19,7 +30,7 @@ use super::format::{
 };
 
 /// Bytes buffered before a write reaches the file.
-const WRITE_BUFFER_BYTES: usize = 64 * 1024;
+pub const WRITE_BUFFER_BYTES: usize = 64 * 1024;
 
 /// File name prefix of segments.
 pub const SEGMENT_PREFIX: &str = "journal-";
@@ -70,22 +81,81 @@ pub struct SegmentLimits {
 /// What the writer has done, for counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WriteTally {
-    /// Records appended.
+    /// Records written to a segment file.
     pub records: u64,
-    /// Bytes appended (frames and preambles).
+    /// Bytes written to segment files (frames and preambles; a failed write's part is not
+    /// counted, it is cut off again).
     pub bytes: u64,
+    /// Records [`SegmentWriter::append`] accepted that a failed write then lost, gap markers
+    /// left out.
+    pub records_lost: u64,
+    /// The losses that lost gap markers reported (the sum of their `lost`).
+    pub gap_losses_lost: u64,
     /// Segments opened.
     pub segments_opened: u64,
+    /// Segments closed early by a failed write or sync.
+    pub segments_failed: u64,
     /// Segments deleted by retention.
     pub segments_deleted: u64,
 }
 
+/// The file operations of a [`SegmentWriter`]. The provided methods are the file system's
+/// ([`FileSystem`]); a test overrides some to fail on cue.
+pub trait SegmentIo: Send + Debug + 'static {
+    /// Create `path` empty for writing (the writer owns its directory: a leftover file of its
+    /// own under that name is replaced).
+    fn create(&mut self, path: &Path) -> io::Result<File> {
+        OpenOptions::new().write(true).create(true).truncate(true).open(path)
+    }
+
+    /// Write all of `bytes` at the end of `file`.
+    fn write_all(&mut self, file: &mut File, bytes: &[u8]) -> io::Result<()> {
+        file.write_all(bytes)
+    }
+
+    /// Cut `file` to `len` bytes.
+    fn set_len(&mut self, file: &File, len: u64) -> io::Result<()> {
+        file.set_len(len)
+    }
+
+    /// Push `file`'s data to the disk.
+    fn sync(&mut self, file: &File) -> io::Result<()> {
+        file.sync_data()
+    }
+
+    /// Delete `path`.
+    fn remove(&mut self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
+    }
+}
+
+/// The file system, as it is.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FileSystem;
+
+impl SegmentIo for FileSystem {}
+
 #[derive(Debug)]
 struct OpenSegment {
     index: u64,
-    file: BufWriter<File>,
-    bytes: u64,
+    file: File,
+    /// Bytes in the file: whole frames, every write so far having succeeded.
+    written: u64,
+    /// Frames (and, before the first write, the preamble and header) not written yet.
+    pending: Vec<u8>,
+    /// Records in `pending`, gap markers included.
+    pending_records: u64,
+    /// Gap markers in `pending`.
+    pending_gaps: u64,
+    /// The sum of those gap markers' `lost`.
+    pending_gap_losses: u64,
     first_at: Option<Duration>,
+}
+
+impl OpenSegment {
+    fn bytes(&self) -> u64 {
+        self.written + self.pending.len() as u64
+    }
 }
 
 /// Appends records to numbered segments in one directory.
@@ -94,6 +164,7 @@ pub struct SegmentWriter {
     dir: PathBuf,
     header: JournalHeader,
     limits: SegmentLimits,
+    io: Box<dyn SegmentIo>,
     open: Option<OpenSegment>,
     closed: VecDeque<(u64, u64)>,
     next_index: u64,
@@ -105,6 +176,16 @@ impl SegmentWriter {
     /// A writer for `dir` (created if missing). Refuses a directory that already holds
     /// segments: one directory holds one recording.
     pub fn create(dir: &Path, header: JournalHeader, limits: SegmentLimits) -> io::Result<Self> {
+        SegmentWriter::create_with_io(dir, header, limits, Box::new(FileSystem))
+    }
+
+    /// [`SegmentWriter::create`], with the file operations of `io`.
+    pub fn create_with_io(
+        dir: &Path,
+        header: JournalHeader,
+        limits: SegmentLimits,
+        io: Box<dyn SegmentIo>,
+    ) -> io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         if let Some((_, path)) = list_segments(dir)?.first() {
             return Err(io::Error::new(
@@ -116,6 +197,7 @@ impl SegmentWriter {
             dir: dir.to_path_buf(),
             header,
             limits,
+            io,
             open: None,
             closed: VecDeque::new(),
             next_index: 0,
@@ -136,9 +218,11 @@ impl SegmentWriter {
         &self.dir
     }
 
-    /// Append `record`, rotating first if a limit says so. A record that cannot be encoded is
-    /// an `InvalidData` error and changes nothing; an I/O error abandons the open segment (the
-    /// next append starts a new one).
+    /// Append `record`, rotating first if a limit says so; it reaches the file with the next
+    /// full buffer, rotation or [`SegmentWriter::flush`]. A record that cannot be encoded is an
+    /// `InvalidData` error and changes nothing. On an I/O error the record is not taken, the
+    /// open segment is closed as the module doc says (the records it still buffered are counted
+    /// in [`WriteTally::records_lost`]), and the next append starts a new segment.
     pub fn append(&mut self, record: &Record) -> io::Result<()> {
         self.buffer.clear();
         let frame = encode_frame(record, &mut self.buffer)
@@ -151,31 +235,29 @@ impl SegmentWriter {
         if self.open.is_none() {
             self.open_next()?;
         }
-        let result = self.write_open(at);
-        if result.is_err() {
-            self.open = None;
+        let buffered = self.open.as_ref().map_or(0, |open| open.pending.len() as u64);
+        if buffered + frame > WRITE_BUFFER_BYTES as u64 {
+            self.write_pending()?;
         }
-        result
-    }
-
-    fn write_open(&mut self, at: Option<Duration>) -> io::Result<()> {
         let Some(open) = self.open.as_mut() else {
             return Err(io::Error::other("no open segment"));
         };
-        open.file.write_all(&self.buffer)?;
-        open.bytes += self.buffer.len() as u64;
+        open.pending.extend_from_slice(&self.buffer);
+        open.pending_records += 1;
+        if let Record::Gap { lost, .. } = record {
+            open.pending_gaps += 1;
+            open.pending_gap_losses += lost;
+        }
         if open.first_at.is_none() {
             open.first_at = at;
         }
-        self.tally.records += 1;
-        self.tally.bytes += self.buffer.len() as u64;
         Ok(())
     }
 
     fn rotation_due(&self, frame: u64, at: Option<Duration>) -> bool {
         let Some(open) = &self.open else { return false };
         let has_records = open.first_at.is_some();
-        let too_big = open.bytes + frame > self.limits.max_segment_bytes;
+        let too_big = open.bytes() + frame > self.limits.max_segment_bytes;
         let too_old = match (open.first_at, at) {
             (Some(first), Some(at)) => at.saturating_sub(first) >= self.limits.max_segment_age,
             _ => false,
@@ -183,41 +265,95 @@ impl SegmentWriter {
         has_records && (too_big || too_old)
     }
 
+    /// Open the next segment, its preamble and header buffered. The number is taken only once
+    /// the file exists.
     fn open_next(&mut self) -> io::Result<()> {
         let index = self.next_index;
-        self.next_index += 1;
-        let path = segment_path(&self.dir, index);
-        let file = OpenOptions::new().write(true).create_new(true).open(&path)?;
-        let mut file = BufWriter::with_capacity(WRITE_BUFFER_BYTES, file);
         let mut header = self.header.clone();
         header.segment = index;
-        let mut bytes = segment_preamble().to_vec();
-        encode_frame(&Record::Header(header), &mut bytes)
+        let mut pending = segment_preamble().to_vec();
+        encode_frame(&Record::Header(header), &mut pending)
             .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))?;
-        file.write_all(&bytes)?;
-        self.tally.bytes += bytes.len() as u64;
+        debug_assert!(pending.len() > SEGMENT_PREAMBLE_BYTES);
+        let file = self.io.create(&segment_path(&self.dir, index))?;
+        self.next_index += 1;
         self.tally.segments_opened += 1;
-        debug_assert!(bytes.len() > SEGMENT_PREAMBLE_BYTES);
-        self.open = Some(OpenSegment { index, file, bytes: bytes.len() as u64, first_at: None });
+        self.open = Some(OpenSegment {
+            index,
+            file,
+            written: 0,
+            pending,
+            pending_records: 0,
+            pending_gaps: 0,
+            pending_gap_losses: 0,
+            first_at: None,
+        });
         Ok(())
     }
 
+    /// Write the open segment's buffer; on failure close the segment as failed.
+    fn write_pending(&mut self) -> io::Result<()> {
+        let Some(open) = self.open.as_mut() else { return Ok(()) };
+        if open.pending.is_empty() {
+            return Ok(());
+        }
+        if let Err(error) = self.io.write_all(&mut open.file, &open.pending) {
+            self.fail_open();
+            return Err(error);
+        }
+        let bytes = open.pending.len() as u64;
+        open.written += bytes;
+        open.pending.clear();
+        // A record larger than the buffer does not keep its size allocated.
+        open.pending.shrink_to(WRITE_BUFFER_BYTES);
+        self.tally.records += open.pending_records;
+        self.tally.bytes += bytes;
+        open.pending_records = 0;
+        open.pending_gaps = 0;
+        open.pending_gap_losses = 0;
+        Ok(())
+    }
+
+    /// Close the open segment after a failed write or sync: its buffer is lost, the file cut
+    /// back to its whole frames and kept as a closed segment, or deleted (its number reused)
+    /// when it holds none. Retention runs; its own failure waits for the next rotation.
+    fn fail_open(&mut self) {
+        let Some(open) = self.open.take() else { return };
+        self.tally.segments_failed += 1;
+        self.tally.records_lost += open.pending_records - open.pending_gaps;
+        self.tally.gap_losses_lost += open.pending_gap_losses;
+        let path = segment_path(&self.dir, open.index);
+        if open.written == 0 {
+            drop(open.file);
+            // A leftover is replaced when the number is used again.
+            let _ = self.io.remove(&path);
+            self.next_index = open.index;
+        } else {
+            let size = match self.io.set_len(&open.file, open.written) {
+                Ok(()) => open.written,
+                Err(_) => open.file.metadata().map_or(open.bytes(), |metadata| metadata.len()),
+            };
+            self.closed.push_back((open.index, size));
+        }
+        let _ = self.enforce_total();
+    }
+
     fn close_open(&mut self) -> io::Result<()> {
-        if let Some(mut open) = self.open.take() {
-            open.file.flush()?;
-            self.closed.push_back((open.index, open.bytes));
+        self.write_pending()?;
+        if let Some(open) = self.open.take() {
+            self.closed.push_back((open.index, open.written));
         }
         self.enforce_total()
     }
 
     fn enforce_total(&mut self) -> io::Result<()> {
-        let open_bytes = self.open.as_ref().map_or(0, |open| open.bytes);
+        let open_bytes = self.open.as_ref().map_or(0, OpenSegment::bytes);
         let mut total: u64 = self.closed.iter().map(|(_, bytes)| bytes).sum::<u64>() + open_bytes;
         // Leave room for the segment about to open.
         let budget = self.limits.max_total_bytes.saturating_sub(self.limits.max_segment_bytes);
         while total > budget {
             let Some((index, bytes)) = self.closed.pop_front() else { break };
-            match std::fs::remove_file(segment_path(&self.dir, index)) {
+            match self.io.remove(&segment_path(&self.dir, index)) {
                 Ok(()) => {}
                 Err(error) if error.kind() == io::ErrorKind::NotFound => {}
                 Err(error) => {
@@ -231,14 +367,24 @@ impl SegmentWriter {
         Ok(())
     }
 
-    /// Push written bytes to the operating system and, with `sync`, to the disk.
+    /// Write the buffered frames and, with `sync`, push them to the disk. A failure closes
+    /// the segment as [`SegmentWriter::append`]'s does.
     pub fn flush(&mut self, sync: bool) -> io::Result<()> {
-        if let Some(open) = self.open.as_mut() {
-            open.file.flush()?;
-            if sync {
-                open.file.get_ref().sync_data()?;
-            }
+        self.write_pending()?;
+        if sync
+            && let Some(open) = self.open.as_ref()
+            && let Err(error) = self.io.sync(&open.file)
+        {
+            self.fail_open();
+            return Err(error);
         }
         Ok(())
+    }
+}
+
+impl Drop for SegmentWriter {
+    /// Buffered frames are written (errors ignored: flush first to see them).
+    fn drop(&mut self) {
+        let _ = self.write_pending();
     }
 }

@@ -820,3 +820,270 @@ fn a_windows_checkpoints_compare_what_a_fresh_node_can_reproduce() {
     window.checkpoint_interval_ns = NO_CADENCE;
     assert!(window.is_window());
 }
+
+/// Segment file operations that fail on cue: write number `n` (from 0) fails when `n` is in
+/// `fail_writes` or `fail_every` divides `n + 1`, after writing `torn` bytes of its buffer (a
+/// torn frame, as a full disk leaves); cutting a file back fails while `fail_cut`.
+#[derive(Debug, Clone, Default)]
+struct FailingIo(Arc<Mutex<FailPlan>>);
+
+#[derive(Debug, Default)]
+struct FailPlan {
+    writes: u64,
+    fail_writes: std::collections::BTreeSet<u64>,
+    fail_every: u64,
+    torn: usize,
+    fail_cut: bool,
+    failures: u64,
+}
+
+impl FailingIo {
+    fn plan(&self) -> std::sync::MutexGuard<'_, FailPlan> {
+        self.0.lock().expect("not poisoned")
+    }
+}
+
+impl segments::SegmentIo for FailingIo {
+    fn write_all(&mut self, file: &mut std::fs::File, bytes: &[u8]) -> std::io::Result<()> {
+        use std::io::Write;
+        let mut plan = self.plan();
+        let number = plan.writes;
+        plan.writes += 1;
+        let fails = plan.fail_writes.contains(&number)
+            || (plan.fail_every > 0 && (number + 1).is_multiple_of(plan.fail_every));
+        if fails {
+            plan.failures += 1;
+            file.write_all(&bytes[..plan.torn.min(bytes.len())])?;
+            return Err(std::io::Error::other("injected write failure"));
+        }
+        file.write_all(bytes)
+    }
+
+    fn set_len(&mut self, file: &std::fs::File, len: u64) -> std::io::Result<()> {
+        if self.plan().fail_cut {
+            return Err(std::io::Error::other("injected cut failure"));
+        }
+        file.set_len(len)
+    }
+}
+
+fn failing_writer(dir: &Path, io: &FailingIo) -> SegmentWriter {
+    SegmentWriter::create_with_io(dir, header(), generous(), Box::new(io.clone())).expect("writer")
+}
+
+fn segment_sizes(dir: &Path) -> Vec<u64> {
+    list_segments(dir)
+        .expect("list")
+        .iter()
+        .map(|(_, path)| std::fs::metadata(path).expect("metadata").len())
+        .collect()
+}
+
+#[test]
+fn a_write_failing_mid_segment_is_cut_back_to_its_last_whole_frame() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let io = FailingIo::default();
+    io.plan().fail_writes.insert(1);
+    io.plan().torn = 37;
+    let records = big_records(6);
+    let mut writer = failing_writer(dir.path(), &io);
+    for record in &records[..3] {
+        writer.append(record).expect("append");
+    }
+    writer.flush(false).expect("the first write succeeds");
+    let on_disk = writer.tally().bytes;
+    for record in &records[3..5] {
+        writer.append(record).expect("buffered");
+    }
+    writer.flush(false).expect_err("the second write fails");
+    let tally = writer.tally();
+    assert_eq!((tally.records, tally.records_lost, tally.segments_failed), (3, 2, 1));
+    // The 37 torn bytes are gone: segment 0 holds exactly what the first write wrote.
+    assert_eq!(segment_sizes(dir.path()), vec![on_disk]);
+    writer.append(&Record::Gap { at: stamp(5), lost: 2 }).expect("append");
+    writer.append(&records[5]).expect("append");
+    writer.flush(true).expect("flush");
+    assert_eq!(segment_sizes(dir.path()).len(), 2, "the next segment is a new file");
+    let (read_header, read) = read_ok(dir.path());
+    assert_eq!(read_header.segment, 0);
+    let mut expected = records[..3].to_vec();
+    expected.push(Record::Gap { at: stamp(5), lost: 2 });
+    expected.push(records[5].clone());
+    assert_eq!(read, expected);
+}
+
+#[test]
+fn a_failed_first_write_deletes_the_segment_and_reuses_its_number() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let io = FailingIo::default();
+    io.plan().fail_writes.insert(0);
+    io.plan().torn = 5;
+    let records = big_records(3);
+    let mut writer = failing_writer(dir.path(), &io);
+    writer.append(&records[0]).expect("buffered");
+    writer.flush(false).expect_err("the first write fails");
+    assert_eq!(segment_sizes(dir.path()), Vec::<u64>::new(), "nothing whole was left");
+    writer.append(&records[1]).expect("append");
+    writer.flush(true).expect("flush");
+    assert_eq!(list_segments(dir.path()).expect("list")[0].0, 0);
+    assert_eq!(read_ok(dir.path()).1, records[1..2]);
+}
+
+#[test]
+fn a_torn_tail_that_could_not_be_cut_is_stepped_over_only_before_a_gap() {
+    for gap_follows in [true, false] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let io = FailingIo::default();
+        io.plan().fail_writes.insert(1);
+        io.plan().torn = 20;
+        io.plan().fail_cut = true;
+        let records = big_records(4);
+        let mut writer = failing_writer(dir.path(), &io);
+        writer.append(&records[0]).expect("append");
+        writer.flush(false).expect("flush");
+        let whole = writer.tally().bytes;
+        writer.append(&records[1]).expect("buffered");
+        writer.flush(false).expect_err("fails");
+        // Kept at its on-disk size, torn frame included.
+        assert_eq!(segment_sizes(dir.path()), vec![whole + 20]);
+        let gap = Record::Gap { at: stamp(2), lost: 1 };
+        if gap_follows {
+            writer.append(&gap).expect("append");
+        }
+        writer.append(&records[2]).expect("append");
+        writer.flush(true).expect("flush");
+        let (_, read, fault) = read_journal(dir.path()).expect("opens");
+        if gap_follows {
+            assert_eq!(fault, None);
+            assert_eq!(read, vec![records[0].clone(), gap, records[2].clone()]);
+        } else {
+            let fault = fault.expect("a torn tail not followed by a gap is a fault");
+            assert_eq!(fault.offset, whole);
+            assert_eq!(fault.file, segments::segment_path(dir.path(), 0));
+            assert!(matches!(
+                fault.kind,
+                JournalErrorKind::Format(format::FormatError::Truncated { .. })
+            ));
+            assert_eq!(read, records[..1]);
+        }
+    }
+}
+
+fn start_failing_recorder(dir: &Path, max_total_bytes: u64, io: &FailingIo) -> Recorder {
+    let clock: Arc<dyn WallClock> = Arc::new(ManualWallClock::new(1_700_000_000_000_000));
+    let config = RecorderConfig::new(dir.to_path_buf(), max_total_bytes, Duration::from_secs(60));
+    recorder::start_recorder_with_io(
+        &config,
+        &node_config(),
+        clock,
+        Arc::new(InlineExecutor),
+        Box::new(io.clone()),
+    )
+    .expect("recorder starts")
+}
+
+fn sequence_of(record: &Record) -> Option<u64> {
+    match record {
+        Record::Input { input: DcInput::KvEvents(batch), .. } => Some(batch.sequence),
+        _ => None,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_failure_mid_segment_leaves_a_replayable_journal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let journal = dir.path().join("journal");
+    let io = FailingIo::default();
+    io.plan().fail_writes.insert(1);
+    io.plan().torn = 50;
+    let recorder = start_failing_recorder(&journal, 1 << 20, &io);
+    let tap = recorder.tap();
+    tap.node_started(tokio::time::Instant::now());
+    // One batch per round: the second round's write fails half-way through its first frame.
+    let mut sequence = 0;
+    for (round, count) in [5, 4, 3].into_iter().enumerate() {
+        for _ in 0..count {
+            tap.input(Duration::from_millis(sequence), &kv_input(sequence, &[(sequence, 1)]));
+            sequence += 1;
+        }
+        tokio::time::sleep(recorder::BATCH_DELAY * 2).await;
+        let stats = recorder.stats();
+        assert_eq!(stats.write_errors, u64::from(round >= 1), "after round {round}");
+    }
+    let stats = recorder.finish().await;
+    assert_eq!(io.plan().failures, 1);
+    assert_eq!((stats.write_errors, stats.records_dropped, stats.records_written), (1, 4, 9));
+    let (_, records) = read_ok(&journal);
+    let sequences: Vec<Option<u64>> = records.iter().map(sequence_of).collect();
+    assert_eq!(
+        sequences,
+        [0, 1, 2, 3, 4]
+            .map(Some)
+            .into_iter()
+            .chain([None])
+            .chain([9, 10, 11].map(Some))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(records[5], Record::Gap { at: records[6].stamp().expect("stamped"), lost: 4 });
+    // The gap opens the segment written after the failure.
+    let (second_header, second) = read_ok(&segments::segment_path(&journal, 1));
+    assert_eq!(second_header.segment, 1);
+    assert_eq!(second.first(), Some(&records[5]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn repeated_write_failures_keep_the_journal_within_bounds_and_readable() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let journal = dir.path().join("journal");
+    let max_total_bytes = 64 * 1024;
+    let io = FailingIo::default();
+    io.plan().fail_every = 4;
+    io.plan().torn = 100;
+    let recorder = start_failing_recorder(&journal, max_total_bytes, &io);
+    let tap = recorder.tap();
+    tap.node_started(tokio::time::Instant::now());
+    let mut sequence = 0;
+    for round in 0..60u64 {
+        // Every third round the writer cannot cut a torn frame off either.
+        io.plan().fail_cut = round % 3 == 2;
+        for _ in 0..12 {
+            let blocks = [(sequence, sequence * 3), (sequence + 1, sequence * 5)];
+            tap.input(Duration::from_millis(sequence), &kv_input(sequence, &blocks));
+            sequence += 1;
+        }
+        tokio::time::sleep(recorder::BATCH_DELAY * 2).await;
+        let total: u64 = segment_sizes(&journal).iter().sum();
+        assert!(total <= max_total_bytes, "round {round}: {total} bytes on disk");
+    }
+    let stats = recorder.finish().await;
+    let failures = io.plan().failures;
+    assert!(failures >= 10, "{failures} injected failures");
+    assert_eq!(stats.write_errors, failures);
+    assert!(stats.records_dropped > 0 && stats.segments_deleted > 0, "{stats:?}");
+    // What is left reads without a fault, and every hole in the sequence is a gap of its size.
+    let (_, records) = read_ok(&journal);
+    let mut last: Option<u64> = None;
+    let mut pending_gap = 0;
+    for record in &records {
+        match record {
+            Record::Gap { lost, .. } => pending_gap += lost,
+            record => {
+                let sequence = sequence_of(record).expect("an input");
+                if let Some(last) = last {
+                    assert_eq!(sequence - last - 1, pending_gap, "before sequence {sequence}");
+                }
+                last = Some(sequence);
+                pending_gap = 0;
+            }
+        }
+    }
+    assert!(records.iter().any(|record| matches!(record, Record::Gap { .. })));
+    let torn = list_segments(&journal)
+        .expect("list")
+        .iter()
+        .filter(|(_, path)| read_journal(path).expect("opens").2.is_some())
+        .count();
+    assert!(torn > 0, "a torn tail the writer could not cut was read past");
+    let written_last = last.expect("inputs survive");
+    assert_eq!(written_last + 1 + pending_gap, sequence, "losses at the end are a final gap");
+}
