@@ -168,20 +168,70 @@ impl CheckpointSchedule {
 /// How a replayed checkpoint differs from the recorded one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckpointDiff {
-    /// One line per differing entry: `what: recorded … / replayed …`.
+    /// One line per difference: a scalar's two values, a catalog or readiness entry (or a pool
+    /// generation) present on one side only, or a pool generation's differing fields.
     pub entries: Vec<String>,
 }
 
+/// Entries of `recorded` and `replayed` the other side lacks (as multisets, so one inserted or
+/// missing entry is one line, not a shift of every later index), in list order.
 fn diff_lists(what: &str, recorded: &[String], replayed: &[String], out: &mut Vec<String>) {
-    for index in 0..recorded.len().max(replayed.len()) {
-        let left = recorded.get(index);
-        let right = replayed.get(index);
-        if left != right {
-            out.push(format!(
-                "{what}[{index}]: recorded {} / replayed {}",
-                left.map_or("<none>", String::as_str),
-                right.map_or("<none>", String::as_str)
-            ));
+    fn unmatched<'a>(list: &'a [String], other: &[String]) -> Vec<&'a String> {
+        let mut left: BTreeMap<&String, usize> = BTreeMap::new();
+        for entry in other {
+            *left.entry(entry).or_default() += 1;
+        }
+        list.iter()
+            .filter(|entry| match left.get_mut(entry) {
+                Some(count) if *count > 0 => {
+                    *count -= 1;
+                    false
+                }
+                _ => true,
+            })
+            .collect()
+    }
+    for entry in unmatched(recorded, replayed) {
+        out.push(format!("{what}: recorded only {entry}"));
+    }
+    for entry in unmatched(replayed, recorded) {
+        out.push(format!("{what}: replayed only {entry}"));
+    }
+}
+
+/// Pool generations compared by (pool, generation): one line per generation on one side only,
+/// and per generation on both sides one line naming each differing field.
+fn diff_pools(recorded: &[PoolCheckpoint], replayed: &[PoolCheckpoint], out: &mut Vec<String>) {
+    let keyed = |pools: &[PoolCheckpoint]| -> BTreeMap<(String, u64), PoolCheckpoint> {
+        pools
+            .iter()
+            .map(|pool| ((pool.pool.clone(), pool.layout_generation), pool.clone()))
+            .collect()
+    };
+    let (recorded, replayed) = (keyed(recorded), keyed(replayed));
+    for (key, left) in &recorded {
+        let Some(right) = replayed.get(key) else {
+            out.push(format!("pools: recorded only {left:?}"));
+            continue;
+        };
+        let fields = [
+            ("exact_blocks", left.exact_blocks, right.exact_blocks),
+            ("canonical_digest", left.canonical_digest, right.canonical_digest),
+            ("filter_digest", left.filter_digest, right.filter_digest),
+            ("sequence", left.sequence, right.sequence),
+        ];
+        let differing: Vec<String> = fields
+            .iter()
+            .filter(|(_, l, r)| l != r)
+            .map(|(field, l, r)| format!("{field} recorded {l} / replayed {r}"))
+            .collect();
+        if !differing.is_empty() {
+            out.push(format!("pool {} generation {}: {}", key.0, key.1, differing.join(", ")));
+        }
+    }
+    for (key, right) in &replayed {
+        if !recorded.contains_key(key) {
+            out.push(format!("pools: replayed only {right:?}"));
         }
     }
 }
@@ -205,9 +255,6 @@ pub fn compare_checkpoints(recorded: &Checkpoint, replayed: &Checkpoint) -> Opti
     }
     diff_lists("catalog", &recorded.catalog, &replayed.catalog, &mut entries);
     diff_lists("readiness", &recorded.readiness, &replayed.readiness, &mut entries);
-    let pools = |checkpoint: &Checkpoint| -> Vec<String> {
-        checkpoint.pools.iter().map(|pool| format!("{pool:?}")).collect()
-    };
-    diff_lists("pools", &pools(recorded), &pools(replayed), &mut entries);
+    diff_pools(&recorded.pools, &replayed.pools, &mut entries);
     Some(CheckpointDiff { entries })
 }

@@ -419,9 +419,38 @@ fn checkpoint_comparison_names_the_differing_entries() {
     replayed.readiness[0] = "{\"entry\":2}".to_owned();
     replayed.pools[0].filter_digest = 99;
     let diff = compare_checkpoints(&recorded, &replayed).expect("differs");
-    assert_eq!(diff.entries.len(), 2);
-    assert!(diff.entries[0].starts_with("readiness[0]: recorded {\"entry\":1}"));
-    assert!(diff.entries[1].contains("filter_digest: 99"));
+    let pool = &recorded.pools[0];
+    assert_eq!(
+        diff.entries,
+        [
+            "readiness: recorded only {\"entry\":1}".to_owned(),
+            "readiness: replayed only {\"entry\":2}".to_owned(),
+            format!(
+                "pool {} generation {}: filter_digest recorded {} / replayed 99",
+                pool.pool, pool.layout_generation, pool.filter_digest
+            ),
+        ]
+    );
+}
+
+#[test]
+fn a_missing_pool_is_one_entry_not_a_shift_of_the_later_ones() {
+    let mut recorded = checkpoint(4);
+    recorded.readiness.push("{\"entry\":9}".to_owned());
+    let mut second = recorded.pools[0].clone();
+    second.pool = "q".to_owned();
+    recorded.pools.push(second);
+    let mut replayed = recorded.clone();
+    let lost_pool = replayed.pools.remove(0);
+    let lost_entry = replayed.readiness.remove(0);
+    let diff = compare_checkpoints(&recorded, &replayed).expect("differs");
+    assert_eq!(
+        diff.entries,
+        [
+            format!("readiness: recorded only {lost_entry}"),
+            format!("pools: recorded only {lost_pool:?}")
+        ]
+    );
 }
 
 // ---- recording and replaying a simulated DC --------------------------------------------------
