@@ -94,23 +94,9 @@ async fn serve_follows_real_workers_through_departure_restart_gaps_and_garbage()
         // Filter contents: each worker stores a prompt; the subscription is live once one lands.
         let prompt_a = prompt(1, 4);
         let prompt_b = prompt(2, 3);
-        tokio::time::timeout(CONVERGE, async {
-            let mut sequence = 0;
-            while matched(&consumer, &prompt_a) != Some(4) {
-                // Re-sent under a fresh event id each time, in order, until the NATS subscription
-                // is up; every copy continues the cursor.
-                sequence += 1;
-                publish(
-                    &client,
-                    a.subject(KV_EVENTS_TOPIC),
-                    store_envelope(&a, sequence, sequence, &prompt_a),
-                )
-                .await;
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        })
-        .await
-        .expect("worker A's blocks never reached the consumer");
+        // Re-sent under a fresh event id each time until the NATS subscription is up.
+        let pace = Duration::from_millis(200);
+        store_until_matched(&client, &consumer, &a, &prompt_a, pace, "worker A's blocks").await;
         publish(&client, b.subject(KV_EVENTS_TOPIC), store_envelope(&b, 1, 1, &prompt_b)).await;
         converge(&consumer, "worker B's blocks", |_| matched(&consumer, &prompt_b) == Some(3))
             .await;
@@ -179,21 +165,9 @@ async fn serve_follows_real_workers_through_departure_restart_gaps_and_garbage()
         store.remove(&a.source_file());
         restarted.register(&store);
         let prompt_a2 = prompt(4, 3);
-        tokio::time::timeout(CONVERGE, async {
-            let mut event_id = 0;
-            while matched(&consumer, &prompt_a2) != Some(3) {
-                event_id += 1;
-                publish(
-                    &client,
-                    a.subject(KV_EVENTS_TOPIC),
-                    store_envelope(&restarted, event_id, event_id, &prompt_a2),
-                )
-                .await;
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-        })
-        .await
-        .expect("the restarted publisher's blocks never arrived");
+        let pace = Duration::from_millis(300);
+        let what = "the restarted publisher's blocks";
+        store_until_matched(&client, &consumer, &restarted, &prompt_a2, pace, what).await;
         converge(&consumer, "the old incarnation's blocks gone", |_| {
             matched(&consumer, &prompt_a) == Some(0)
         })

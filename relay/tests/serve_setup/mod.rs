@@ -414,6 +414,31 @@ pub async fn converge_within(
     }
 }
 
+/// Publishes `worker`'s store of `tokens` on its `kv-events` subject, under event ids 1, 2, ...
+/// (each copy continues the rank's cursor), every `pace`, until the consumer matches all of
+/// `tokens`' blocks: the NATS subscription may not be up when the first copy is sent.
+pub async fn store_until_matched(
+    client: &async_nats::Client,
+    consumer: &RelayConsumer,
+    worker: &Worker,
+    tokens: &[u32],
+    pace: Duration,
+    what: &str,
+) {
+    let blocks = tokens.len() / BLOCK;
+    tokio::time::timeout(CONVERGE, async {
+        let mut event_id = 0;
+        while matched(consumer, tokens) != Some(blocks) {
+            event_id += 1;
+            let envelope = store_envelope(worker, event_id, event_id, tokens);
+            publish(client, worker.subject(KV_EVENTS_TOPIC), envelope).await;
+            tokio::time::sleep(pace).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what} never reached the consumer"));
+}
+
 /// Leading blocks of `tokens` the consumer's (complete) replica holds for `MODEL`.
 pub fn matched(consumer: &RelayConsumer, tokens: &[u32]) -> Option<usize> {
     let answers = consumer.query(tokens, MODEL);
@@ -505,17 +530,15 @@ pub async fn record_serve_run(
     converge(&consumer, "the pool", pool_ready).await;
 
     let prompt_a = prompt(1, 4);
-    tokio::time::timeout(CONVERGE, async {
-        let mut sequence = 0;
-        while matched(&consumer, &prompt_a) != Some(4) {
-            sequence += 1;
-            let envelope = store_envelope(&a, sequence, sequence, &prompt_a);
-            publish(&client, a.subject(KV_EVENTS_TOPIC), envelope).await;
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    })
-    .await
-    .expect("worker A's blocks never reached the consumer");
+    store_until_matched(
+        &client,
+        &consumer,
+        &a,
+        &prompt_a,
+        Duration::from_millis(200),
+        "worker A's blocks",
+    )
+    .await;
     // B's live event 1 is the one its dump already covers: stale, dropped.
     publish(&client, b.subject(KV_EVENTS_TOPIC), store_envelope(&b, 1, 1, &prompt_b)).await;
     publish(&client, a.subject(KV_METRICS_TOPIC), load_envelope(&a, 1, 30)).await;
@@ -527,17 +550,16 @@ pub async fn record_serve_run(
     store.remove(&a.source_file());
     restarted.register(&store);
     let prompt_a2 = prompt(4, 3);
-    tokio::time::timeout(CONVERGE, async {
-        let mut event_id = 0;
-        while matched(&consumer, &prompt_a2) != Some(3) {
-            event_id += 1;
-            let envelope = store_envelope(&restarted, event_id, event_id, &prompt_a2);
-            publish(&client, a.subject(KV_EVENTS_TOPIC), envelope).await;
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    })
-    .await
-    .expect("the restarted publisher's blocks never arrived");
+    let pace = Duration::from_millis(300);
+    store_until_matched(
+        &client,
+        &consumer,
+        &restarted,
+        &prompt_a2,
+        pace,
+        "the restarted publisher's blocks",
+    )
+    .await;
     converge(&consumer, "the old incarnation's blocks gone", |_| {
         matched(&consumer, &prompt_a) == Some(0)
     })
