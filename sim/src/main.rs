@@ -132,6 +132,13 @@ struct Row {
     converged_ms: u64,
 }
 
+/// Print (and flush) one sweep run's line: `name`, `seed`, ok or FAIL, its wall time, `extra`.
+fn progress(name: &str, seed: u64, passed: bool, wall: std::time::Duration, extra: &str) {
+    let verdict = if passed { "ok" } else { "FAIL" };
+    println!("  {name} seed {seed}: {verdict} in {:.2} s{extra}", wall.as_secs_f64());
+    let _ = std::io::stdout().flush();
+}
+
 fn sweep(dir: &std::path::Path, seeds: std::ops::Range<u64>) -> anyhow::Result<ExitCode> {
     let scenarios = Scenario::load_dir(dir)?;
     anyhow::ensure!(!scenarios.is_empty(), "no *.toml scenario in {}", dir.display());
@@ -151,13 +158,13 @@ fn sweep(dir: &std::path::Path, seeds: std::ops::Range<u64>) -> anyhow::Result<E
             let converged_ms = outcome.view.convergence.after_last_fault_ms();
             row.converged_ms = row.converged_ms.max(converged_ms);
             done += 1;
-            println!(
-                "  {} seed {seed}: {} in {:.2} s, converged {converged_ms} ms after the last fault",
-                scenario.name,
-                if outcome.passed() { "ok" } else { "FAIL" },
-                wall.as_secs_f64()
+            progress(
+                &scenario.name,
+                seed,
+                outcome.passed(),
+                wall,
+                &format!(", converged {converged_ms} ms after the last fault"),
             );
-            let _ = std::io::stdout().flush();
             if outcome.passed() {
                 row.passed += 1;
             } else {
@@ -188,13 +195,7 @@ fn sweep(dir: &std::path::Path, seeds: std::ops::Range<u64>) -> anyhow::Result<E
                 Ok(outcome) => outcome.failure(),
                 Err(error) => Some(format!("{error:#}")),
             };
-            println!(
-                "  incidents/{} seed {seed}: {} in {:.2} s",
-                incident.name,
-                if failure.is_none() { "ok" } else { "FAIL" },
-                wall.as_secs_f64()
-            );
-            let _ = std::io::stdout().flush();
+            progress(&format!("incidents/{}", incident.name), seed, failure.is_none(), wall, "");
             match failure {
                 None => row.passed += 1,
                 Some(failure) => {

@@ -56,14 +56,17 @@ pub(crate) fn msgpack_value<'a, T: Deserialize<'a>>(
         .map_err(|error| InputError::MessagePack { what, detail: echo(&error.to_string()) })
 }
 
+/// The big-endian unsigned length field of `width` bytes at `at` in `bytes` (`None` when
+/// truncated).
+fn read_be(bytes: &[u8], at: usize, width: usize) -> Option<usize> {
+    let field = bytes.get(at..at.checked_add(width)?)?;
+    Some(field.iter().fold(0usize, |value, byte| value << 8 | usize::from(*byte)))
+}
+
 /// The length in bytes of the first MessagePack value in `bytes`, or `None` when it is truncated
 /// or uses the reserved marker `0xc1`. Walks markers without recursion or allocation: every step
 /// consumes at least one byte, so the walk is bounded by the input length.
 pub(crate) fn msgpack_value_len(bytes: &[u8]) -> Option<usize> {
-    let read_be = |at: usize, width: usize| -> Option<usize> {
-        let field = bytes.get(at..at.checked_add(width)?)?;
-        Some(field.iter().fold(0usize, |value, byte| value << 8 | usize::from(*byte)))
-    };
     let mut position = 0usize;
     let mut values_pending: usize = 1;
     while values_pending > 0 {
@@ -103,7 +106,7 @@ pub(crate) fn msgpack_value_len(bytes: &[u8]) -> Option<usize> {
             0xde => (2, 0, 2),
             0xdf => (4, 0, 2),
         };
-        let counted = if length_bytes > 0 { read_be(position, length_bytes)? } else { 0 };
+        let counted = if length_bytes > 0 { read_be(bytes, position, length_bytes)? } else { 0 };
         position += length_bytes;
         if children_per_unit > 0 {
             values_pending =
@@ -146,9 +149,7 @@ impl<'a> MsgpackCursor<'a> {
             1 => 2,
             _ => 4,
         };
-        let field = self.bytes.get(self.at + 1..self.at + 1 + width)?;
-        let length = field.iter().fold(0usize, |value, byte| value << 8 | usize::from(*byte));
-        Some((length, 1 + width))
+        Some((read_be(self.bytes, self.at + 1, width)?, 1 + width))
     }
 
     /// The declared entry count of the array here, consuming its header.

@@ -74,16 +74,13 @@ impl Publisher {
     fn encode(&mut self, fact: DcInput) -> Result<Option<EventMessage>, InputError> {
         match fact {
             DcInput::KvEvents(batch) => {
-                self.stored_events += batch
-                    .events
-                    .iter()
-                    .filter(|event| matches!(event.event.data, KvCacheEventData::Stored(_)))
-                    .count() as u64;
-                self.removed_events += batch
-                    .events
-                    .iter()
-                    .filter(|event| matches!(event.event.data, KvCacheEventData::Removed(_)))
-                    .count() as u64;
+                for event in &batch.events {
+                    match event.event.data {
+                        KvCacheEventData::Stored(_) => self.stored_events += 1,
+                        KvCacheEventData::Removed(_) => self.removed_events += 1,
+                        KvCacheEventData::Cleared => {}
+                    }
+                }
                 let payload = encode_kv_events_payload(&batch.events)?;
                 let bytes = encode_event_envelope(&EventEnvelope {
                     publisher_id: batch.publisher_id,
