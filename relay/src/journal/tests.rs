@@ -867,6 +867,14 @@ struct FailPlan {
 }
 
 impl FailingIo {
+    /// Write number `number` fails after writing `torn` bytes of its buffer.
+    fn failing_write(number: u64, torn: usize) -> Self {
+        let io = FailingIo::default();
+        io.plan().fail_writes.insert(number);
+        io.plan().torn = torn;
+        io
+    }
+
     fn plan(&self) -> std::sync::MutexGuard<'_, FailPlan> {
         self.0.lock().expect("not poisoned")
     }
@@ -911,9 +919,7 @@ fn segment_sizes(dir: &Path) -> Vec<u64> {
 #[test]
 fn a_write_failing_mid_segment_is_cut_back_to_its_last_whole_frame() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let io = FailingIo::default();
-    io.plan().fail_writes.insert(1);
-    io.plan().torn = 37;
+    let io = FailingIo::failing_write(1, 37);
     let records = big_records(6);
     let mut writer = failing_writer(dir.path(), &io);
     for record in &records[..3] {
@@ -944,9 +950,7 @@ fn a_write_failing_mid_segment_is_cut_back_to_its_last_whole_frame() {
 #[test]
 fn a_failed_first_write_deletes_the_segment_and_reuses_its_number() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let io = FailingIo::default();
-    io.plan().fail_writes.insert(0);
-    io.plan().torn = 5;
+    let io = FailingIo::failing_write(0, 5);
     let records = big_records(3);
     let mut writer = failing_writer(dir.path(), &io);
     writer.append(&records[0]).expect("buffered");
@@ -962,9 +966,7 @@ fn a_failed_first_write_deletes_the_segment_and_reuses_its_number() {
 fn a_torn_tail_that_could_not_be_cut_is_stepped_over_only_before_a_gap() {
     for gap_follows in [true, false] {
         let dir = tempfile::tempdir().expect("tempdir");
-        let io = FailingIo::default();
-        io.plan().fail_writes.insert(1);
-        io.plan().torn = 20;
+        let io = FailingIo::failing_write(1, 20);
         io.plan().fail_cut = true;
         let records = big_records(4);
         let mut writer = failing_writer(dir.path(), &io);
@@ -1022,9 +1024,7 @@ fn sequence_of(record: &Record) -> Option<u64> {
 async fn a_write_failure_mid_segment_leaves_a_replayable_journal() {
     let dir = tempfile::tempdir().expect("tempdir");
     let journal = dir.path().join("journal");
-    let io = FailingIo::default();
-    io.plan().fail_writes.insert(1);
-    io.plan().torn = 50;
+    let io = FailingIo::failing_write(1, 50);
     let recorder = start_failing_recorder(&journal, 1 << 20, &io);
     let tap = recorder.tap();
     tap.node_started(tokio::time::Instant::now());
