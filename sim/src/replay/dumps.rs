@@ -7,7 +7,8 @@
 //! later id waits for the ids before it, a covered id is ignored), a rank-scoped tree dump newer
 //! than the fold replaces it, `Cleared` empties the rank. Only primary-residency blocks are
 //! held (the relay ignores the others). [`RankStates::dump`] renders one rank as a replay-ordered
-//! dump: single-block stores, parents before children, ending at the last id applied.
+//! dump: stores of parent-linked blocks (a block continuing the previous store's chain joins
+//! it), parents before children, ending at the last id applied.
 //!
 //! A removed block's descendants stay held (a worker evicts leaves; the relay keeps them too),
 //! but a dump cannot name a parent that is gone, so a block whose ancestry is broken is left out
