@@ -115,7 +115,7 @@ fn primary(event: &RouterEvent) -> bool {
 }
 
 /// A rank rendered as a tree dump.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RankDump {
     /// The dump's store events.
     pub events: Vec<RouterEvent>,
@@ -220,7 +220,7 @@ impl RankStates {
     #[must_use]
     pub fn dump(&self, advert: &KvEventSourceAdvert) -> RankDump {
         let Some(rank) = self.ranks.get(&(advert.publisher_id, advert.source)) else {
-            return RankDump { events: Vec::new(), last_event_id: 0, blocks: 0, orphans: 0 };
+            return RankDump::default();
         };
         let mut order: Vec<(&u64, &Block)> = rank.blocks.iter().collect();
         order.sort_by_key(|(_, block)| block.inserted);
