@@ -239,8 +239,7 @@ pub fn cut(journal: &Path, from: Duration, to: Duration, out: &Path) -> anyhow::
                 window.push(Record::Recovery { at: shift(at), target, request, outcome });
             }
             Record::Gap { at, lost } => window.push(Record::Gap { at: shift(at), lost }),
-            Record::Checkpoint { at, mut checkpoint } => {
-                checkpoint.inputs_handled -= inputs_before;
+            Record::Checkpoint { at, checkpoint } => {
                 window.push(Record::Checkpoint { at: shift(at), checkpoint });
             }
             Record::Publication { .. } | Record::Header(_) => {}
@@ -287,13 +286,12 @@ pub fn cut(journal: &Path, from: Duration, to: Duration, out: &Path) -> anyhow::
             }),
         })?;
     }
+    // A checkpoint counts the cut's inputs: the listing's, then the window's before it.
     let listed = listing.len() as u64;
     for record in &mut window {
         if let Record::Checkpoint { checkpoint, .. } = record {
-            checkpoint.inputs_handled += listed;
+            checkpoint.inputs_handled = checkpoint.inputs_handled - inputs_before + listed;
         }
-    }
-    for record in &window {
         writer.append(record)?;
     }
     writer.flush(true)?;

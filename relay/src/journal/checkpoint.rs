@@ -202,12 +202,9 @@ fn diff_lists(what: &str, recorded: &[String], replayed: &[String], out: &mut Ve
 /// Pool generations compared by (pool, generation): one line per generation on one side only,
 /// and per generation on both sides one line naming each differing field.
 fn diff_pools(recorded: &[PoolCheckpoint], replayed: &[PoolCheckpoint], out: &mut Vec<String>) {
-    let keyed = |pools: &[PoolCheckpoint]| -> BTreeMap<(String, u64), PoolCheckpoint> {
-        pools
-            .iter()
-            .map(|pool| ((pool.pool.clone(), pool.layout_generation), pool.clone()))
-            .collect()
-    };
+    fn keyed(pools: &[PoolCheckpoint]) -> BTreeMap<(&str, u64), &PoolCheckpoint> {
+        pools.iter().map(|pool| ((pool.pool.as_str(), pool.layout_generation), pool)).collect()
+    }
     let (recorded, replayed) = (keyed(recorded), keyed(replayed));
     for (key, left) in &recorded {
         let Some(right) = replayed.get(key) else {

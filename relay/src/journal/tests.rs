@@ -867,6 +867,14 @@ struct FailPlan {
 }
 
 impl FailingIo {
+    /// Write number `number` fails after writing `torn` bytes of its buffer.
+    fn failing_write(number: u64, torn: usize) -> Self {
+        let io = FailingIo::default();
+        io.plan().fail_writes.insert(number);
+        io.plan().torn = torn;
+        io
+    }
+
     fn plan(&self) -> std::sync::MutexGuard<'_, FailPlan> {
         self.0.lock().expect("not poisoned")
     }
@@ -896,8 +904,12 @@ impl segments::SegmentIo for FailingIo {
     }
 }
 
-fn failing_writer(dir: &Path, io: &FailingIo) -> SegmentWriter {
-    SegmentWriter::create_with_io(dir, header(), generous(), Box::new(io.clone())).expect("writer")
+/// A writer on `dir` whose write number `number` fails after `torn` bytes, and its plan.
+fn failing_writer(dir: &Path, number: u64, torn: usize) -> (FailingIo, SegmentWriter) {
+    let io = FailingIo::failing_write(number, torn);
+    let writer = SegmentWriter::create_with_io(dir, header(), generous(), Box::new(io.clone()))
+        .expect("writer");
+    (io, writer)
 }
 
 fn segment_sizes(dir: &Path) -> Vec<u64> {
@@ -911,11 +923,8 @@ fn segment_sizes(dir: &Path) -> Vec<u64> {
 #[test]
 fn a_write_failing_mid_segment_is_cut_back_to_its_last_whole_frame() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let io = FailingIo::default();
-    io.plan().fail_writes.insert(1);
-    io.plan().torn = 37;
     let records = big_records(6);
-    let mut writer = failing_writer(dir.path(), &io);
+    let (_, mut writer) = failing_writer(dir.path(), 1, 37);
     for record in &records[..3] {
         writer.append(record).expect("append");
     }
@@ -944,11 +953,8 @@ fn a_write_failing_mid_segment_is_cut_back_to_its_last_whole_frame() {
 #[test]
 fn a_failed_first_write_deletes_the_segment_and_reuses_its_number() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let io = FailingIo::default();
-    io.plan().fail_writes.insert(0);
-    io.plan().torn = 5;
     let records = big_records(3);
-    let mut writer = failing_writer(dir.path(), &io);
+    let (_, mut writer) = failing_writer(dir.path(), 0, 5);
     writer.append(&records[0]).expect("buffered");
     writer.flush(false).expect_err("the first write fails");
     assert_eq!(segment_sizes(dir.path()), Vec::<u64>::new(), "nothing whole was left");
@@ -962,12 +968,9 @@ fn a_failed_first_write_deletes_the_segment_and_reuses_its_number() {
 fn a_torn_tail_that_could_not_be_cut_is_stepped_over_only_before_a_gap() {
     for gap_follows in [true, false] {
         let dir = tempfile::tempdir().expect("tempdir");
-        let io = FailingIo::default();
-        io.plan().fail_writes.insert(1);
-        io.plan().torn = 20;
-        io.plan().fail_cut = true;
         let records = big_records(4);
-        let mut writer = failing_writer(dir.path(), &io);
+        let (io, mut writer) = failing_writer(dir.path(), 1, 20);
+        io.plan().fail_cut = true;
         writer.append(&records[0]).expect("append");
         writer.flush(false).expect("flush");
         let whole = writer.tally().bytes;
@@ -1022,9 +1025,7 @@ fn sequence_of(record: &Record) -> Option<u64> {
 async fn a_write_failure_mid_segment_leaves_a_replayable_journal() {
     let dir = tempfile::tempdir().expect("tempdir");
     let journal = dir.path().join("journal");
-    let io = FailingIo::default();
-    io.plan().fail_writes.insert(1);
-    io.plan().torn = 50;
+    let io = FailingIo::failing_write(1, 50);
     let recorder = start_failing_recorder(&journal, 1 << 20, &io);
     let tap = recorder.tap();
     tap.node_started(tokio::time::Instant::now());

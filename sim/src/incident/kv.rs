@@ -46,7 +46,9 @@ pub fn check(expected: &[ExpectedPool], state: Option<&(Duration, Checkpoint)>) 
         return fail("the replay reached no state to compare".to_owned());
     };
     let replayed: Vec<ExpectedPool> = checkpoint.pools.iter().map(ExpectedPool::of).collect();
-    let key = |pool: &ExpectedPool| (pool.pool.clone(), pool.layout_generation);
+    fn key(pool: &ExpectedPool) -> (&str, u64) {
+        (&pool.pool, pool.layout_generation)
+    }
     let mut mismatches = String::new();
     for want in expected {
         match replayed.iter().find(|got| key(got) == key(want)) {

@@ -7,7 +7,8 @@
 //! later id waits for the ids before it, a covered id is ignored), a rank-scoped tree dump newer
 //! than the fold replaces it, `Cleared` empties the rank. Only primary-residency blocks are
 //! held (the relay ignores the others). [`RankStates::dump`] renders one rank as a replay-ordered
-//! dump: single-block stores, parents before children, ending at the last id applied.
+//! dump: stores of parent-linked blocks (a block continuing the previous store's chain joins
+//! it), parents before children, ending at the last id applied.
 //!
 //! A removed block's descendants stay held (a worker evicts leaves; the relay keeps them too),
 //! but a dump cannot name a parent that is gone, so a block whose ancestry is broken is left out
@@ -114,7 +115,7 @@ fn primary(event: &RouterEvent) -> bool {
 }
 
 /// A rank rendered as a tree dump.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RankDump {
     /// The dump's store events.
     pub events: Vec<RouterEvent>,
@@ -219,7 +220,7 @@ impl RankStates {
     #[must_use]
     pub fn dump(&self, advert: &KvEventSourceAdvert) -> RankDump {
         let Some(rank) = self.ranks.get(&(advert.publisher_id, advert.source)) else {
-            return RankDump { events: Vec::new(), last_event_id: 0, blocks: 0, orphans: 0 };
+            return RankDump::default();
         };
         let mut order: Vec<(&u64, &Block)> = rank.blocks.iter().collect();
         order.sort_by_key(|(_, block)| block.inserted);
