@@ -13,7 +13,11 @@ fn main() {
     std::fs::write(out_dir.join("kvrelay_v1_descriptor.bin"), descriptors.encode_to_vec())
         .expect("descriptor set written");
     // CBI1 payloads are shared by every subscriber of a pool: `Bytes` makes that a refcount.
+    // Service stubs only with the `grpc` feature: the relay's core uses the messages alone.
+    let grpc = std::env::var_os("CARGO_FEATURE_GRPC").is_some();
     tonic_prost_build::configure()
+        .build_client(grpc)
+        .build_server(grpc)
         .bytes(".dynamo.kvrelay.v1.FilterUpdate.payload")
         .compile_fds(descriptors)
         .expect("code generation succeeds");

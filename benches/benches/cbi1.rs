@@ -3,9 +3,9 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use kvrelay::cbi1::{self, FrameEncoder, SnapshotAssembler};
-use kvrelay::ckf::{CkfFormat, DEFAULT_SEED};
 use kvrelay_benches::SplitMix64;
+use kvrelay_core::filter::cbi1::{self, FrameEncoder, SnapshotAssembler};
+use kvrelay_core::filter::ckf::{CkfFormat, DEFAULT_SEED};
 
 const BUCKETS: u64 = 524_288;
 

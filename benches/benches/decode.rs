@@ -8,12 +8,12 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use kvrelay::hashing::{ExternalBlockHash, LocalBlockHash};
-use kvrelay::inputs::{decode_kv_events_payload, encode_kv_events_payload};
-use kvrelay::kv_events::{
+use kvrelay_benches::SplitMix64;
+use kvrelay_core::inputs::{decode_kv_events_payload, encode_kv_events_payload};
+use kvrelay_core::model::hashing::{ExternalBlockHash, LocalBlockHash};
+use kvrelay_core::model::kv_events::{
     KvCacheEvent, KvCacheEventData, RemoveData, RouterEvent, StorageTier, StoreData, StoredBlock,
 };
-use kvrelay_benches::SplitMix64;
 
 fn event(event_id: u64, data: KvCacheEventData) -> RouterEvent {
     RouterEvent {

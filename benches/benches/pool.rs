@@ -4,10 +4,10 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use kvrelay::ckf::{CkfFormat, MAX_KICKS_DEFAULT};
-use kvrelay::pool::PoolOwnership;
-use kvrelay::rng::rng_from_seed;
 use kvrelay_benches::ingest::{IngestWorkload, generate};
+use kvrelay_core::filter::ckf::{CkfFormat, MAX_KICKS_DEFAULT};
+use kvrelay_core::pool::PoolOwnership;
+use kvrelay_core::rng::rng_from_seed;
 
 fn warmed_pool(workload: &IngestWorkload, live_blocks: usize) -> PoolOwnership {
     let format = CkfFormat::for_expected_blocks(live_blocks as u64).expect("valid sizing");

@@ -11,17 +11,18 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use kvrelay::cbi1::FrameEncoder;
-use kvrelay::ckf::{CkfFormat, CuckooFilter, MAX_KICKS_DEFAULT};
-use kvrelay::consumer::query::{answer, query_hashes};
-use kvrelay::consumer::{FilterFrame, FilterReplica, QueryPool};
-use kvrelay::discovery::{ModelRegistration, ModelTarget, QuerySemantics, WorkerRole};
-use kvrelay::hashing::HashFormat;
-use kvrelay::identity::{EndpointPath, PoolId, ProducerIdentity};
-use kvrelay::identity::{resolve_indexer_domain, stable_dc_id};
-use kvrelay::registry::PoolDescriptor;
-use kvrelay::rng::rng_from_seed;
 use kvrelay_benches::SplitMix64;
+use kvrelay_consumer::QueryPool;
+use kvrelay_consumer::query::{answer, query_hashes};
+use kvrelay_core::discovery::{ModelRegistration, ModelTarget, QuerySemantics, WorkerRole};
+use kvrelay_core::filter::cbi1::FrameEncoder;
+use kvrelay_core::filter::ckf::{CkfFormat, CuckooFilter, MAX_KICKS_DEFAULT};
+use kvrelay_core::filter::{FilterFrame, FilterReplica};
+use kvrelay_core::host::PoolDescriptor;
+use kvrelay_core::model::hashing::HashFormat;
+use kvrelay_core::model::identity::{EndpointPath, PoolId, ProducerIdentity};
+use kvrelay_core::model::identity::{resolve_indexer_domain, stable_dc_id};
+use kvrelay_core::rng::rng_from_seed;
 
 const EXPECTED_BLOCKS: u64 = 65_536;
 const BLOCK_TOKENS: u32 = 16;

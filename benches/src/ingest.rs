@@ -8,8 +8,8 @@
 use std::collections::VecDeque;
 
 use crate::SplitMix64;
-use kvrelay::hashing::{ExternalBlockHash, LocalBlockHash};
-use kvrelay::kv_events::{
+use kvrelay_core::model::hashing::{ExternalBlockHash, LocalBlockHash};
+use kvrelay_core::model::kv_events::{
     KvCacheEvent, KvCacheEventData, RemoveData, RouterEvent, SourceKey, StorageTier, StoreData,
     StoredBlock,
 };
@@ -109,9 +109,9 @@ pub fn generate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvrelay::ckf::{CkfFormat, MAX_KICKS_DEFAULT};
-    use kvrelay::pool::PoolOwnership;
-    use kvrelay::rng::rng_from_seed;
+    use kvrelay_core::filter::ckf::{CkfFormat, MAX_KICKS_DEFAULT};
+    use kvrelay_core::pool::PoolOwnership;
+    use kvrelay_core::rng::rng_from_seed;
 
     #[test]
     fn warmup_then_steady_applies_without_a_refused_event() {

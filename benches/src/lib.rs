@@ -16,10 +16,10 @@
 pub mod ingest;
 pub mod loopback;
 
-use kvrelay::ckf::{
+use kvrelay_core::filter::ckf::{
     CkfFormat, CuckooFilter, MAX_KICKS_DEFAULT, SLOTS_PER_BUCKET, bucket_count_for_expected_blocks,
 };
-use kvrelay::rng::rng_from_seed;
+use kvrelay_core::rng::rng_from_seed;
 
 /// Key counts measured by `cargo bench`: 1M and 10M keys.
 pub const BENCH_KEY_COUNTS: [usize; 2] = [1_000_000, 10_000_000];

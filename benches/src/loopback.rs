@@ -7,10 +7,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use kvrelay::config::WanTuning;
-use kvrelay::consumer::FilterReplica;
-use kvrelay::identity::ProducerIdentity;
 use kvrelay::wan::{RelayService, serve};
-use kvrelay::wire::{FilterStreamGuard, encode};
+use kvrelay_core::filter::FilterReplica;
+use kvrelay_core::model::identity::ProducerIdentity;
+use kvrelay_core::wire::{FilterStreamGuard, encode};
 use kvrelay_proto::CONTRACT_MARKER;
 use kvrelay_proto::v1 as proto;
 use kvrelay_proto::v1::kv_event_relay_client::KvEventRelayClient;

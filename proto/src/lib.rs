@@ -1,4 +1,5 @@
-//! The `dynamo.kvrelay.v1` wire contract: messages, enums and the `KvEventRelay` service.
+//! The `dynamo.kvrelay.v1` wire contract: messages and enums, and with the `grpc`
+//! feature the `KvEventRelay` service stubs.
 //!
 //! Generated from `proto/dynamo/kvrelay/v1/relay.proto`, which was written from the public
 //! contract's message and field tables. Field numbers and enum values are frozen by v1.
@@ -7,11 +8,12 @@
 
 /// The generated v1 package.
 pub mod v1 {
-    tonic::include_proto!("dynamo.kvrelay.v1");
+    include!(concat!(env!("OUT_DIR"), "/dynamo.kvrelay.v1.rs"));
 }
 
 /// The encoded `FileDescriptorSet` of the contract, for gRPC reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("kvrelay_v1_descriptor");
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/kvrelay_v1_descriptor.bin"));
 
 /// `"KVR1"` as a little-endian `fixed32`: carried in field 127 of every top-level message.
 pub const CONTRACT_MARKER: u32 = 0x4B56_5231;

@@ -23,9 +23,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use kvrelay::inputs::DcInput;
 use kvrelay::journal::{NO_CADENCE, Record, SegmentLimits, SegmentWriter, Stamp, read_journal};
-use kvrelay::sources::{RecoveryRequest, RecoveryResponse, TreeDumpScope};
+use kvrelay_core::inputs::DcInput;
+use kvrelay_core::sources::{RecoveryRequest, RecoveryResponse, TreeDumpScope};
 use serde::{Deserialize, Serialize};
 
 use self::kv::ExpectedPool;

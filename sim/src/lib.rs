@@ -46,23 +46,23 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, UNIX_EPOCH};
 
-use kvrelay::ckf::{Addressing, word_contains};
 use kvrelay::config::WanTuning;
-use kvrelay::consumer::{ConsumerConfig, ConsumerSnapshot, FilterStatus, RelayConsumer};
-use kvrelay::control::ControlConfig;
 use kvrelay::demo::SharedDc;
-use kvrelay::discovery::DiscoveryScope;
-use kvrelay::identity::{DcId, PoolId, ProducerIdentity, RelayIdentity, stable_dc_id};
-use kvrelay::inputs::{DcInput, WorkerType, normalize_legacy_prefill};
 use kvrelay::node::{NodeConfig, NodeHandle, RecoveryTransport, start_node_with_tap};
 use kvrelay::pool::ActorConfig;
 use kvrelay::pool::{PoolDigest, filter_words_digest};
 use kvrelay::publication::{HubConfig, PoolPublications};
-use kvrelay::rng::{RelayRng, derive_seed, rng_from_seed};
 use kvrelay::runtime::{InlineExecutor, WallClock};
 use kvrelay::wan::{WanViews, serve};
-use kvrelay::wire::{validate_catalog_update, validate_readiness_update};
-use kvrelay::workload::SimulatedDc;
+use kvrelay_consumer::{ConsumerConfig, ConsumerSnapshot, FilterStatus, RelayConsumer};
+use kvrelay_core::control::ControlConfig;
+use kvrelay_core::discovery::DiscoveryScope;
+use kvrelay_core::filter::ckf::{Addressing, word_contains};
+use kvrelay_core::inputs::{DcInput, WorkerType, normalize_legacy_prefill};
+use kvrelay_core::model::identity::{DcId, PoolId, ProducerIdentity, RelayIdentity, stable_dc_id};
+use kvrelay_core::rng::{RelayRng, derive_seed, rng_from_seed};
+use kvrelay_core::wire::{validate_catalog_update, validate_readiness_update};
+use kvrelay_dc::SimulatedDc;
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -464,7 +464,7 @@ fn node_config(seed: u64, boot: u64, scenario: &Scenario) -> NodeConfig {
         control,
         actor: ActorConfig::default(),
         hub: HubConfig::default(),
-        max_kicks: kvrelay::ckf::MAX_KICKS_DEFAULT,
+        max_kicks: kvrelay_core::filter::ckf::MAX_KICKS_DEFAULT,
         rng_seed: derive_seed(seed, &format!("sim/node/{boot}")),
         load_window: Duration::from_secs(1),
         input_queue_capacity: 1024,
@@ -674,7 +674,7 @@ fn consumer_for(seed: u64, host: &str) -> Result<RelayConsumer, HostResultError>
     // and treats late frames for it differently once forgotten: a wall-clock leak into the
     // simulation that made runs under load diverge. Remembering resets far longer than any run
     // keeps the outcome a function of the seed (the count-based limit still applies).
-    let endpoint = kvrelay::consumer::endpoint(&format!("http://{RELAY_HOST}:{RELAY_PORT}"))?
+    let endpoint = kvrelay_consumer::endpoint(&format!("http://{RELAY_HOST}:{RELAY_PORT}"))?
         .http2_reset_stream_duration(H2_RESET_MEMORY);
     let channel = endpoint.connect_with_connector_lazy(net::connector(RELAY_HOST, RELAY_PORT));
     let config =

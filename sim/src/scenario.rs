@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kvrelay::identity::{ExplicitIdentityMap, IndexerIdentitySpec};
-use kvrelay::inputs::{ModelTypeFlags, WorkerType};
-use kvrelay::readiness::ReadinessState;
-use kvrelay::rng::{derive_seed, rng_from_seed};
-use kvrelay::workload::{Deployment, TrafficConfig, WorkerSpec};
+use kvrelay_core::inputs::{ModelTypeFlags, WorkerType};
+use kvrelay_core::model::identity::{ExplicitIdentityMap, IndexerIdentitySpec};
+use kvrelay_core::readiness::ReadinessState;
+use kvrelay_core::rng::{derive_seed, rng_from_seed};
+use kvrelay_dc::{Deployment, TrafficConfig, WorkerSpec};
 use rand_core::Rng;
 use serde::{Deserialize, Serialize};
 

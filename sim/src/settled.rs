@@ -15,12 +15,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kvrelay::consumer::client::{KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
-use kvrelay::consumer::{ConsumerCounters, ConsumerSnapshot, FilterStatus};
-use kvrelay::hashing::HashFormat;
-use kvrelay::identity::{DcId, PoolId, ProducerIdentity, resolve_indexer_domain};
-use kvrelay::topology::TopologyEntry;
-use kvrelay::workload::SimulatedDc;
+use kvrelay_consumer::client::{KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
+use kvrelay_consumer::{ConsumerCounters, ConsumerSnapshot, FilterStatus};
+use kvrelay_core::model::hashing::HashFormat;
+use kvrelay_core::model::identity::{DcId, PoolId, ProducerIdentity, resolve_indexer_domain};
+use kvrelay_core::readiness::topology::TopologyEntry;
+use kvrelay_dc::SimulatedDc;
 use serde::Serialize;
 
 use crate::Check;
@@ -350,9 +350,9 @@ mod tests {
             "run_ms = 1000\n[topology]\n{workers}\n[expect]\npools = 0\nreadiness = {{}}\n"
         );
         let scenario = crate::scenario::Scenario::parse(&text, "t").unwrap();
-        let mut rng = kvrelay::rng::rng_from_seed(1);
+        let mut rng = kvrelay_core::rng::rng_from_seed(1);
         let dc = SimulatedDc::start(&scenario.deployment().unwrap(), scenario.traffic(), &mut rng);
-        let dc_id = kvrelay::identity::stable_dc_id("t").unwrap();
+        let dc_id = kvrelay_core::model::identity::stable_dc_id("t").unwrap();
         truth_catalog(&dc, dc_id).into_iter().map(|key| key.endpoint).collect()
     }
 

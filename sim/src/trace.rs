@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use kvrelay::consumer::ConsumerSnapshot;
-use kvrelay::identity::ProducerIdentity;
-use kvrelay::readiness::ReadinessState;
-use kvrelay::registry::PoolDescriptor;
-use kvrelay::topology::TopologyEntry;
+use kvrelay_consumer::ConsumerSnapshot;
+use kvrelay_core::host::PoolDescriptor;
+use kvrelay_core::model::identity::ProducerIdentity;
+use kvrelay_core::readiness::ReadinessState;
+use kvrelay_core::readiness::topology::TopologyEntry;
 use serde::Serialize;
 
 use crate::planes::PlaneCounters;

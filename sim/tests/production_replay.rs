@@ -1,6 +1,6 @@
 //! A real `kvrelay serve --record` run replayed by the simulator: the relay runs as the binary
 //! wires it over a real `nats-server` and a file-discovery directory (the relay's production
-//! test setup, shared with `relay/tests/production.rs`), then `kvrelay-sim replay`'s engine
+//! test setup, shared with `relay/shell/tests/production.rs`), then `kvrelay-sim replay`'s engine
 //! runs the journal on a turmoil host with a WAN consumer attached. Every recorded checkpoint
 //! must be reproduced exactly, and the consumer's replicas must equal the relay's.
 //!
@@ -9,18 +9,18 @@
 //! feed the journal's recovery answer to reproduce the checkpoints — and a journal without it
 //! diverges.
 
-#[path = "../../relay/tests/fake_worker/mod.rs"]
+#[path = "../../relay/shell/tests/fake_worker/mod.rs"]
 mod fake_worker;
-#[path = "../../relay/tests/serve_setup/mod.rs"]
+#[path = "../../relay/shell/tests/serve_setup/mod.rs"]
 mod serve_setup;
-#[path = "../../relay/tests/servers/mod.rs"]
+#[path = "../../relay/shell/tests/servers/mod.rs"]
 mod servers;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use kvrelay::journal::{self, Record, SegmentLimits, SegmentWriter};
-use kvrelay::sources::RecoveryResponse;
+use kvrelay_core::sources::RecoveryResponse;
 use kvrelay_sim::replay::{ReplaySetup, replay};
 use serve_setup::{WORKER_B, bounded, record_serve_run};
 

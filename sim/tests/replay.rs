@@ -8,21 +8,21 @@ use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kvrelay::control::ControlConfig;
 use kvrelay::demo::SharedDc;
-use kvrelay::discovery::DiscoveryScope;
-use kvrelay::identity::{RelayIdentity, stable_dc_id};
-use kvrelay::inputs::DcInput;
 use kvrelay::journal::{
     Record, RecorderConfig, SegmentLimits, SegmentWriter, read_journal, start_recorder,
 };
 use kvrelay::node::{NodeConfig, start_node_with_tap};
 use kvrelay::pool::ActorConfig;
 use kvrelay::publication::HubConfig;
-use kvrelay::rng::{derive_seed, rng_from_seed};
 use kvrelay::runtime::{InlineExecutor, ManualWallClock, WallClock};
-use kvrelay::sources::RecoveryResponse;
-use kvrelay::workload::{Deployment, SimulatedDc, TrafficConfig};
+use kvrelay_core::control::ControlConfig;
+use kvrelay_core::discovery::DiscoveryScope;
+use kvrelay_core::inputs::DcInput;
+use kvrelay_core::model::identity::{RelayIdentity, stable_dc_id};
+use kvrelay_core::rng::{derive_seed, rng_from_seed};
+use kvrelay_core::sources::RecoveryResponse;
+use kvrelay_dc::{Deployment, SimulatedDc, TrafficConfig};
 use kvrelay_sim::incident::Incident;
 
 const SEED: u64 = 0x5eed_0007;
@@ -37,7 +37,7 @@ fn recorded_node() -> NodeConfig {
         control,
         actor: ActorConfig::default(),
         hub: HubConfig::default(),
-        max_kicks: kvrelay::ckf::MAX_KICKS_DEFAULT,
+        max_kicks: kvrelay_core::filter::ckf::MAX_KICKS_DEFAULT,
         rng_seed: derive_seed(SEED, "replay-test/node"),
         load_window: Duration::from_secs(1),
         input_queue_capacity: 1024,

@@ -20,23 +20,22 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvrelay::ckf::{CkfFormat, MAX_KICKS_DEFAULT};
 use kvrelay::config::WanTuning;
-use kvrelay::hashing::HashFormat;
-use kvrelay::identity::{EndpointPath, PoolId, ProducerIdentity, RelayIdentity};
-use kvrelay::identity::{resolve_indexer_domain, stable_dc_id};
-use kvrelay::kv_events::RouterEvent;
-use kvrelay::pool::{
-    ActorConfig, ActorFault, FaultSink, PoolActorHandle, PoolOwnership, spawn_pool_actor,
-};
+use kvrelay::pool::{ActorConfig, ActorFault, FaultSink, PoolActorHandle, spawn_pool_actor};
 use kvrelay::publication::{HubConfig, PoolPublications};
-use kvrelay::rng::rng_from_seed;
 use kvrelay::runtime::{SystemWallClock, TokioBlockingExecutor};
 use kvrelay::wan::{RelayService, wan_channels};
 use kvrelay_benches::ingest::generate;
 use kvrelay_benches::loopback::{
     CLIENT_THREADS, CpuSample, PoolFollower, RELAY_THREADS, client, runtime, serve_loopback,
 };
+use kvrelay_core::filter::ckf::{CkfFormat, MAX_KICKS_DEFAULT};
+use kvrelay_core::model::hashing::HashFormat;
+use kvrelay_core::model::identity::{EndpointPath, PoolId, ProducerIdentity, RelayIdentity};
+use kvrelay_core::model::identity::{resolve_indexer_domain, stable_dc_id};
+use kvrelay_core::model::kv_events::RouterEvent;
+use kvrelay_core::pool::PoolOwnership;
+use kvrelay_core::rng::rng_from_seed;
 use tokio::sync::Notify;
 
 /// Live blocks of the pool (and its filter sizing).

@@ -2,14 +2,14 @@
 //!
 //! Run: `cargo run --release -p kvrelay-benches --bin footprint`.
 
-use kvrelay::ckf::{CkfFormat, MAX_KICKS_DEFAULT};
-use kvrelay::hashing::{ExternalBlockHash, LocalBlockHash};
-use kvrelay::kv_events::{
+use kvrelay_benches::SplitMix64;
+use kvrelay_core::filter::ckf::{CkfFormat, MAX_KICKS_DEFAULT};
+use kvrelay_core::model::hashing::{ExternalBlockHash, LocalBlockHash};
+use kvrelay_core::model::kv_events::{
     KvCacheEvent, KvCacheEventData, RouterEvent, StorageTier, StoreData, StoredBlock,
 };
-use kvrelay::pool::PoolOwnership;
-use kvrelay::rng::rng_from_seed;
-use kvrelay_benches::SplitMix64;
+use kvrelay_core::pool::PoolOwnership;
+use kvrelay_core::rng::rng_from_seed;
 
 /// Store `blocks` distinct root blocks, each owned by `owners` workers.
 fn footprint(blocks: usize, owners: u64) -> (usize, usize) {

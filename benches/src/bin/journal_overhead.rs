@@ -9,19 +9,19 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kvrelay::control::ControlConfig;
 use kvrelay::demo::SharedDc;
-use kvrelay::discovery::DiscoveryScope;
-use kvrelay::identity::{RelayIdentity, stable_dc_id};
-use kvrelay::inputs::DcInput;
 use kvrelay::journal::{RecorderConfig, RecorderStats, start_recorder};
-use kvrelay::kv_events::KvCacheEventData;
 use kvrelay::node::{NodeConfig, RecoveryTransport, start_node_with_tap};
 use kvrelay::pool::ActorConfig;
 use kvrelay::publication::HubConfig;
-use kvrelay::rng::{derive_seed, rng_from_seed};
 use kvrelay::runtime::{BlockingExecutor, SystemWallClock, TokioBlockingExecutor, WallClock};
-use kvrelay::workload::{Deployment, SimulatedDc, TrafficConfig};
+use kvrelay_core::control::ControlConfig;
+use kvrelay_core::discovery::DiscoveryScope;
+use kvrelay_core::inputs::DcInput;
+use kvrelay_core::model::identity::{RelayIdentity, stable_dc_id};
+use kvrelay_core::model::kv_events::KvCacheEventData;
+use kvrelay_core::rng::{derive_seed, rng_from_seed};
+use kvrelay_dc::{Deployment, SimulatedDc, TrafficConfig};
 use tokio::time::Instant;
 
 const SEED: u64 = 5;
@@ -36,7 +36,7 @@ fn node_config() -> NodeConfig {
         control,
         actor: ActorConfig::default(),
         hub: HubConfig::default(),
-        max_kicks: kvrelay::ckf::MAX_KICKS_DEFAULT,
+        max_kicks: kvrelay_core::filter::ckf::MAX_KICKS_DEFAULT,
         rng_seed: derive_seed(SEED, "overhead/node"),
         load_window: Duration::from_secs(1),
         input_queue_capacity: 4096,

@@ -17,14 +17,14 @@ use std::time::{Duration, Instant};
 
 use kvrelay::config::WanTuning;
 use kvrelay::demo::{Demo, DemoOptions};
-use kvrelay::identity::ProducerIdentity;
-use kvrelay::inputs::DcInput;
-use kvrelay::rng::rng_from_seed;
 use kvrelay::runtime::{SystemWallClock, TokioBlockingExecutor};
-use kvrelay::wire;
 use kvrelay_benches::loopback::{
     CLIENT_THREADS, PoolFollower, RELAY_THREADS, client, quantile, runtime, serve_loopback,
 };
+use kvrelay_core::inputs::DcInput;
+use kvrelay_core::model::identity::ProducerIdentity;
+use kvrelay_core::rng::rng_from_seed;
+use kvrelay_core::wire;
 use kvrelay_proto::CONTRACT_MARKER;
 use kvrelay_proto::v1 as proto;
 use tokio::sync::mpsc;

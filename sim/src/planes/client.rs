@@ -19,13 +19,13 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::{FutureExt, SinkExt, StreamExt};
-use kvrelay::discovery::DiscoveryScope;
 use kvrelay::discovery_plane::{DiscoveryOutput, KeyForm, ListingEntry, ListingMode, RecordDiffer};
-use kvrelay::inputs::{DcInput, RecoveryTarget};
 use kvrelay::node::RecoveryTransport;
 use kvrelay::request_plane::PayloadCodec;
 use kvrelay::request_plane::answer::read_answer_stream;
-use kvrelay::sources::{RecoveryRequest, RecoveryResponse};
+use kvrelay_core::discovery::DiscoveryScope;
+use kvrelay_core::inputs::{DcInput, RecoveryTarget};
+use kvrelay_core::sources::{RecoveryRequest, RecoveryResponse};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 use turmoil::net::TcpStream;

@@ -21,8 +21,8 @@
 //! requests, so there is no production decoder for the simulated worker to run.
 
 use bytes::{BufMut, Bytes, BytesMut};
-use kvrelay::inputs::RecoveryTarget;
-use kvrelay::sources::RecoveryRequest;
+use kvrelay_core::inputs::RecoveryTarget;
+use kvrelay_core::sources::RecoveryRequest;
 use serde::{Deserialize, Serialize};
 use tokio_util::codec::LengthDelimitedCodec;
 

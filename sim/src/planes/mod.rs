@@ -36,11 +36,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use kvrelay::identity::EndpointPath;
-use kvrelay::inputs::{
+use kvrelay_core::inputs::{
     DcInput, InputError, KV_EVENTS_TOPIC, decode_kv_events_message, decode_kv_metrics_message,
 };
-use kvrelay::rng::RelayRng;
+use kvrelay_core::model::identity::EndpointPath;
+use kvrelay_core::rng::RelayRng;
 use rand_core::Rng;
 use serde::Serialize;
 use tokio::sync::Notify;

@@ -11,11 +11,11 @@ use futures::SinkExt;
 use tokio_util::codec::{FramedWrite, LengthDelimitedCodec};
 use turmoil::net::TcpStream;
 
-use kvrelay::inputs::{
+use kvrelay_core::inputs::{
     DcInput, EventEnvelope, InputError, KV_EVENTS_TOPIC, KV_METRICS_TOPIC, encode_active_load,
     encode_event_envelope, encode_kv_events_payload,
 };
-use kvrelay::kv_events::KvCacheEventData;
+use kvrelay_core::model::kv_events::KvCacheEventData;
 
 use super::client::CONNECT_TIMEOUT;
 use super::frame::{EventMessage, Publication, ToPlanes};

@@ -9,11 +9,11 @@
 
 use std::collections::BTreeMap;
 
-use kvrelay::identity::EndpointPath;
-use kvrelay::inputs::{
+use kvrelay_core::inputs::{
     CardInstanceId, DcInput, DiscoveryKey, EventRecordKey, KV_EVENTS_TOPIC, KvEventSourceAdvert,
     ModelCard, ModelInput, RecoveryTarget, RequestPlaneTransport,
 };
+use kvrelay_core::model::identity::EndpointPath;
 use serde_json::{Map, Value, json};
 
 /// One registration: the JSON document and the lease (worker instance id) it lives under.
@@ -152,7 +152,7 @@ fn model_record(id: &CardInstanceId, card: &ModelCard) -> Value {
 fn card_json(card: &ModelCard) -> Value {
     let mut out = Map::new();
     out.insert("display_name".into(), json!(card.display_name));
-    out.insert("slug".into(), json!(kvrelay::discovery::slugify(&card.display_name)));
+    out.insert("slug".into(), json!(kvrelay_core::discovery::slugify(&card.display_name)));
     if !card.aliases.is_empty() {
         out.insert("aliases".into(), json!(card.aliases));
     }
@@ -218,9 +218,9 @@ fn card_json(card: &ModelCard) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use kvrelay::inputs::{DiscoveryRecord, decode_discovery_record};
-    use kvrelay::rng::rng_from_seed;
-    use kvrelay::workload::{Deployment, SimulatedDc, TrafficConfig};
+    use kvrelay_core::inputs::{DiscoveryRecord, decode_discovery_record};
+    use kvrelay_core::rng::rng_from_seed;
+    use kvrelay_dc::{Deployment, SimulatedDc, TrafficConfig};
 
     use super::*;
 

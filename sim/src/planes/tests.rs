@@ -5,10 +5,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kvrelay::demo::SharedDc;
-use kvrelay::discovery::DiscoveryScope;
-use kvrelay::inputs::DcInput;
-use kvrelay::rng::rng_from_seed;
-use kvrelay::workload::{Deployment, SimulatedDc, TrafficConfig};
+use kvrelay_core::discovery::DiscoveryScope;
+use kvrelay_core::inputs::DcInput;
+use kvrelay_core::rng::rng_from_seed;
+use kvrelay_dc::{Deployment, SimulatedDc, TrafficConfig};
 use tokio::sync::mpsc;
 
 use super::client::PlanesClient;

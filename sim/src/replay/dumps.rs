@@ -16,14 +16,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kvrelay::hashing::{ExternalBlockHash, LocalBlockHash};
-use kvrelay::inputs::{DcInput, KvEventSourceAdvert, RecoveryTarget};
 use kvrelay::journal::RecoveryOutcome;
-use kvrelay::kv_events::{
+use kvrelay_core::inputs::{DcInput, KvEventSourceAdvert, RecoveryTarget};
+use kvrelay_core::model::hashing::{ExternalBlockHash, LocalBlockHash};
+use kvrelay_core::model::kv_events::{
     KvCacheEvent, KvCacheEventData, Residency, RouterEvent, SourceKey, StorageTier, StoreData,
     StoredBlock,
 };
-use kvrelay::sources::{RecoveryRequest, RecoveryResponse, TreeDumpScope};
+use kvrelay_core::sources::{RecoveryRequest, RecoveryResponse, TreeDumpScope};
 
 /// Events held per rank while an earlier id is missing; past it the rank waits for a dump.
 const PENDING_EVENTS_MAX: usize = 4096;
@@ -259,10 +259,10 @@ impl RankStates {
 
 #[cfg(test)]
 mod tests {
-    use kvrelay::identity::EndpointPath;
-    use kvrelay::inputs::{KvEventBatch, RequestPlaneTransport};
-    use kvrelay::kv_events::RemoveData;
-    use kvrelay::pool::RankReplacement;
+    use kvrelay_core::inputs::{KvEventBatch, RequestPlaneTransport};
+    use kvrelay_core::model::identity::EndpointPath;
+    use kvrelay_core::model::kv_events::RemoveData;
+    use kvrelay_core::pool::RankReplacement;
 
     use super::*;
 

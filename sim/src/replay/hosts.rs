@@ -24,15 +24,15 @@ use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kvrelay::consumer::ConsumerSnapshot;
-use kvrelay::identity::RelayIdentity;
-use kvrelay::inputs::DcInput;
 use kvrelay::journal::{END_MARGIN, JournalHeader, JournalReplay, ReplayReport};
 use kvrelay::node::{NoRecovery, NodeConfig, start_node};
-use kvrelay::rng::{derive_seed, rng_from_seed};
 use kvrelay::runtime::{InlineExecutor, ManualWallClock, WallClock};
 use kvrelay::wan::WanViews;
-use kvrelay::wire::{LoadUpdate, validate_load_update};
+use kvrelay_consumer::ConsumerSnapshot;
+use kvrelay_core::inputs::DcInput;
+use kvrelay_core::model::identity::RelayIdentity;
+use kvrelay_core::rng::{derive_seed, rng_from_seed};
+use kvrelay_core::wire::{LoadUpdate, validate_load_update};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
@@ -294,7 +294,7 @@ fn same_view(ours: &ConsumerSnapshot, theirs: &ConsumerSnapshot) -> bool {
     ours.catalog_revision.is_some()
         && pools(ours) == pools(theirs)
         && readiness(ours) == readiness(theirs)
-        && ours.pools.iter().all(|pool| pool.status == kvrelay::consumer::FilterStatus::Ready)
+        && ours.pools.iter().all(|pool| pool.status == kvrelay_consumer::FilterStatus::Ready)
 }
 
 /// Poll `check` every 100 ms until it holds or the convergence bound passes.

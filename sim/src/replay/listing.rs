@@ -4,9 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use kvrelay::discovery::{CardChange, DiscoveryScope, DiscoveryView};
-use kvrelay::identity::EndpointPath;
-use kvrelay::inputs::{DcInput, EndpointInstances, KvEventSourceAdvert};
+use kvrelay_core::discovery::{CardChange, DiscoveryScope, DiscoveryView};
+use kvrelay_core::inputs::{DcInput, EndpointInstances, KvEventSourceAdvert};
+use kvrelay_core::model::identity::EndpointPath;
 
 /// Cards (through the relay's own [`DiscoveryView`]), each endpoint's last instance set, and the
 /// source adverts not withdrawn, in the order they were advertised.
@@ -91,8 +91,8 @@ pub fn listing_after<'a>(
 
 #[cfg(test)]
 mod tests {
-    use kvrelay::rng::rng_from_seed;
-    use kvrelay::workload::{Deployment, SimulatedDc, TrafficConfig};
+    use kvrelay_core::rng::rng_from_seed;
+    use kvrelay_dc::{Deployment, SimulatedDc, TrafficConfig};
 
     use super::*;
 

@@ -22,9 +22,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kvrelay::journal::{JournalReplay, ReplayOptions, ReplayReport};
-use kvrelay::rng::{derive_seed, rng_from_seed};
 use kvrelay::runtime::ManualWallClock;
-use kvrelay::wire::LoadUpdate;
+use kvrelay_core::rng::{derive_seed, rng_from_seed};
+use kvrelay_core::wire::LoadUpdate;
 use tokio::sync::watch;
 
 pub use self::report::{render, replay_paused, verdict};

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use kvrelay::journal::{Checkpoint, JournalReader, ReplayOptions, ReplayReport, replay_journal};
 use kvrelay::runtime::InlineExecutor;
-use kvrelay::wire::LoadUpdate;
+use kvrelay_core::wire::LoadUpdate;
 
 /// Replay the journal at `path` (a recording directory or one segment) up to `until` (the whole
 /// journal when `None`), on a current-thread tokio runtime with a paused clock.

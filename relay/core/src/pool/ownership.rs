@@ -1,0 +1,629 @@
+//! Exact block ownership of one pool and the filter it drives (relay-facts §4.4).
+//!
+//! Per source `(worker_id, dp_rank)`, a lineage maps the engine's block ids to canonical sequence
+//! hashes; across sources, an owner table counts mappings per canonical hash and records whether
+//! its fingerprint is in the filter. Invariants, checked by [`PoolOwnership::check_invariants`]:
+//!
+//! - every canonical hash's owner count equals the number of lineage mappings to it;
+//! - a canonical hash is resident iff it has exactly one fingerprint in the filter on its behalf,
+//!   so a resident hash is always found by the filter;
+//! - an owned hash that is not resident was a capacity omission and is counted as one;
+//! - with no owners at all, every filter word is zero.
+//!
+//! Stores are atomic: a store either commits every new mapping or none (capacity omissions are
+//! not failures: the mapping is committed without residency). Removals and clears of unknown
+//! blocks are counted no-ops, never deletions by fingerprint.
+
+use std::collections::BTreeMap;
+
+use thiserror::Error;
+
+use super::tables::{LineageTable, OWNERS_MAX, OwnerState, OwnerTable};
+use crate::filter::ckf::{BucketImage, CkfAllocationError, CkfFormat, CuckooFilter};
+use crate::model::hashing::{ExternalBlockHash, SequenceHash};
+use crate::model::kv_events::{KvCacheEventData, Residency, RouterEvent, SourceKey, StoreData};
+use crate::rng::RelayRng;
+
+/// Why an event was rejected. Except for [`ApplyError::IndexerInvariantViolation`], nothing was
+/// changed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ApplyError {
+    /// The event names a residency domain this relay does not know.
+    #[error("unsupported residency domain {0:?}")]
+    UnsupportedResidencyDomain(String),
+    /// A store continues a parent block the source never stored (or already removed).
+    #[error("parent block {0:#x} not found for this source")]
+    ParentBlockNotFound(u64),
+    /// The store contradicts the source's lineage or its own positions.
+    #[error("invalid block sequence: {0}")]
+    InvalidBlockSequence(SequenceFault),
+    /// A canonical hash would exceed the owner-count limit.
+    #[error("owner count of canonical hash {0:#x} would exceed {OWNERS_MAX}")]
+    OwnershipDegreeOverflow(u64),
+    /// Memory for the new mappings could not be reserved.
+    #[error("could not reserve memory for the new mappings")]
+    AllocationFailed,
+    /// The exact state and the filter disagree: a resident hash had no fingerprint.
+    #[error("resident canonical hash {canonical:#x} has no fingerprint in the filter")]
+    IndexerInvariantViolation {
+        /// The canonical hash whose fingerprint was missing.
+        canonical: u64,
+    },
+}
+
+/// How a store contradicted the rules of block sequences.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum SequenceFault {
+    /// An engine block id already maps to a different canonical hash.
+    #[error("block {external:#x} already maps to another canonical hash")]
+    ConflictingRemap {
+        /// The engine block id.
+        external: u64,
+    },
+    /// A chain without a parent must start at position 0.
+    #[error("chain without parent starts at position {0}")]
+    RootNotAtStart(u32),
+    /// A recovery dump may only contain stores.
+    #[error("recovery dumps contain only stores")]
+    NotAStore,
+}
+
+/// What the relay does about a failed event (relay-facts §4.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureDisposition {
+    /// Report a resource failure; the rank is recovered.
+    ReportResourceFailure,
+    /// The source broke the protocol: reject it (the rank is recovered).
+    RejectSource,
+    /// The producer's state is inconsistent: fence it and rebuild in a new generation.
+    FenceAndRebuildProducer,
+}
+
+impl ApplyError {
+    /// The disposition for this failure.
+    #[must_use]
+    pub fn disposition(&self) -> FailureDisposition {
+        match self {
+            ApplyError::AllocationFailed => FailureDisposition::ReportResourceFailure,
+            ApplyError::IndexerInvariantViolation { .. } => {
+                FailureDisposition::FenceAndRebuildProducer
+            }
+            ApplyError::UnsupportedResidencyDomain(_)
+            | ApplyError::ParentBlockNotFound(_)
+            | ApplyError::InvalidBlockSequence(_)
+            | ApplyError::OwnershipDegreeOverflow(_) => FailureDisposition::RejectSource,
+        }
+    }
+}
+
+/// What applying one event did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ApplyOutcome {
+    /// False when the event was valid but not for the primary residency, and was ignored.
+    pub applied: bool,
+    /// Newly owned blocks that could not be placed in the filter.
+    pub capacity_omissions: u32,
+    /// Removed engine block ids this source never stored.
+    pub unknown_removals: u32,
+}
+
+/// Running totals over the life of the state (carried across rank replacements).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OwnershipCounters {
+    /// Events applied.
+    pub events_applied: u64,
+    /// Valid events ignored because they were not for the primary residency.
+    pub events_ignored: u64,
+    /// Events rejected with an error.
+    pub events_rejected: u64,
+    /// Blocks owned without residency because the filter had no room.
+    pub capacity_omissions: u64,
+    /// Removals of engine block ids the source never stored.
+    pub unknown_removals: u64,
+}
+
+/// A replay-ordered rebuild of one rank's lineage, validated as it is built.
+#[derive(Debug, Clone, Default)]
+pub struct RankReplacement {
+    lineage: LineageTable,
+    /// Mappings in replay order, so installation is deterministic.
+    order: Vec<(u64, u64)>,
+}
+
+impl RankReplacement {
+    /// An empty replacement (replacing a rank with it removes the rank's blocks).
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Add one event of a replay-ordered dump: only primary stores are accepted, parents must
+    /// precede children. Non-primary events are ignored. On error nothing is added.
+    pub fn push_event(&mut self, event: &RouterEvent) -> Result<(), ApplyError> {
+        match event.residency() {
+            Err(unsupported) => return Err(ApplyError::UnsupportedResidencyDomain(unsupported.0)),
+            Ok(Residency::NonPrimary) => return Ok(()),
+            Ok(Residency::Primary) => {}
+        }
+        let KvCacheEventData::Stored(store) = &event.event.data else {
+            return Err(ApplyError::InvalidBlockSequence(SequenceFault::NotAStore));
+        };
+        let plan = plan_store(&self.lineage, store)?;
+        if !self.lineage.try_reserve(plan.new_mappings.len()) {
+            return Err(ApplyError::AllocationFailed);
+        }
+        for &(external, canonical) in &plan.new_mappings {
+            self.lineage.insert_new(external, canonical);
+            self.order.push((external, canonical));
+        }
+        Ok(())
+    }
+
+    /// Number of blocks in the replacement.
+    #[must_use]
+    pub fn block_count(&self) -> usize {
+        self.order.len()
+    }
+}
+
+/// Chains longer than this find duplicate engine ids through a table instead of a scan.
+const BATCH_INDEX_MIN_BLOCKS: usize = 16;
+
+/// The validated effect of one store on a lineage, computed before anything is committed.
+struct StorePlan {
+    /// New `(external, canonical)` mappings in chain order.
+    new_mappings: Vec<(u64, u64)>,
+    /// Canonical hashes of blocks the source already had (re-offers), not among the new ones.
+    reoffers: Vec<u64>,
+}
+
+/// Check a store against a lineage and compute its canonical hashes; changes nothing.
+fn plan_store(lineage: &LineageTable, store: &StoreData) -> Result<StorePlan, ApplyError> {
+    let mut plan = StorePlan { new_mappings: Vec::new(), reoffers: Vec::new() };
+    if store.blocks.is_empty() {
+        return Ok(plan);
+    }
+    let mut previous = match (store.parent_hash, store.start_position) {
+        (Some(ExternalBlockHash(parent)), _) => {
+            Some(SequenceHash(lineage.get(parent).ok_or(ApplyError::ParentBlockNotFound(parent))?))
+        }
+        (None, Some(position)) if position != 0 => {
+            return Err(ApplyError::InvalidBlockSequence(SequenceFault::RootNotAtStart(position)));
+        }
+        (None, _) => None,
+    };
+    plan.new_mappings.reserve(store.blocks.len());
+    // Long chains index their own new mappings so duplicate ids stay O(1) to find.
+    let mut batch = (store.blocks.len() > BATCH_INDEX_MIN_BLOCKS).then(LineageTable::default);
+    for block in &store.blocks {
+        let canonical = match previous {
+            None => SequenceHash::root(block.tokens_hash),
+            Some(parent) => parent.child(block.tokens_hash),
+        };
+        previous = Some(canonical);
+        let external = block.block_hash.0;
+        let existing = lineage.get(external).or_else(|| match &batch {
+            Some(batch) => batch.get(external),
+            None => plan.new_mappings.iter().find(|(known, _)| *known == external).map(|m| m.1),
+        });
+        match existing {
+            Some(mapped) if mapped != canonical.0 => {
+                return Err(ApplyError::InvalidBlockSequence(SequenceFault::ConflictingRemap {
+                    external,
+                }));
+            }
+            Some(_) => plan.reoffers.push(canonical.0),
+            None => {
+                plan.new_mappings.push((external, canonical.0));
+                if let Some(batch) = &mut batch {
+                    batch.insert_new(external, canonical.0);
+                }
+            }
+        }
+    }
+    if !plan.reoffers.is_empty() && !plan.new_mappings.is_empty() {
+        let mut new: Vec<u64> = plan.new_mappings.iter().map(|&(_, canonical)| canonical).collect();
+        new.sort_unstable();
+        plan.reoffers.retain(|canonical| new.binary_search(canonical).is_err());
+    }
+    Ok(plan)
+}
+
+/// Exact ownership of one pool plus its cuckoo filter.
+#[derive(Debug, Clone)]
+pub struct PoolOwnership {
+    filter: CuckooFilter,
+    sources: BTreeMap<SourceKey, LineageTable>,
+    owners: OwnerTable,
+    /// Owned canonical hashes without residency.
+    omitted_owned: u64,
+    counters: OwnershipCounters,
+}
+
+impl PoolOwnership {
+    /// An empty pool with a filter of `format`; `rng` supplies cuckoo kick choices.
+    pub fn new(
+        format: CkfFormat,
+        max_kicks: u32,
+        rng: RelayRng,
+    ) -> Result<Self, CkfAllocationError> {
+        Ok(PoolOwnership {
+            filter: CuckooFilter::new(format, max_kicks, rng)?,
+            sources: BTreeMap::new(),
+            owners: OwnerTable::default(),
+            omitted_owned: 0,
+            counters: OwnershipCounters::default(),
+        })
+    }
+
+    /// The pool's filter.
+    #[must_use]
+    pub fn filter(&self) -> &CuckooFilter {
+        &self.filter
+    }
+
+    /// Running totals.
+    #[must_use]
+    pub fn counters(&self) -> &OwnershipCounters {
+        &self.counters
+    }
+
+    /// Owner state of a canonical hash, `None` when unowned.
+    #[must_use]
+    pub fn owner_state(&self, canonical: SequenceHash) -> Option<OwnerState> {
+        self.owners.get(canonical.0)
+    }
+
+    /// Number of distinct owned canonical hashes.
+    #[must_use]
+    pub fn owned_block_count(&self) -> usize {
+        self.owners.len()
+    }
+
+    /// Owned canonical hashes that are not resident (capacity omissions still owned).
+    #[must_use]
+    pub fn omitted_block_count(&self) -> u64 {
+        self.omitted_owned
+    }
+
+    /// Every owned canonical hash with its state, sorted by hash.
+    #[must_use]
+    pub fn owned_blocks(&self) -> Vec<(SequenceHash, OwnerState)> {
+        let mut blocks: Vec<_> =
+            self.owners.iter().map(|(canonical, state)| (SequenceHash(canonical), state)).collect();
+        blocks.sort_unstable_by_key(|(canonical, _)| *canonical);
+        blocks
+    }
+
+    /// The sources that own at least one block, in order.
+    pub fn sources(&self) -> impl Iterator<Item = (SourceKey, usize)> + '_ {
+        self.sources.iter().map(|(key, lineage)| (*key, lineage.len()))
+    }
+
+    /// Bytes allocated by the exact state (lineage and owner tables; not the filter).
+    #[must_use]
+    pub fn exact_state_bytes(&self) -> usize {
+        self.owners.allocation_bytes()
+            + self.sources.values().map(LineageTable::allocation_bytes).sum::<usize>()
+    }
+
+    /// Whether any bucket was written since the last publication.
+    #[must_use]
+    pub fn has_unpublished_writes(&self) -> bool {
+        self.filter.has_unpublished_writes()
+    }
+
+    /// Images of the buckets that differ from their last published words; resets the baseline.
+    pub fn take_publication(&mut self) -> Vec<BucketImage> {
+        self.filter.take_publication()
+    }
+
+    /// Make the current words the publication baseline without building images.
+    pub fn discard_publication(&mut self) {
+        self.filter.discard_publication();
+    }
+
+    /// Apply one event. On error the state is unchanged, except that a removal meeting an
+    /// invariant violation still processes its other blocks.
+    pub fn apply_event(&mut self, event: &RouterEvent) -> Result<ApplyOutcome, ApplyError> {
+        let result = self.apply_event_inner(event);
+        match &result {
+            Ok(outcome) if outcome.applied => {
+                self.counters.events_applied += 1;
+                self.counters.capacity_omissions += u64::from(outcome.capacity_omissions);
+                self.counters.unknown_removals += u64::from(outcome.unknown_removals);
+            }
+            Ok(_) => self.counters.events_ignored += 1,
+            Err(_) => self.counters.events_rejected += 1,
+        }
+        result
+    }
+
+    fn apply_event_inner(&mut self, event: &RouterEvent) -> Result<ApplyOutcome, ApplyError> {
+        match event.residency() {
+            Err(unsupported) => return Err(ApplyError::UnsupportedResidencyDomain(unsupported.0)),
+            Ok(Residency::NonPrimary) => return Ok(ApplyOutcome::default()),
+            Ok(Residency::Primary) => {}
+        }
+        let source = event.source();
+        let mut outcome = ApplyOutcome { applied: true, ..ApplyOutcome::default() };
+        match &event.event.data {
+            KvCacheEventData::Stored(store) => {
+                outcome.capacity_omissions = self.store(source, store)?;
+            }
+            KvCacheEventData::Removed(remove) => {
+                let mut first_error = None;
+                for external in &remove.block_hashes {
+                    match self.remove_block(source, external.0) {
+                        Ok(true) => {}
+                        Ok(false) => outcome.unknown_removals += 1,
+                        Err(error) => {
+                            first_error.get_or_insert(error);
+                        }
+                    }
+                }
+                self.drop_source_if_empty(source);
+                if let Some(error) = first_error {
+                    return Err(error);
+                }
+            }
+            KvCacheEventData::Cleared => self.clear_source(source)?,
+        }
+        Ok(outcome)
+    }
+
+    /// Commit a store; returns the number of capacity omissions.
+    fn store(&mut self, source: SourceKey, store: &StoreData) -> Result<u32, ApplyError> {
+        let empty = LineageTable::default();
+        let lineage = self.sources.get(&source).unwrap_or(&empty);
+        let plan = plan_store(lineage, store)?;
+        if plan.new_mappings.is_empty() && plan.reoffers.is_empty() {
+            return Ok(0);
+        }
+        for &(_, canonical) in &plan.new_mappings {
+            let owners = self.owners.get(canonical).map_or(0, |state| state.owners);
+            if owners.saturating_add(plan.new_mappings.len() as u32) > OWNERS_MAX {
+                return Err(ApplyError::OwnershipDegreeOverflow(canonical));
+            }
+        }
+        let additional = plan.new_mappings.len();
+        if !self.owners.try_reserve(additional) {
+            return Err(ApplyError::AllocationFailed);
+        }
+        let lineage = self.sources.entry(source).or_default();
+        if !lineage.try_reserve(additional) {
+            return Err(ApplyError::AllocationFailed);
+        }
+        // Commit: nothing below can fail except physical placement, which is not an error.
+        let mut omissions = 0u32;
+        let mut omitted_now: Vec<u64> = Vec::new();
+        for &(external, canonical) in &plan.new_mappings {
+            lineage.insert_new(external, canonical);
+            let state = self.owners.add_owners(canonical, 1);
+            if state.resident || omitted_now.contains(&canonical) {
+                continue;
+            }
+            if self.filter.insert(canonical).is_ok() {
+                self.owners.set_resident(canonical, true);
+                if state.owners > 1 {
+                    self.omitted_owned -= 1;
+                }
+            } else {
+                omissions += 1;
+                omitted_now.push(canonical);
+                if state.owners == 1 {
+                    self.omitted_owned += 1;
+                }
+            }
+        }
+        for &canonical in &plan.reoffers {
+            if let Some(state) = self.owners.get(canonical)
+                && !state.resident
+                && self.filter.insert_without_relocation(canonical)
+            {
+                self.owners.set_resident(canonical, true);
+                self.omitted_owned -= 1;
+            }
+        }
+        Ok(omissions)
+    }
+
+    /// Drop one owner of `canonical`; removes its fingerprint when it was the last resident one.
+    fn release_owner(&mut self, canonical: u64, count: u32) -> Result<(), ApplyError> {
+        let Some(after) = self.owners.remove_owners(canonical, count) else {
+            return Err(ApplyError::IndexerInvariantViolation { canonical });
+        };
+        if after.owners == 0 {
+            if after.resident {
+                self.filter
+                    .remove(canonical)
+                    .map_err(|_| ApplyError::IndexerInvariantViolation { canonical })?;
+            } else {
+                self.omitted_owned -= 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Remove one engine block of a source. `Ok(false)` when the source never stored it.
+    fn remove_block(&mut self, source: SourceKey, external: u64) -> Result<bool, ApplyError> {
+        let Some(lineage) = self.sources.get_mut(&source) else { return Ok(false) };
+        let Some(canonical) = lineage.remove(external) else { return Ok(false) };
+        self.release_owner(canonical, 1)?;
+        Ok(true)
+    }
+
+    fn drop_source_if_empty(&mut self, source: SourceKey) {
+        if self.sources.get(&source).is_some_and(LineageTable::is_empty) {
+            self.sources.remove(&source);
+        }
+    }
+
+    /// Remove every mapping of one source; other sources' shares of the same hashes remain.
+    fn clear_source(&mut self, source: SourceKey) -> Result<(), ApplyError> {
+        let Some(lineage) = self.sources.remove(&source) else { return Ok(()) };
+        let mut first_error = None;
+        for (_, canonical) in lineage.iter() {
+            if let Err(error) = self.release_owner(canonical, 1) {
+                first_error.get_or_insert(error);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Remove every block of one rank.
+    pub fn remove_rank(&mut self, source: SourceKey) -> Result<(), ApplyError> {
+        self.clear_source(source)
+    }
+
+    /// Remove every block of every rank of a worker.
+    pub fn remove_worker(&mut self, worker_id: u64) -> Result<(), ApplyError> {
+        let ranks: Vec<SourceKey> =
+            self.sources.keys().filter(|key| key.worker_id == worker_id).copied().collect();
+        let mut first_error = None;
+        for source in ranks {
+            if let Err(error) = self.clear_source(source) {
+                first_error.get_or_insert(error);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Replace the lineage of several ranks at once with rebuilt ones (recovery).
+    ///
+    /// Transactional: every check and allocation happens before the first change, so an error
+    /// leaves the state untouched. Only the net change per canonical hash touches the filter:
+    /// hashes whose last owner goes are removed first, then newly owned hashes are inserted, so a
+    /// rank replaced by the same content publishes nothing. Owned hashes left without residency
+    /// by earlier capacity omissions get another full insertion attempt afterwards. Returns the
+    /// number of capacity omissions.
+    pub fn replace_ranks(
+        &mut self,
+        replacements: BTreeMap<SourceKey, RankReplacement>,
+    ) -> Result<u32, ApplyError> {
+        let mut net: BTreeMap<u64, i64> = BTreeMap::new();
+        for (source, replacement) in &replacements {
+            if let Some(old) = self.sources.get(source) {
+                for (_, canonical) in old.iter() {
+                    *net.entry(canonical).or_default() -= 1;
+                }
+            }
+            for &(_, canonical) in &replacement.order {
+                *net.entry(canonical).or_default() += 1;
+            }
+        }
+        let mut newly_owned = 0usize;
+        for (&canonical, &change) in &net {
+            let owners = i64::from(self.owners.get(canonical).map_or(0, |state| state.owners));
+            if owners + change > i64::from(OWNERS_MAX) {
+                return Err(ApplyError::OwnershipDegreeOverflow(canonical));
+            }
+            if owners + change < 0 {
+                return Err(ApplyError::IndexerInvariantViolation { canonical });
+            }
+            if owners == 0 && change > 0 {
+                newly_owned += 1;
+            }
+        }
+        if !self.owners.try_reserve(newly_owned) {
+            return Err(ApplyError::AllocationFailed);
+        }
+        // Commit.
+        for (source, replacement) in replacements {
+            if replacement.lineage.is_empty() {
+                self.sources.remove(&source);
+            } else {
+                self.sources.insert(source, replacement.lineage);
+            }
+        }
+        let mut first_error = None;
+        for (&canonical, &change) in net.iter().filter(|(_, change)| **change < 0) {
+            if let Err(error) = self.release_owner(canonical, change.unsigned_abs() as u32) {
+                first_error.get_or_insert(error);
+            }
+        }
+        let mut omissions = 0u32;
+        for (&canonical, &change) in net.iter().filter(|(_, change)| **change > 0) {
+            let state = self.owners.add_owners(canonical, change as u32);
+            if state.owners == change as u32 {
+                self.omitted_owned += 1;
+            }
+            if !state.resident && !self.admit(canonical) {
+                omissions += 1;
+            }
+        }
+        if self.omitted_owned > 0 {
+            let waiting: Vec<u64> = self
+                .owners
+                .iter()
+                .filter(|(canonical, state)| !state.resident && !net.contains_key(canonical))
+                .map(|(canonical, _)| canonical)
+                .collect();
+            for canonical in waiting {
+                self.admit(canonical);
+            }
+        }
+        self.counters.capacity_omissions += u64::from(omissions);
+        first_error.map_or(Ok(omissions), Err)
+    }
+
+    /// Try a full insertion of an owned, non-resident canonical hash.
+    fn admit(&mut self, canonical: u64) -> bool {
+        if self.filter.insert(canonical).is_err() {
+            return false;
+        }
+        self.owners.set_resident(canonical, true);
+        self.omitted_owned -= 1;
+        true
+    }
+
+    /// Verify every invariant of the module doc against the whole state (tests and debugging:
+    /// O(state)).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut mapped: BTreeMap<u64, u32> = BTreeMap::new();
+        for lineage in self.sources.values() {
+            if lineage.is_empty() {
+                return Err("an empty lineage is kept".into());
+            }
+            for (_, canonical) in lineage.iter() {
+                *mapped.entry(canonical).or_default() += 1;
+            }
+        }
+        if mapped.len() != self.owners.len() {
+            return Err(format!(
+                "{} mapped hashes, {} owner entries",
+                mapped.len(),
+                self.owners.len()
+            ));
+        }
+        let mut resident = 0u64;
+        let mut omitted = 0u64;
+        for (canonical, state) in self.owners.iter() {
+            if mapped.get(&canonical) != Some(&state.owners) {
+                return Err(format!("owner count of {canonical:#x} is {}", state.owners));
+            }
+            if state.resident {
+                resident += 1;
+                if !self.filter.contains(canonical) {
+                    return Err(format!("resident {canonical:#x} not in the filter"));
+                }
+            } else {
+                omitted += 1;
+            }
+        }
+        if omitted != self.omitted_owned {
+            return Err(format!("{omitted} omitted hashes, counter says {}", self.omitted_owned));
+        }
+        if resident != self.filter.occupied_slots() {
+            return Err(format!(
+                "{resident} resident hashes, {} occupied slots",
+                self.filter.occupied_slots()
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[path = "ownership_tests.rs"]
+mod tests;

@@ -1,0 +1,526 @@
+//! Unit tests of the exact ownership state, after the reference's named cases (relay-facts §14).
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::filter::ckf::{DEFAULT_SEED, MAX_KICKS_DEFAULT};
+use crate::model::hashing::{LocalBlockHash, block_hash_seed, local_block_hash};
+use crate::model::kv_events::{
+    KvCacheEvent, RemoveData, ResidencyDomain, StorageTier, StoredBlock,
+};
+use crate::rng::rng_from_seed;
+
+const A: SourceKey = SourceKey { worker_id: 1, dp_rank: 0 };
+const A1: SourceKey = SourceKey { worker_id: 1, dp_rank: 1 };
+const B: SourceKey = SourceKey { worker_id: 2, dp_rank: 0 };
+
+fn pool(bucket_count: u64) -> PoolOwnership {
+    PoolOwnership::new(
+        CkfFormat::v1(DEFAULT_SEED, bucket_count),
+        MAX_KICKS_DEFAULT,
+        rng_from_seed(1),
+    )
+    .unwrap()
+}
+
+fn event(source: SourceKey, data: KvCacheEventData) -> RouterEvent {
+    RouterEvent {
+        worker_id: source.worker_id,
+        storage_tier: StorageTier::Device,
+        residency_domain: None,
+        event: KvCacheEvent { event_id: 1, dp_rank: source.dp_rank, data },
+    }
+}
+
+/// A store of `(external id, tokens hash)` blocks continuing `parent`.
+fn stored(source: SourceKey, parent: Option<u64>, blocks: &[(u64, u64)]) -> RouterEvent {
+    event(
+        source,
+        KvCacheEventData::Stored(StoreData {
+            parent_hash: parent.map(ExternalBlockHash),
+            start_position: None,
+            blocks: blocks
+                .iter()
+                .map(|&(external, tokens)| StoredBlock {
+                    block_hash: ExternalBlockHash(external),
+                    tokens_hash: LocalBlockHash(tokens),
+                })
+                .collect(),
+        }),
+    )
+}
+
+fn removed(source: SourceKey, externals: &[u64]) -> RouterEvent {
+    event(
+        source,
+        KvCacheEventData::Removed(RemoveData {
+            block_hashes: externals.iter().map(|&e| ExternalBlockHash(e)).collect(),
+        }),
+    )
+}
+
+fn cleared(source: SourceKey) -> RouterEvent {
+    event(source, KvCacheEventData::Cleared)
+}
+
+fn root(tokens: u64) -> SequenceHash {
+    SequenceHash::root(LocalBlockHash(tokens))
+}
+
+fn chain(tokens: &[u64]) -> Vec<SequenceHash> {
+    let locals: Vec<LocalBlockHash> = tokens.iter().map(|&t| LocalBlockHash(t)).collect();
+    crate::model::hashing::sequence_hashes(&locals)
+}
+
+fn owners(pool: &PoolOwnership, canonical: SequenceHash) -> u32 {
+    pool.owner_state(canonical).map_or(0, |state| state.owners)
+}
+
+fn apply(pool: &mut PoolOwnership, event: &RouterEvent) -> ApplyOutcome {
+    let outcome = pool.apply_event(event).expect("event applies");
+    pool.check_invariants().expect("invariants hold");
+    outcome
+}
+
+#[test]
+fn shared_ownership_keeps_a_block_until_its_last_owner_leaves() {
+    let mut p = pool(64);
+    apply(&mut p, &stored(A, None, &[(10, 7)]));
+    apply(&mut p, &stored(B, None, &[(99, 7)]));
+    assert_eq!(owners(&p, root(7)), 2);
+    assert_eq!(p.filter().occupied_slots(), 1, "one fingerprint per canonical hash");
+    apply(&mut p, &removed(A, &[10]));
+    assert!(p.filter().contains(7));
+    apply(&mut p, &removed(B, &[99]));
+    assert_eq!(p.owner_state(root(7)), None);
+    assert!(p.filter().is_empty());
+}
+
+#[test]
+fn captured_vllm_and_sglang_ids_map_to_the_same_dynamo_root() {
+    let mut p = pool(524_288);
+    let tokens_hash = 3_727_940_790_060_946_254;
+    apply(&mut p, &stored(A, None, &[(5_151_625_331_053_002_286, tokens_hash)]));
+    apply(&mut p, &stored(B, None, &[(16_481_235_979_017_058_908, tokens_hash)]));
+    assert_eq!(
+        p.owner_state(SequenceHash(3_727_940_790_060_946_254)),
+        Some(OwnerState { owners: 2, resident: true })
+    );
+    // Probe of this hash: fingerprint 0x3239 in bucket 23503 (relay-facts Appendix A).
+    assert_eq!(p.filter().words()[23_503], 0x3239);
+}
+
+#[test]
+fn root_and_batched_chain_use_canonical_token_hashes_not_external_ids() {
+    let mut batched = pool(256);
+    apply(&mut batched, &stored(A, None, &[(1, 11), (2, 22), (3, 33)]));
+    let mut parented = pool(256);
+    apply(&mut parented, &stored(B, None, &[(900, 11)]));
+    apply(&mut parented, &stored(B, Some(900), &[(901, 22)]));
+    apply(&mut parented, &stored(B, Some(901), &[(902, 33)]));
+    let expected: Vec<SequenceHash> = chain(&[11, 22, 33]);
+    let hashes =
+        |p: &PoolOwnership| p.owned_blocks().into_iter().map(|(h, _)| h).collect::<Vec<_>>();
+    let mut sorted = expected.clone();
+    sorted.sort();
+    assert_eq!(hashes(&batched), sorted);
+    assert_eq!(hashes(&parented), sorted);
+    for hash in expected {
+        assert!(batched.filter().contains(hash.0));
+    }
+}
+
+#[test]
+fn clearing_a_rank_leaves_sibling_ranks_and_other_workers() {
+    let mut p = pool(256);
+    apply(&mut p, &stored(A, None, &[(1, 100), (2, 200)]));
+    apply(&mut p, &stored(A1, None, &[(1, 100)]));
+    apply(&mut p, &stored(B, None, &[(5, 300)]));
+    apply(&mut p, &cleared(A));
+    assert_eq!(owners(&p, root(100)), 1);
+    assert_eq!(p.owner_state(chain(&[100, 200])[1]), None);
+    assert_eq!(owners(&p, root(300)), 1);
+    assert_eq!(p.sources().collect::<Vec<_>>(), vec![(A1, 1), (B, 1)]);
+}
+
+#[test]
+fn clear_removes_all_same_source_aliases_of_one_canonical_hash() {
+    let mut p = pool(64);
+    apply(&mut p, &stored(A, None, &[(1, 7)]));
+    apply(&mut p, &stored(A, None, &[(2, 7)]));
+    assert_eq!(owners(&p, root(7)), 2);
+    apply(&mut p, &cleared(A));
+    assert!(p.filter().is_empty());
+    assert_eq!(p.owned_block_count(), 0);
+}
+
+#[test]
+fn non_device_events_are_ignored_and_unknown_removals_counted() {
+    let mut p = pool(64);
+    let mut host = stored(A, None, &[(1, 7)]);
+    host.storage_tier = StorageTier::HostPinned;
+    assert_eq!(apply(&mut p, &host), ApplyOutcome::default());
+    assert_eq!(p.owned_block_count(), 0);
+    let outcome = apply(&mut p, &removed(A, &[1, 2]));
+    assert_eq!(outcome, ApplyOutcome { applied: true, capacity_omissions: 0, unknown_removals: 2 });
+    assert_eq!(p.counters().unknown_removals, 2);
+    assert_eq!(p.counters().events_ignored, 1);
+}
+
+#[test]
+fn cache_owner_clear_is_ignored() {
+    let mut p = pool(64);
+    apply(&mut p, &stored(A, None, &[(1, 7)]));
+    let mut clear = cleared(A);
+    clear.residency_domain = Some(ResidencyDomain::CacheOwner);
+    assert!(!apply(&mut p, &clear).applied);
+    assert_eq!(owners(&p, root(7)), 1);
+}
+
+#[test]
+fn unknown_residency_fails_closed() {
+    let mut p = pool(64);
+    let mut store = stored(A, None, &[(1, 7)]);
+    store.residency_domain = Some(ResidencyDomain::Unsupported("tier9".into()));
+    assert_eq!(p.apply_event(&store), Err(ApplyError::UnsupportedResidencyDomain("tier9".into())));
+    assert_eq!(p.owned_block_count(), 0);
+    assert_eq!(p.counters().events_rejected, 1);
+}
+
+#[test]
+fn unknown_parent_rejects_the_store() {
+    let mut p = pool(64);
+    assert_eq!(
+        p.apply_event(&stored(A, Some(42), &[(1, 7)])),
+        Err(ApplyError::ParentBlockNotFound(42))
+    );
+    // A parent stored by another source does not count.
+    apply(&mut p, &stored(B, None, &[(42, 5)]));
+    assert_eq!(
+        p.apply_event(&stored(A, Some(42), &[(1, 7)])),
+        Err(ApplyError::ParentBlockNotFound(42))
+    );
+    assert_eq!(p.owned_block_count(), 1);
+}
+
+#[test]
+fn positional_root_must_start_at_zero() {
+    let mut p = pool(64);
+    let mut store = stored(A, None, &[(1, 7)]);
+    if let KvCacheEventData::Stored(data) = &mut store.event.data {
+        data.start_position = Some(3);
+    }
+    assert_eq!(
+        p.apply_event(&store),
+        Err(ApplyError::InvalidBlockSequence(SequenceFault::RootNotAtStart(3)))
+    );
+    if let KvCacheEventData::Stored(data) = &mut store.event.data {
+        data.start_position = Some(0);
+    }
+    apply(&mut p, &store);
+}
+
+#[test]
+fn valid_sibling_before_conflicting_remap_commits_nothing() {
+    let mut p = pool(64);
+    apply(&mut p, &stored(A, None, &[(1, 7)]));
+    let words = p.filter().words().to_vec();
+    // Block 5 is new and valid; block 1 would be remapped to a different canonical hash.
+    let conflict = stored(A, None, &[(5, 9), (1, 8)]);
+    assert_eq!(
+        p.apply_event(&conflict),
+        Err(ApplyError::InvalidBlockSequence(SequenceFault::ConflictingRemap { external: 1 }))
+    );
+    assert_eq!(p.filter().words(), &words[..]);
+    assert_eq!(p.owned_block_count(), 1);
+    assert_eq!(p.owner_state(root(9)), None);
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn conflicting_remap_inside_one_batch_is_rejected() {
+    let mut p = pool(64);
+    let conflict = stored(A, None, &[(1, 7), (1, 8)]);
+    assert!(matches!(p.apply_event(&conflict), Err(ApplyError::InvalidBlockSequence(_))));
+    assert_eq!(p.owned_block_count(), 0);
+}
+
+#[test]
+fn lora_salted_block_removal_uses_external_lineage_only() {
+    let mut p = pool(256);
+    let salted = local_block_hash(&[1, 2, 3, 4], &[], block_hash_seed(Some("adapter-a"), None));
+    assert_eq!(salted.0, 11_381_080_598_872_079_209);
+    apply(&mut p, &stored(A, None, &[(77, salted.0)]));
+    assert!(p.filter().contains(salted.0));
+    apply(&mut p, &removed(A, &[77]));
+    assert!(p.filter().is_empty());
+}
+
+/// A filter of two buckets holds eight fingerprints; fill it from one source.
+fn saturated_pool() -> PoolOwnership {
+    let mut p = pool(2);
+    let blocks: Vec<(u64, u64)> = (0..8).map(|i| (1000 + i, 5000 + i)).collect();
+    let outcome = apply(&mut p, &stored(B, None, &blocks));
+    assert_eq!(outcome.capacity_omissions, 0);
+    p
+}
+
+#[test]
+fn capacity_failure_keeps_successful_blocks_and_exact_filter_state_consistent() {
+    let mut p = saturated_pool();
+    let outcome = apply(&mut p, &stored(A, None, &[(1, 7), (2, 8)]));
+    assert_eq!(outcome.capacity_omissions, 2);
+    assert_eq!(p.owner_state(root(7)), Some(OwnerState { owners: 1, resident: false }));
+    assert_eq!(p.omitted_block_count(), 2);
+    assert_eq!(p.counters().capacity_omissions, 2);
+    // Removing an omitted block resolves through lineage and touches no fingerprint.
+    let words = p.filter().words().to_vec();
+    apply(&mut p, &removed(A, &[1]));
+    assert_eq!(p.filter().words(), &words[..]);
+    assert_eq!(p.omitted_block_count(), 1);
+}
+
+#[test]
+fn omitted_owner_keeps_lineage_and_later_owner_retries_admission() {
+    let mut p = saturated_pool();
+    apply(&mut p, &stored(A, None, &[(1, 7)]));
+    assert!(!p.owner_state(root(7)).unwrap().resident);
+    apply(&mut p, &removed(B, &[1000, 1001]));
+    // A new owner from another source makes a full insertion attempt.
+    let outcome = apply(&mut p, &stored(A1, None, &[(9, 7)]));
+    assert_eq!(outcome.capacity_omissions, 0);
+    assert_eq!(p.owner_state(root(7)), Some(OwnerState { owners: 2, resident: true }));
+    assert_eq!(p.omitted_block_count(), 0);
+}
+
+#[test]
+fn repeated_store_readmits_an_omitted_block_once_its_home_bucket_frees() {
+    let mut p = saturated_pool();
+    apply(&mut p, &stored(A, None, &[(1, 7)]));
+    apply(&mut p, &removed(B, &[1000, 1001, 1002, 1003, 1004]));
+    let outcome = apply(&mut p, &stored(A, None, &[(1, 7)]));
+    assert_eq!(outcome.capacity_omissions, 0);
+    assert_eq!(p.owner_state(root(7)), Some(OwnerState { owners: 1, resident: true }));
+}
+
+#[test]
+fn repeated_store_of_a_saturated_block_reports_no_new_capacity_omission() {
+    let mut p = saturated_pool();
+    assert_eq!(apply(&mut p, &stored(A, None, &[(1, 7)])).capacity_omissions, 1);
+    assert_eq!(apply(&mut p, &stored(A, None, &[(1, 7)])).capacity_omissions, 0);
+    assert_eq!(p.counters().capacity_omissions, 1);
+    assert_eq!(owners(&p, root(7)), 1);
+}
+
+#[test]
+fn omitted_parent_still_canonicalizes_child_and_removes_by_external_id() {
+    let mut p = saturated_pool();
+    apply(&mut p, &stored(A, None, &[(1, 7)]));
+    apply(&mut p, &removed(B, &[1000, 1001, 1002, 1003]));
+    apply(&mut p, &stored(A, Some(1), &[(2, 8)]));
+    let child = chain(&[7, 8])[1];
+    assert_eq!(p.owner_state(child), Some(OwnerState { owners: 1, resident: true }));
+    apply(&mut p, &removed(A, &[2, 1]));
+    assert_eq!(p.owned_block_count(), 4);
+}
+
+#[test]
+fn representation_collision_remains_present_until_both_owners_are_removed() {
+    // Find two canonical hashes with the same fingerprint and home bucket in a 2-bucket filter.
+    let p = pool(2);
+    let addressing = *p.filter().addressing();
+    let mut seen = BTreeMap::new();
+    let (first, second) = (1u64..)
+        .find_map(|hash| {
+            let probe = addressing.probe(hash);
+            seen.insert((probe.fingerprint, probe.bucket_a), hash).map(|earlier| (earlier, hash))
+        })
+        .unwrap();
+    let mut p = p;
+    apply(&mut p, &stored(A, None, &[(1, first)]));
+    apply(&mut p, &stored(A, None, &[(2, second)]));
+    assert_eq!(p.filter().occupied_slots(), 2, "two physical copies");
+    apply(&mut p, &removed(A, &[1]));
+    assert!(p.filter().contains(second));
+    apply(&mut p, &removed(A, &[2]));
+    assert!(p.filter().is_empty());
+}
+
+#[test]
+fn owner_overflow_is_a_typed_error() {
+    let mut p = pool(64);
+    apply(&mut p, &stored(A, None, &[(1, 7)]));
+    // Drive the count near the limit through the replacement path, which adds owners in bulk.
+    p.owners.add_owners(7, OWNERS_MAX - 1);
+    assert_eq!(
+        p.apply_event(&stored(B, None, &[(2, 7)])),
+        Err(ApplyError::OwnershipDegreeOverflow(7))
+    );
+    assert_eq!(owners(&p, root(7)), OWNERS_MAX);
+}
+
+#[test]
+fn failure_dispositions_follow_the_reference_table() {
+    use FailureDisposition::*;
+    assert_eq!(ApplyError::AllocationFailed.disposition(), ReportResourceFailure);
+    assert_eq!(ApplyError::ParentBlockNotFound(1).disposition(), RejectSource);
+    assert_eq!(ApplyError::OwnershipDegreeOverflow(1).disposition(), RejectSource);
+    assert_eq!(
+        ApplyError::InvalidBlockSequence(SequenceFault::NotAStore).disposition(),
+        RejectSource
+    );
+    assert_eq!(
+        ApplyError::IndexerInvariantViolation { canonical: 1 }.disposition(),
+        FenceAndRebuildProducer
+    );
+}
+
+fn replacement(events: &[RouterEvent]) -> RankReplacement {
+    let mut replacement = RankReplacement::new();
+    for event in events {
+        replacement.push_event(event).expect("dump event accepted");
+    }
+    replacement
+}
+
+#[test]
+fn recovery_rebuild_has_logical_parity_with_live_application() {
+    let events = [
+        stored(A, None, &[(1, 11), (2, 22)]),
+        stored(A, Some(2), &[(3, 33)]),
+        stored(A, None, &[(4, 44)]),
+    ];
+    let mut live = pool(256);
+    for e in &events {
+        apply(&mut live, e);
+    }
+    let mut recovered = pool(256);
+    apply(&mut recovered, &stored(A, None, &[(50, 99)])); // stale content of the rank
+    recovered.replace_ranks(BTreeMap::from([(A, replacement(&events))])).unwrap();
+    recovered.check_invariants().unwrap();
+    assert_eq!(recovered.owned_blocks(), live.owned_blocks());
+    // Lineage was rebuilt too: removal by engine id works.
+    apply(&mut recovered, &removed(A, &[3]));
+    assert_eq!(recovered.owned_block_count(), 3);
+}
+
+#[test]
+fn dump_rejects_child_before_parent_and_non_stores() {
+    let mut r = RankReplacement::new();
+    assert_eq!(
+        r.push_event(&stored(A, Some(1), &[(2, 22)])),
+        Err(ApplyError::ParentBlockNotFound(1))
+    );
+    assert_eq!(
+        r.push_event(&cleared(A)),
+        Err(ApplyError::InvalidBlockSequence(SequenceFault::NotAStore))
+    );
+    let mut positional = stored(A, None, &[(2, 22)]);
+    if let KvCacheEventData::Stored(data) = &mut positional.event.data {
+        data.start_position = Some(1);
+    }
+    assert!(matches!(r.push_event(&positional), Err(ApplyError::InvalidBlockSequence(_))));
+    let mut host = stored(A, None, &[(2, 22)]);
+    host.storage_tier = StorageTier::Disk;
+    r.push_event(&host).unwrap();
+    assert_eq!(r.block_count(), 0);
+}
+
+#[test]
+fn replacing_one_shared_owner_publishes_nothing() {
+    let mut p = pool(256);
+    apply(&mut p, &stored(A, None, &[(1, 11), (2, 22)]));
+    apply(&mut p, &stored(B, None, &[(8, 11)]));
+    let _ = p.take_publication();
+    p.replace_ranks(BTreeMap::from([(A, replacement(&[stored(A, None, &[(1, 11), (2, 22)])]))]))
+        .unwrap();
+    assert!(p.take_publication().is_empty());
+    // Replacing B's share with nothing keeps the block, owned by A.
+    p.replace_ranks(BTreeMap::from([(B, RankReplacement::new())])).unwrap();
+    assert!(p.take_publication().is_empty());
+    assert_eq!(owners(&p, root(11)), 1);
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn replacement_diff_includes_pending_window_and_suppresses_returning_change() {
+    let mut p = pool(256);
+    let mut mirror = vec![0u64; 256];
+    apply(&mut p, &stored(A, None, &[(1, 11)]));
+    for image in p.take_publication() {
+        mirror[image.bucket as usize] = image.word;
+    }
+    // Pending: 22 added, then the replacement drops 11 and adds 33.
+    apply(&mut p, &stored(A, None, &[(2, 22)]));
+    p.replace_ranks(BTreeMap::from([(A, replacement(&[stored(A, None, &[(3, 33)])]))])).unwrap();
+    for image in p.take_publication() {
+        mirror[image.bucket as usize] = image.word;
+    }
+    assert_eq!(mirror, p.filter().words());
+    // A pending store that the replacement undoes publishes nothing.
+    apply(&mut p, &stored(A, None, &[(4, 44)]));
+    p.replace_ranks(BTreeMap::from([(A, replacement(&[stored(A, None, &[(3, 33)])]))])).unwrap();
+    assert!(p.take_publication().is_empty());
+}
+
+#[test]
+fn batched_rank_replacement_replaces_several_ranks_at_once() {
+    let mut p = pool(256);
+    apply(&mut p, &stored(A, None, &[(1, 11)]));
+    apply(&mut p, &stored(A1, None, &[(1, 12)]));
+    apply(&mut p, &stored(B, None, &[(1, 13)]));
+    p.replace_ranks(BTreeMap::from([
+        (A, replacement(&[stored(A, None, &[(5, 21)])])),
+        (A1, RankReplacement::new()),
+    ]))
+    .unwrap();
+    p.check_invariants().unwrap();
+    let owned: Vec<SequenceHash> = p.owned_blocks().into_iter().map(|(h, _)| h).collect();
+    let mut expected = vec![root(21), root(13)];
+    expected.sort();
+    assert_eq!(owned, expected);
+}
+
+#[test]
+fn saturated_replacement_counts_omissions_and_stays_consistent() {
+    let mut p = saturated_pool();
+    let omissions = p
+        .replace_ranks(BTreeMap::from([(A, replacement(&[stored(A, None, &[(1, 7), (2, 8)])]))]))
+        .unwrap();
+    assert_eq!(omissions, 2);
+    assert_eq!(p.counters().capacity_omissions, 2);
+    p.check_invariants().unwrap();
+    // Freeing B's rank readmits the omitted blocks of A during the next replacement.
+    p.replace_ranks(BTreeMap::from([(B, RankReplacement::new())])).unwrap();
+    assert_eq!(p.omitted_block_count(), 0);
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn replacement_failure_leaves_state_untouched() {
+    let mut p = pool(64);
+    apply(&mut p, &stored(A, None, &[(1, 7)]));
+    p.owners.add_owners(9, OWNERS_MAX);
+    let before = p.owned_blocks();
+    let words = p.filter().words().to_vec();
+    let result = p.replace_ranks(BTreeMap::from([(A, replacement(&[stored(A, None, &[(1, 9)])]))]));
+    assert_eq!(result, Err(ApplyError::OwnershipDegreeOverflow(9)));
+    assert_eq!(p.owned_blocks(), before);
+    assert_eq!(p.filter().words(), &words[..]);
+    assert_eq!(p.sources().collect::<Vec<_>>(), vec![(A, 1)]);
+}
+
+#[test]
+fn removing_ranks_and_workers() {
+    let mut p = pool(256);
+    apply(&mut p, &stored(A, None, &[(1, 11)]));
+    apply(&mut p, &stored(A1, None, &[(1, 12)]));
+    apply(&mut p, &stored(B, None, &[(1, 13)]));
+    p.remove_rank(A1).unwrap();
+    assert_eq!(p.owned_block_count(), 2);
+    p.remove_worker(1).unwrap();
+    assert_eq!(p.owned_blocks().into_iter().map(|(h, _)| h).collect::<Vec<_>>(), vec![root(13)]);
+    p.remove_worker(2).unwrap();
+    assert!(p.filter().is_empty());
+    p.check_invariants().unwrap();
+}

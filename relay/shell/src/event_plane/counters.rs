@@ -1,0 +1,75 @@
+//! Counters shared by an event-plane transport and whoever reports on it.
+//!
+//! A transport updates one [`EventPlaneStats`] behind a mutex held only for the increment; readers
+//! take a [`snapshot`](EventPlaneCounters::snapshot). Counts saturate instead of wrapping.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use kvrelay_core::inputs::{InputCounters, InputError};
+
+/// What one event-plane transport has seen so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EventPlaneStats {
+    /// Decode results: accepted messages, and rejected ones per error kind.
+    pub decode: InputCounters,
+    /// Facts handed to the sink.
+    pub delivered: u64,
+    /// ZMQ messages whose envelope names another publisher than the channel they arrived on
+    /// (e.g. a restarted worker re-using the port of a channel record that has not expired yet).
+    pub publisher_mismatches: u64,
+    /// Connections established (the first one and every reconnection).
+    pub connects: u64,
+    /// Connection losses noticed.
+    pub disconnects: u64,
+    /// Connection attempts that failed or timed out.
+    pub connect_failures: u64,
+    /// Errors reading from an established connection.
+    pub receive_errors: u64,
+    /// Event channel records ignored (not ZMQ, or a topic the relay does not consume).
+    pub channels_ignored: u64,
+    /// Event channel records refused because the channel table was full.
+    pub channels_refused: u64,
+    /// Messages dropped by the client library itself (NATS slow-consumer notices).
+    pub client_drops: u64,
+}
+
+/// A shared, cloneable handle to one transport's [`EventPlaneStats`].
+#[derive(Debug, Clone, Default)]
+pub struct EventPlaneCounters {
+    inner: Arc<Mutex<EventPlaneStats>>,
+}
+
+impl EventPlaneCounters {
+    /// Counters at zero.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A copy of the current counts.
+    #[must_use]
+    pub fn snapshot(&self) -> EventPlaneStats {
+        self.lock().clone()
+    }
+
+    /// Count one decode result.
+    pub(crate) fn record<T>(&self, result: &Result<T, InputError>) {
+        self.lock().decode.record(result);
+    }
+
+    /// Apply `update` to the counts.
+    pub(crate) fn bump(&self, update: impl FnOnce(&mut EventPlaneStats)) {
+        update(&mut self.lock());
+    }
+
+    fn lock(&self) -> MutexGuard<'_, EventPlaneStats> {
+        // A panic while holding this lock cannot leave the counts inconsistent beyond one
+        // increment, so a poisoned lock is still usable.
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// `counter + 1`, saturating.
+pub(crate) fn increment(counter: &mut u64) {
+    *counter = counter.saturating_add(1);
+}

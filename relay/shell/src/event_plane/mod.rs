@@ -1,0 +1,76 @@
+//! Production event-plane transports: the NATS and ZMQ subscribers that carry Dynamo's
+//! `kv-events` and `kv_metrics` messages into the relay (dc-inputs §2.1, §6; dynamo-live §9.2;
+//! dynamo-planes-wire §B).
+//!
+//! Both transports are thin shells around the shared decoders of [`kvrelay_core::inputs`]: they receive
+//! bytes, name the endpoint the bytes were published on (from the NATS subject, or from the ZMQ
+//! event channel's scope), decode with [`decode_kv_event_batch`](kvrelay_core::inputs::decode_kv_event_batch)
+//! / [`decode_load_observation`](kvrelay_core::inputs::decode_load_observation), and send the resulting
+//! [`DcInput`](kvrelay_core::inputs::DcInput) into one bounded `tokio::sync::mpsc` sink.
+//!
+//! Invariants kept by both transports:
+//!
+//! - **Backpressure, not loss, at the sink.** Sending into the sink awaits free capacity, so a
+//!   slow relay slows the subscriber down; loss only happens upstream, where each transport has
+//!   its own stated bound (the NATS client's per-subscription buffer, the ZMQ publisher's
+//!   high-water mark). Both are detectable downstream as `sequence` gaps.
+//! - **No panic on any input.** Every message that cannot become a fact is counted in
+//!   [`EventPlaneStats`] under its [`InputErrorKind`](kvrelay_core::inputs::InputErrorKind) and dropped.
+//! - **Bounded retries.** Reconnection waits grow exponentially to a stated maximum and never
+//!   spin; every wait also watches the cancellation token.
+//! - **Prompt shutdown.** Every `tokio::select!` lists the cancellation token first (`biased;`),
+//!   so cancelling stops a transport at its next await point, including a blocked sink send.
+
+mod counters;
+mod nats;
+mod zmq;
+
+use thiserror::Error;
+
+pub use counters::{EventPlaneCounters, EventPlaneStats};
+pub use nats::{
+    DEFAULT_NATS_SERVER, NATS_RECONNECT_DELAY_MAX, NATS_SUBSCRIPTION_CAPACITY_DEFAULT,
+    NatsEventPlaneConfig, NatsNamespaces, nats_wildcard_subject, run_nats_event_plane,
+};
+pub use zmq::{
+    ChannelChange, ZMQ_CHANNELS_MAX, ZMQ_CONNECT_TIMEOUT_DEFAULT, ZMQ_RECONNECT_BACKOFF_INITIAL,
+    ZMQ_RECONNECT_BACKOFF_MAX, ZmqEventPlaneConfig, run_zmq_event_plane,
+};
+
+/// Why an event-plane transport stopped or could not start.
+#[derive(Debug, Error)]
+pub enum EventPlaneError {
+    /// A watched namespace cannot be turned into a subject segment.
+    #[error("namespace {namespace:?} cannot be watched: {reason}")]
+    InvalidNamespace {
+        /// The namespace as configured.
+        namespace: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The configuration is inconsistent (e.g. a zero capacity).
+    #[error("invalid event-plane configuration: {0}")]
+    InvalidConfig(&'static str),
+    /// The NATS client could not be created.
+    #[error("cannot connect to NATS at {server}: {detail}")]
+    NatsConnect {
+        /// The server URL.
+        server: String,
+        /// The client's error.
+        detail: String,
+    },
+    /// A NATS subscription could not be made.
+    #[error("cannot subscribe to {subject}: {detail}")]
+    NatsSubscribe {
+        /// The subject.
+        subject: String,
+        /// The client's error.
+        detail: String,
+    },
+    /// The NATS client closed every subscription (the client shut down for good).
+    #[error("the NATS client closed its subscriptions")]
+    SubscriptionsClosed,
+    /// The relay dropped the receiving end of the sink.
+    #[error("the relay's input sink is closed")]
+    SinkClosed,
+}

@@ -1,0 +1,443 @@
+//! The ZMQ event plane (`DYN_EVENT_PLANE=zmq`, direct mode; dynamo-planes-wire §B).
+//!
+//! Every worker publisher binds its own PUB socket per topic and advertises it in an
+//! EventChannel discovery record. The discovery transport turns those records into
+//! [`ChannelChange`]s; [`run_zmq_event_plane`] keeps exactly one subscription task per
+//! advertised channel:
+//!
+//! - the task connects a SUB socket to the channel's endpoint and subscribes to the channel's
+//!   topic (a byte-prefix filter on frame 0: `kv-events` or `kv_metrics`);
+//! - each 4-frame message `[topic, publisher_id u64 BE, sequence u64 BE, event frame]` is decoded
+//!   with [`decode_zmq_event_message`], and the envelope must name the channel's publisher
+//!   (otherwise it is counted in `publisher_mismatches` and dropped, which keeps a lingering
+//!   record of a dead incarnation from duplicating a new incarnation's events);
+//! - the endpoint of the fact is the channel's scope.
+//!
+//! A publisher that is not up yet (or has gone away) is retried: each connection attempt is
+//! bounded by [`connect_timeout`](ZmqEventPlaneConfig::connect_timeout) (the `zeromq` crate's
+//! `connect` otherwise waits for the peer for 30 s), failed attempts back off exponentially from
+//! [`ZMQ_RECONNECT_BACKOFF_INITIAL`] to [`ZMQ_RECONNECT_BACKOFF_MAX`], and a receive error drops
+//! the socket and starts over. Once connected, the crate itself reconnects a lost TCP connection
+//! and re-sends the subscription. Removing the channel (or cancelling) stops its task.
+//!
+//! Bounds: at most [`ZMQ_CHANNELS_MAX`] channels at once (further upserts are refused and
+//! counted). PUB/SUB has no replay and the publisher drops at its high-water mark, so loss shows
+//! up downstream as `sequence` gaps. The `zeromq` crate puts no limit on one frame's size: the
+//! relay trusts the publishers of its own data center not to send multi-GiB frames.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+use zeromq::{Socket, SocketOptions, SocketRecv, SubSocket, ZmqMessage};
+
+use super::EventPlaneError;
+use super::counters::{EventPlaneCounters, increment};
+use kvrelay_core::inputs::{
+    DcInput, EventChannelRecord, EventRecordKey, EventTransport, InputError, KV_EVENTS_TOPIC,
+    KV_METRICS_TOPIC, decode_kv_event_batch, decode_load_observation, decode_zmq_event_message,
+};
+
+/// Most channels subscribed at once: 2 topics per worker rank publisher, so 2048 ranks.
+pub const ZMQ_CHANNELS_MAX: usize = 4096;
+
+/// Default bound of one connection attempt (TCP connect plus ZMTP handshake).
+pub const ZMQ_CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(2);
+
+/// First wait after a failed connection attempt; it doubles per further failure.
+pub const ZMQ_RECONNECT_BACKOFF_INITIAL: Duration = Duration::from_millis(100);
+
+/// Longest wait between two connection attempts.
+pub const ZMQ_RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// A change of the advertised ZMQ event channels, from the discovery transport.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChannelChange {
+    /// A channel record was added or replaced. Records with another transport than ZMQ, or a
+    /// topic other than `kv-events` / `kv_metrics`, are ignored (and counted).
+    Upsert(EventChannelRecord),
+    /// The channel record with this key went away.
+    Remove(EventRecordKey),
+}
+
+/// Configuration of [`run_zmq_event_plane`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ZmqEventPlaneConfig {
+    /// Bound of one connection attempt (non-zero).
+    pub connect_timeout: Duration,
+    /// First wait after a failed attempt (non-zero).
+    pub reconnect_backoff_initial: Duration,
+    /// Longest wait between attempts (at least the initial wait).
+    pub reconnect_backoff_max: Duration,
+    /// Most channels at once (at most [`ZMQ_CHANNELS_MAX`]).
+    pub channels_max: usize,
+}
+
+impl Default for ZmqEventPlaneConfig {
+    fn default() -> Self {
+        ZmqEventPlaneConfig {
+            connect_timeout: ZMQ_CONNECT_TIMEOUT_DEFAULT,
+            reconnect_backoff_initial: ZMQ_RECONNECT_BACKOFF_INITIAL,
+            reconnect_backoff_max: ZMQ_RECONNECT_BACKOFF_MAX,
+            channels_max: ZMQ_CHANNELS_MAX,
+        }
+    }
+}
+
+impl ZmqEventPlaneConfig {
+    fn validate(&self) -> Result<(), EventPlaneError> {
+        if self.connect_timeout.is_zero() || self.reconnect_backoff_initial.is_zero() {
+            return Err(EventPlaneError::InvalidConfig(
+                "ZMQ timeouts and backoff must be non-zero",
+            ));
+        }
+        if self.reconnect_backoff_max < self.reconnect_backoff_initial {
+            return Err(EventPlaneError::InvalidConfig(
+                "ZMQ backoff maximum below its initial wait",
+            ));
+        }
+        if self.channels_max == 0 || self.channels_max > ZMQ_CHANNELS_MAX {
+            return Err(EventPlaneError::InvalidConfig("ZMQ channels_max out of range"));
+        }
+        Ok(())
+    }
+}
+
+/// One running subscription task.
+struct Subscription {
+    endpoint: String,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+/// Keep one subscription per advertised ZMQ channel, as told by `changes`, and send every decoded
+/// message into `sink` until `cancel` fires or `changes` closes.
+///
+/// Upserting a known channel with the same endpoint is a no-op; with another endpoint the old
+/// subscription is replaced. Returns `Ok(())` after stopping every subscription (on cancellation
+/// or when the discovery side closes `changes`); [`EventPlaneError::SinkClosed`] after stopping
+/// them when the sink's receiver is dropped; or an error for an invalid configuration.
+pub async fn run_zmq_event_plane(
+    config: ZmqEventPlaneConfig,
+    mut changes: mpsc::Receiver<ChannelChange>,
+    sink: mpsc::Sender<DcInput>,
+    counters: EventPlaneCounters,
+    cancel: CancellationToken,
+) -> Result<(), EventPlaneError> {
+    config.validate()?;
+    let mut subscriptions: BTreeMap<EventRecordKey, Subscription> = BTreeMap::new();
+    loop {
+        let change = tokio::select! {
+            biased;
+            () = cancel.cancelled() => break,
+            () = sink.closed() => {
+                stop_all(&mut subscriptions).await;
+                return Err(EventPlaneError::SinkClosed);
+            }
+            change = changes.recv() => change,
+        };
+        let Some(change) = change else {
+            info!("ZMQ channel changes closed; stopping the ZMQ event plane");
+            break;
+        };
+        // Reap tasks that ended on their own (only a closed sink ends them early).
+        subscriptions.retain(|_, subscription| !subscription.task.is_finished());
+        match change {
+            ChannelChange::Remove(key) => {
+                if let Some(subscription) = subscriptions.remove(&key) {
+                    info!(endpoint = %subscription.endpoint, topic = %key.topic, "ZMQ channel removed");
+                    stop(subscription).await;
+                }
+            }
+            ChannelChange::Upsert(record) => {
+                let EventTransport::Zmq { endpoint } = &record.transport else {
+                    counters.bump(|stats| increment(&mut stats.channels_ignored));
+                    continue;
+                };
+                if record.topic != KV_EVENTS_TOPIC && record.topic != KV_METRICS_TOPIC {
+                    counters.bump(|stats| increment(&mut stats.channels_ignored));
+                    continue;
+                }
+                let key = EventRecordKey {
+                    scope: record.scope.clone(),
+                    topic: record.topic.clone(),
+                    publisher_id: record.publisher_id,
+                };
+                if let Some(existing) = subscriptions.get(&key) {
+                    if existing.endpoint == *endpoint {
+                        continue;
+                    }
+                    if let Some(replaced) = subscriptions.remove(&key) {
+                        stop(replaced).await;
+                    }
+                }
+                if subscriptions.len() >= config.channels_max {
+                    warn!(%endpoint, "ZMQ channel table full; channel refused");
+                    counters.bump(|stats| increment(&mut stats.channels_refused));
+                    continue;
+                }
+                info!(%endpoint, topic = %key.topic, publisher_id = key.publisher_id,
+                      "connecting to ZMQ publisher");
+                let stop_token = cancel.child_token();
+                let task = tokio::spawn(subscribe_channel(
+                    config,
+                    key.clone(),
+                    endpoint.clone(),
+                    sink.clone(),
+                    counters.clone(),
+                    stop_token.clone(),
+                ));
+                subscriptions.insert(
+                    key,
+                    Subscription { endpoint: endpoint.clone(), stop: stop_token, task },
+                );
+            }
+        }
+    }
+    stop_all(&mut subscriptions).await;
+    Ok(())
+}
+
+/// Stop every subscription, in key order.
+async fn stop_all(subscriptions: &mut BTreeMap<EventRecordKey, Subscription>) {
+    for (_, subscription) in std::mem::take(subscriptions) {
+        stop(subscription).await;
+    }
+}
+
+/// Stop one subscription and wait for its task (prompt: every await in it watches `stop`).
+async fn stop(subscription: Subscription) {
+    subscription.stop.cancel();
+    if let Err(error) = subscription.task.await {
+        warn!(endpoint = %subscription.endpoint, %error, "ZMQ subscription task failed");
+    }
+}
+
+/// Why a connected session ended.
+enum SessionEnd {
+    Stopped,
+    ReceiveError,
+}
+
+/// The life of one channel: connect (bounded, with backoff), subscribe, receive until stopped.
+async fn subscribe_channel(
+    config: ZmqEventPlaneConfig,
+    key: EventRecordKey,
+    endpoint: String,
+    sink: mpsc::Sender<DcInput>,
+    counters: EventPlaneCounters,
+    stop: CancellationToken,
+) {
+    let mut backoff = config.reconnect_backoff_initial;
+    loop {
+        let mut options = SocketOptions::default();
+        options.connect_timeout(config.connect_timeout);
+        let mut socket = SubSocket::with_options(options);
+        // Bound the attempt here too, in case the crate's own timeout does not cover a step.
+        let attempt_bound = config.connect_timeout.saturating_mul(2);
+        let connected = tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            connected = tokio::time::timeout(attempt_bound, async {
+                socket.connect(&endpoint).await?;
+                socket.subscribe(&key.topic).await
+            }) => connected,
+        };
+        match connected {
+            Ok(Ok(())) => {
+                counters.bump(|stats| increment(&mut stats.connects));
+                debug!(%endpoint, topic = %key.topic, "ZMQ subscription established");
+                backoff = config.reconnect_backoff_initial;
+                match receive(&mut socket, &key, &sink, &counters, &stop).await {
+                    Ok(SessionEnd::Stopped) | Err(SinkGone) => return,
+                    Ok(SessionEnd::ReceiveError) => {
+                        counters.bump(|stats| increment(&mut stats.disconnects));
+                    }
+                }
+            }
+            Ok(Err(error)) => {
+                debug!(%endpoint, %error, "ZMQ connection attempt failed");
+                counters.bump(|stats| increment(&mut stats.connect_failures));
+            }
+            Err(_elapsed) => {
+                debug!(%endpoint, "ZMQ connection attempt timed out");
+                counters.bump(|stats| increment(&mut stats.connect_failures));
+            }
+        }
+        drop(socket);
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = backoff.saturating_mul(2).min(config.reconnect_backoff_max);
+    }
+}
+
+/// The sink's receiver is gone: nothing more to do.
+struct SinkGone;
+
+/// Receive, decode and forward messages until stopped or the socket fails.
+async fn receive(
+    socket: &mut SubSocket,
+    key: &EventRecordKey,
+    sink: &mpsc::Sender<DcInput>,
+    counters: &EventPlaneCounters,
+    stop: &CancellationToken,
+) -> Result<SessionEnd, SinkGone> {
+    loop {
+        let received = tokio::select! {
+            biased;
+            () = stop.cancelled() => return Ok(SessionEnd::Stopped),
+            received = socket.recv() => received,
+        };
+        let message = match received {
+            Ok(message) => message,
+            Err(error) => {
+                debug!(topic = %key.topic, %error, "ZMQ receive failed; reconnecting");
+                counters.bump(|stats| increment(&mut stats.receive_errors));
+                return Ok(SessionEnd::ReceiveError);
+            }
+        };
+        let decoded = decode_channel_message(key, &message);
+        let input = match decoded {
+            Ok(Some(input)) => {
+                counters.record::<()>(&Ok(()));
+                input
+            }
+            Ok(None) => {
+                counters.bump(|stats| increment(&mut stats.publisher_mismatches));
+                continue;
+            }
+            Err(error) => {
+                debug!(topic = %key.topic, %error, "dropping malformed ZMQ message");
+                counters.record::<()>(&Err(error));
+                continue;
+            }
+        };
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => return Ok(SessionEnd::Stopped),
+            sent = sink.send(input) => {
+                if sent.is_err() {
+                    return Err(SinkGone);
+                }
+                counters.bump(|stats| increment(&mut stats.delivered));
+            }
+        }
+    }
+}
+
+/// Decode one message received on the channel `key`: `Ok(None)` when it is well-formed but
+/// published by another incarnation than the channel's.
+pub(crate) fn decode_channel_message(
+    key: &EventRecordKey,
+    message: &ZmqMessage,
+) -> Result<Option<DcInput>, InputError> {
+    let frame = |index: usize| message.get(index).map_or(&[][..], |bytes| bytes.as_ref());
+    if message.len() != 4 {
+        return Err(InputError::MalformedEventFrame { reason: "expected 4 frames" });
+    }
+    let frames = [frame(0), frame(1), frame(2), frame(3)];
+    let envelope = decode_zmq_event_message(&frames)?;
+    if envelope.publisher_id != key.publisher_id {
+        return Ok(None);
+    }
+    if key.topic == KV_METRICS_TOPIC {
+        let observation = decode_load_observation(&envelope)?;
+        return Ok(Some(DcInput::Load { endpoint: key.scope.clone(), observation }));
+    }
+    let batch = decode_kv_event_batch(key.scope.clone(), &envelope)?;
+    Ok(Some(DcInput::KvEvents(batch)))
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use kvrelay_core::inputs::{
+        EventEnvelope, InputErrorKind, encode_active_load, encode_event_envelope,
+        encode_zmq_event_frame,
+    };
+    use kvrelay_core::model::identity::EndpointPath;
+
+    fn key(topic: &str, publisher_id: u64) -> EventRecordKey {
+        EventRecordKey {
+            scope: EndpointPath::new("dynamo", "backend", "generate").unwrap(),
+            topic: topic.to_owned(),
+            publisher_id,
+        }
+    }
+
+    fn metrics_message(publisher_id: u64) -> ZmqMessage {
+        let observation = kvrelay_core::inputs::LoadObservation {
+            source: kvrelay_core::model::kv_events::SourceKey { worker_id: 4, dp_rank: 0 },
+            kv_used_blocks: Some(9),
+            active_decode_blocks: None,
+            active_prefill_tokens: None,
+        };
+        let payload = encode_active_load(&observation).unwrap();
+        let envelope = encode_event_envelope(&EventEnvelope {
+            publisher_id,
+            sequence: 3,
+            published_at_ms: 1,
+            topic: KV_METRICS_TOPIC,
+            payload: &payload,
+        })
+        .unwrap();
+        let frames = vec![
+            Bytes::from_static(b"kv_metrics"),
+            Bytes::copy_from_slice(&publisher_id.to_be_bytes()),
+            Bytes::copy_from_slice(&3u64.to_be_bytes()),
+            Bytes::from(encode_zmq_event_frame(&envelope).unwrap()),
+        ];
+        ZmqMessage::try_from(frames).unwrap()
+    }
+
+    #[test]
+    fn channel_messages_decode_to_facts_of_the_channel_scope() {
+        let decoded = decode_channel_message(&key(KV_METRICS_TOPIC, 11), &metrics_message(11));
+        let Ok(Some(DcInput::Load { endpoint, observation })) = decoded else {
+            panic!("not a load fact: {decoded:?}");
+        };
+        assert_eq!(endpoint.to_string(), "dynamo/backend/generate");
+        assert_eq!(observation.kv_used_blocks, Some(9));
+    }
+
+    #[test]
+    fn messages_of_another_publisher_are_set_aside() {
+        let decoded = decode_channel_message(&key(KV_METRICS_TOPIC, 12), &metrics_message(11));
+        assert_eq!(decoded, Ok(None));
+    }
+
+    #[test]
+    fn malformed_messages_are_typed_errors() {
+        let two =
+            ZmqMessage::try_from(vec![Bytes::from_static(b"kv-events"), Bytes::new()]).unwrap();
+        let error = decode_channel_message(&key(KV_EVENTS_TOPIC, 1), &two).unwrap_err();
+        assert_eq!(error.kind(), InputErrorKind::MalformedEventFrame);
+        // A kv_metrics message arriving on a kv-events channel is the wrong topic.
+        let error =
+            decode_channel_message(&key(KV_EVENTS_TOPIC, 11), &metrics_message(11)).unwrap_err();
+        assert_eq!(error.kind(), InputErrorKind::UnexpectedTopic);
+    }
+
+    #[test]
+    fn invalid_configurations_are_rejected() {
+        let zero = ZmqEventPlaneConfig { connect_timeout: Duration::ZERO, ..Default::default() };
+        assert!(zero.validate().is_err());
+        let inverted = ZmqEventPlaneConfig {
+            reconnect_backoff_max: Duration::from_millis(1),
+            ..Default::default()
+        };
+        assert!(inverted.validate().is_err());
+        let too_many =
+            ZmqEventPlaneConfig { channels_max: ZMQ_CHANNELS_MAX + 1, ..Default::default() };
+        assert!(too_many.validate().is_err());
+        assert!(ZmqEventPlaneConfig::default().validate().is_ok());
+    }
+}

@@ -1,0 +1,332 @@
+//! The `kvrelay` binary: `serve` beside a real deployment, `demo` with an in-process simulated
+//! DC, `watch` and `query` against any relay.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use kvrelay::config::{self, CliValues};
+use kvrelay::demo::{Demo, DemoOptions};
+use kvrelay::runtime::os_seed;
+use kvrelay::runtime::{SystemWallClock, TokioBlockingExecutor, WallClock};
+use kvrelay::serve::ServeOptions;
+use kvrelay::wan::serve;
+use kvrelay_consumer::{ConsumerConfig, RelayConsumer, render};
+use kvrelay_core::rng::{derive_seed, rng_from_seed};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Parser)]
+#[command(name = "kvrelay", version, about = "Per-data-center KV relay (dynamo.kvrelay.v1)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run beside a real deployment: discovery, event plane and recovery from the environment
+    /// (DYN_DISCOVERY_BACKEND, DYN_FILE_KV, ETCD_ENDPOINTS, DYN_EVENT_PLANE, NATS_SERVER).
+    /// SIGTERM or Ctrl-C ends every WAN stream with UNAVAILABLE, withdraws the pools and
+    /// exits 0.
+    Serve(ServeArgs),
+    /// Run the relay on an in-process simulated DC and print what a WAN consumer sees.
+    Demo(DemoArgs),
+    /// Follow a relay's catalog, readiness, load and filters.
+    Watch(RemoteArgs),
+    /// Longest cached prefix per pool for a prompt.
+    Query(QueryArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// The DC's stable name (DYN_DC_ID).
+    #[arg(long)]
+    dc_id: Option<String>,
+    /// Watched namespaces, comma separated (DYN_RELAY_NAMESPACES).
+    #[arg(long)]
+    namespaces: Option<String>,
+    /// Watch every namespace (DYN_RELAY_WATCH_ALL).
+    #[arg(long)]
+    watch_all: bool,
+    /// Whole-segment endpoint prefix, repeatable (DYN_RELAY_ENDPOINT_PREFIXES).
+    #[arg(long = "endpoint-prefix")]
+    endpoint_prefixes: Vec<String>,
+    /// Expected unique blocks per pool (DYN_RELAY_EXPECTED_UNIQUE_BLOCKS).
+    #[arg(long)]
+    expected_unique_blocks: Option<String>,
+    /// WAN listener, numeric IP:port (DYN_RELAY_BIND).
+    #[arg(long)]
+    bind: Option<String>,
+    /// Live-reloaded namespace source list: JSON `{"version":1,"connectionRevision"?:..,
+    /// "sources":[{"namespace":..}]}`, read every second; an invalid update keeps the last good
+    /// list. Excludes --namespaces and --watch-all; with DYN_RELAY_CONNECTION_REVISION set, the
+    /// file's connectionRevision must equal it.
+    #[arg(long)]
+    sources_file: Option<PathBuf>,
+    /// Operations HTTP listener (/metrics, /health, /live, /ready, /engine/state), numeric
+    /// IP:port or `off` (DYN_RELAY_OPS_BIND; default 127.0.0.1:9090, loopback only).
+    #[arg(long)]
+    ops_bind: Option<String>,
+    /// Journal every input into a fresh subdirectory of DIR for replay with `kvrelay-sim
+    /// replay` (DYN_RELAY_RECORD_DIR). A recording that cannot start or write never stops
+    /// serving; its losses are counted in /metrics.
+    #[arg(long, value_name = "DIR")]
+    record: Option<PathBuf>,
+    /// Bound on the recording's total size in bytes, at least 1 MiB
+    /// (DYN_RELAY_RECORD_MAX_BYTES; default 1 GiB).
+    #[arg(long, value_name = "N")]
+    record_max_bytes: Option<String>,
+    /// Close a journal segment once it spans this many seconds
+    /// (DYN_RELAY_RECORD_MAX_AGE_SECS; default 3600).
+    #[arg(long, value_name = "SECS")]
+    record_max_age: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+struct DemoArgs {
+    /// WAN listener.
+    #[arg(long, default_value = "127.0.0.1:5561")]
+    listen: SocketAddr,
+    /// The seed everything derives from.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Stop after this many seconds (default: run until Ctrl-C).
+    #[arg(long)]
+    duration_secs: Option<u64>,
+    /// Requests served per 50 ms tick.
+    #[arg(long, default_value_t = 8)]
+    requests_per_tick: usize,
+}
+
+#[derive(Debug, clap::Args)]
+struct RemoteArgs {
+    /// The relay's address (host:port).
+    #[arg(long, default_value = "127.0.0.1:5561")]
+    relay: String,
+    /// Stop after this many seconds.
+    #[arg(long)]
+    duration_secs: Option<u64>,
+}
+
+#[derive(Debug, clap::Args)]
+struct QueryArgs {
+    /// The relay's address (host:port).
+    #[arg(long, default_value = "127.0.0.1:5561")]
+    relay: String,
+    /// Request-facing model name (canonical id, alias or LoRA served name).
+    #[arg(long)]
+    model: String,
+    /// Prompt token ids, comma separated.
+    #[arg(long, value_delimiter = ',')]
+    tokens: Vec<u32>,
+    /// How long to let the replicas converge first.
+    #[arg(long, default_value_t = 3)]
+    settle_secs: u64,
+}
+
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("kvrelay: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Serve(args) => serve_command(args).await,
+            Command::Demo(args) => demo_command(args).await,
+            Command::Watch(args) => watch_command(args).await,
+            Command::Query(args) => query_command(args).await,
+        }
+    })
+}
+
+async fn shutdown_signal(limit: Option<u64>) {
+    match limit {
+        Some(seconds) => {
+            tokio::select! {
+                biased;
+                _ = tokio::signal::ctrl_c() => {}
+                () = tokio::time::sleep(Duration::from_secs(seconds)) => {}
+            }
+        }
+        None => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+async fn serve_command(args: ServeArgs) -> Result<()> {
+    let environment: BTreeMap<String, String> = std::env::vars().collect();
+    let cli = CliValues {
+        dc_id: args.dc_id,
+        namespaces: args.namespaces,
+        watch_all: args.watch_all,
+        endpoint_prefixes: args.endpoint_prefixes,
+        expected_unique_blocks: args.expected_unique_blocks,
+        bind: args.bind,
+        sources_file: args.sources_file,
+        ops_bind: args.ops_bind,
+        record: args.record,
+        record_max_bytes: args.record_max_bytes,
+        record_max_age: args.record_max_age,
+    };
+    let config = config::resolve(&cli, &environment).context("invalid configuration")?;
+    let options = ServeOptions {
+        seed: os_seed(),
+        executor: Arc::new(TokioBlockingExecutor),
+        clock: Arc::new(SystemWallClock),
+    };
+    let running = kvrelay::serve::start(config, options).await?;
+    let stop = running.stop_token();
+    tokio::select! {
+        biased;
+        () = termination_signal() => {}
+        () = stop.cancelled() => {}
+    }
+    running.shutdown().await?;
+    Ok(())
+}
+
+/// SIGTERM or Ctrl-C (SIGINT).
+async fn termination_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut terminate) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                biased;
+                _ = terminate.recv() => tracing::info!("SIGTERM received"),
+                _ = tokio::signal::ctrl_c() => tracing::info!("Ctrl-C received"),
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+async fn demo_command(args: DemoArgs) -> Result<()> {
+    let options = DemoOptions {
+        seed: args.seed,
+        requests_per_tick: args.requests_per_tick,
+        ..DemoOptions::default()
+    };
+    let clock: Arc<dyn WallClock> = Arc::new(SystemWallClock);
+    let demo = Demo::start(options, Arc::new(TokioBlockingExecutor), Arc::clone(&clock))?;
+    let tuning = config::WanTuning::default();
+    let service = demo.node.relay_service(clock, tuning);
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding --listen {}", args.listen))?;
+    println!(
+        "kvrelay demo: relay on {} (seed {}), simulated DC: tiny-llm (aggregated, 2 workers), pd-llm (prefill + decode), base-llm (LoRA adapter-a, adapter-b)",
+        args.listen, args.seed
+    );
+    let stop = CancellationToken::new();
+    let server_stop = stop.clone();
+    let server = tokio::spawn(async move {
+        serve(service, TcpListenerStream::new(listener), &tuning, server_stop.cancelled_owned())
+            .await
+    });
+    let consumer = RelayConsumer::start(
+        kvrelay_consumer::connect_lazy(&args.listen.to_string())?,
+        ConsumerConfig::default(),
+        &mut rng_from_seed(derive_seed(args.seed, "demo/consumer")),
+    )?;
+    let prompt = demo.dc.with(|dc| dc.traffic().prefixes()[0].clone());
+    let deadline = shutdown_signal(args.duration_secs);
+    tokio::pin!(deadline);
+    let mut summaries = tokio::time::interval(Duration::from_secs(2));
+    loop {
+        tokio::select! {
+            biased;
+            () = &mut deadline => break,
+            _ = summaries.tick() => {
+                let snapshot = consumer.snapshot();
+                println!("---");
+                for line in render::snapshot_lines(&snapshot) {
+                    println!("{line}");
+                }
+                for line in render::answer_lines("tiny-llm", &consumer.query(&prompt, "tiny-llm")) {
+                    println!("{line}");
+                }
+            }
+        }
+    }
+    consumer.shutdown().await;
+    stop.cancel();
+    let _ = server.await;
+    demo.stop().await;
+    Ok(())
+}
+
+async fn watch_command(args: RemoteArgs) -> Result<()> {
+    let consumer = RelayConsumer::start(
+        kvrelay_consumer::connect_lazy(&args.relay)?,
+        ConsumerConfig::default(),
+        &mut rng_from_seed(os_seed()),
+    )?;
+    let mut changes = consumer.changes();
+    let mut previous = consumer.snapshot();
+    for line in render::snapshot_lines(&previous) {
+        println!("{line}");
+    }
+    let deadline = shutdown_signal(args.duration_secs);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            biased;
+            () = &mut deadline => break,
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+                let current = consumer.snapshot();
+                for line in render::change_lines(Some(&previous), &current) {
+                    println!("{line}");
+                }
+                previous = current;
+            }
+        }
+        if let Some(halt) = consumer.halted() {
+            bail!("consumer halted: {halt:?}");
+        }
+    }
+    consumer.shutdown().await;
+    Ok(())
+}
+
+async fn query_command(args: QueryArgs) -> Result<()> {
+    if args.tokens.is_empty() {
+        bail!("--tokens: give the prompt's token ids, comma separated");
+    }
+    let consumer = RelayConsumer::start(
+        kvrelay_consumer::connect_lazy(&args.relay)?,
+        ConsumerConfig::default(),
+        &mut rng_from_seed(os_seed()),
+    )?;
+    tokio::time::sleep(Duration::from_secs(args.settle_secs)).await;
+    for line in render::answer_lines(&args.model, &consumer.query(&args.tokens, &args.model)) {
+        println!("{line}");
+    }
+    consumer.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,16 @@
+//! The running relay: one task drives the sans-IO [`ControlPlane`](kvrelay_core::control::ControlPlane)
+//! and carries out its commands — pool actors, publication hubs, recovery calls, and the WAN
+//! publisher. Every `tokio::spawn` of the relay's runtime is here, in `pool::actor`, in
+//! `publication` and in `wan`.
+//!
+//! Order: inputs, shell reports, fence requests and timers are handled one at a time; the
+//! commands each produces run to completion, in order, before the next is taken (the control
+//! plane's protocol). Queues: DC inputs wait in a bounded channel (senders wait), shell reports
+//! in another; actor faults that find the report queue full fence their generation instead of
+//! being lost.
+
+mod recovery;
+mod run;
+
+pub use recovery::{NoRecovery, RecoveryTransport};
+pub use run::{NodeConfig, NodeHandle, NodeStatus, start_node, start_node_with_tap};

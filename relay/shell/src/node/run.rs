@@ -1,0 +1,577 @@
+//! The node task.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand_core::Rng;
+use tokio::sync::{mpsc, watch};
+use tokio::task::{AbortHandle, JoinHandle};
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+
+use super::recovery::RecoveryTransport;
+use crate::config::WanTuning;
+use crate::journal::{NodeTap, capture_checkpoint};
+use crate::pool::{
+    ActorConfig, ActorFault, FaultSink, PoolActorHandle, PublicationMode, spawn_pool_actor_with,
+};
+use crate::publication::{FenceRequests, HubConfig, PoolPublications};
+use crate::runtime::{BlockingExecutor, WallClock, run_blocking};
+use crate::wan::{RelayService, WanPublisher, WanViews, wan_channels};
+use kvrelay_core::control::{
+    ControlCommand, ControlConfig, ControlError, ControlPlane, ShellReport,
+};
+use kvrelay_core::host::{ActorFaultAction, HostCommand, StopMode, TargetDisposition};
+use kvrelay_core::inputs::DcInput;
+use kvrelay_core::model::identity::{EndpointPath, PoolId, RelayIdentity};
+use kvrelay_core::model::kv_events::SourceKey;
+use kvrelay_core::pool::{PoolOwnership, RankReplacement};
+use kvrelay_core::rng::{RelayRng, rng_from_seed};
+use kvrelay_core::sources::{RankFence, RecoveryRequestId, SourceCommand};
+use kvrelay_core::wire::encode;
+
+/// How a node runs.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NodeConfig {
+    /// The control plane's configuration (relay identity, DC, scope, sizing, policies).
+    pub control: ControlConfig,
+    /// Pool actor bounds and cadence.
+    pub actor: ActorConfig,
+    /// Publication bounds.
+    pub hub: HubConfig,
+    /// Cuckoo kick bound of every pool.
+    pub max_kicks: u32,
+    /// Seed of the node's generator (kick choices, jitter).
+    pub rng_seed: u64,
+    /// Load window length.
+    pub load_window: Duration,
+    /// DC inputs buffered before senders wait.
+    pub input_queue_capacity: usize,
+    /// Load windows buffered per load stream.
+    pub load_fanout_capacity: usize,
+}
+
+/// What a node reports about itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeStatus {
+    /// The control plane's health.
+    pub healthy: bool,
+    /// Catalog revision.
+    pub catalog_revision: u64,
+    /// Readiness revision.
+    pub topology_revision: u64,
+    /// Pools in the catalog.
+    pub active_pools: usize,
+    /// DC inputs handled.
+    pub inputs_handled: u64,
+    /// The node stopped.
+    pub stopped: bool,
+    /// The control plane's full health summary and input counters (`None` before the first
+    /// step), for the operations endpoints.
+    pub control: Option<kvrelay_core::control::ControlHealth>,
+}
+
+/// A running node.
+#[derive(Debug)]
+pub struct NodeHandle {
+    /// Where DC facts go in.
+    pub inputs: mpsc::Sender<DcInput>,
+    /// What the WAN service serves.
+    pub views: WanViews,
+    /// The pools' publications (for the WAN service).
+    pub publications: Arc<PoolPublications>,
+    /// The node's status, updated after every step.
+    pub status: watch::Receiver<NodeStatus>,
+    /// The relay identity.
+    pub relay: RelayIdentity,
+    shutdown: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl NodeHandle {
+    /// The WAN service serving this node's catalog, readiness, load and pools.
+    #[must_use]
+    pub fn relay_service(&self, clock: Arc<dyn WallClock>, tuning: WanTuning) -> RelayService {
+        RelayService::new(
+            self.relay,
+            self.views.clone(),
+            Arc::clone(&self.publications),
+            clock,
+            tuning,
+        )
+    }
+
+    /// Withdraw every pool, stop every actor, and end the task.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// What the node's own tasks (actors, recovery calls) report back.
+#[derive(Debug)]
+enum Internal {
+    /// A report for the control plane as it is.
+    Report(ShellReport),
+    /// A pool actor refused an event.
+    PoolFault { endpoint: EndpointPath, layout_generation: u64, fault: ActorFault },
+}
+
+#[derive(Debug)]
+struct NodeFaults {
+    endpoint: EndpointPath,
+    pool_id: PoolId,
+    layout_generation: u64,
+    reports: mpsc::Sender<Internal>,
+    fences: FenceRequests,
+}
+
+impl FaultSink for NodeFaults {
+    fn report(&self, fault: ActorFault) {
+        let report = Internal::PoolFault {
+            endpoint: self.endpoint.clone(),
+            layout_generation: self.layout_generation,
+            fault,
+        };
+        if self.reports.try_send(report).is_err() {
+            // Losing a fault would leave the exact state unexplained: fence instead.
+            self.fences.request(self.pool_id, self.layout_generation);
+        }
+    }
+}
+
+struct Node {
+    plane: ControlPlane,
+    relay: RelayIdentity,
+    rng: RelayRng,
+    origin: Instant,
+    config: NodeConfig,
+    actors: BTreeMap<(PoolId, u64), PoolActorHandle>,
+    rank_fences: BTreeMap<(PoolId, u64, SourceKey), RankFence>,
+    recoveries: BTreeMap<RecoveryRequestId, AbortHandle>,
+    reports: mpsc::Sender<Internal>,
+    publications: Arc<PoolPublications>,
+    wan: WanPublisher,
+    executor: Arc<dyn BlockingExecutor>,
+    recovery: Arc<dyn RecoveryTransport>,
+    clock: Arc<dyn WallClock>,
+    status: watch::Sender<NodeStatus>,
+    tap: Option<Arc<dyn NodeTap>>,
+}
+
+/// Reports buffered from actors and recovery calls.
+const REPORT_QUEUE_CAPACITY: usize = 4096;
+
+/// Start a node. The returned handle's `views` and `publications` feed a
+/// [`RelayService`](crate::wan::RelayService).
+pub fn start_node(
+    config: NodeConfig,
+    executor: Arc<dyn BlockingExecutor>,
+    clock: Arc<dyn WallClock>,
+    recovery: Arc<dyn RecoveryTransport>,
+) -> Result<NodeHandle, ControlError> {
+    start_node_with_tap(config, executor, clock, recovery, None)
+}
+
+/// [`start_node`] with a journal tap at the input boundary: the tap sees every input as the
+/// node takes it, is asked after every input's step whether to take a checkpoint (with that
+/// input's time, so the decision is a function of the input stream), and gives each pool actor
+/// its publication mode.
+pub fn start_node_with_tap(
+    config: NodeConfig,
+    executor: Arc<dyn BlockingExecutor>,
+    clock: Arc<dyn WallClock>,
+    recovery: Arc<dyn RecoveryTransport>,
+    tap: Option<Arc<dyn NodeTap>>,
+) -> Result<NodeHandle, ControlError> {
+    let plane = ControlPlane::new(config.control.clone())?;
+    let relay = plane.relay();
+    let (inputs, inputs_rx) = mpsc::channel(config.input_queue_capacity.max(1));
+    let (reports, reports_rx) = mpsc::channel(REPORT_QUEUE_CAPACITY);
+    let (wan, views) = wan_channels(&relay, config.load_fanout_capacity);
+    let publications = Arc::new(PoolPublications::new(config.hub, Arc::clone(&executor)));
+    let (status, status_rx) = watch::channel(NodeStatus::default());
+    let shutdown = CancellationToken::new();
+    let origin = Instant::now();
+    if let Some(tap) = &tap {
+        tap.node_started(origin);
+    }
+    let node = Node {
+        plane,
+        relay,
+        rng: rng_from_seed(config.rng_seed),
+        origin,
+        config,
+        actors: BTreeMap::new(),
+        rank_fences: BTreeMap::new(),
+        recoveries: BTreeMap::new(),
+        reports,
+        publications: Arc::clone(&publications),
+        wan,
+        executor,
+        recovery,
+        clock,
+        status,
+        tap,
+    };
+    let task = tokio::spawn(node.run(inputs_rx, reports_rx, shutdown.clone()));
+    Ok(NodeHandle { inputs, views, publications, status: status_rx, relay, shutdown, task })
+}
+
+impl Node {
+    fn now(&self) -> Duration {
+        Instant::now().saturating_duration_since(self.origin)
+    }
+
+    async fn run(
+        mut self,
+        mut inputs: mpsc::Receiver<DcInput>,
+        mut reports: mpsc::Receiver<Internal>,
+        shutdown: CancellationToken,
+    ) {
+        let window = self.config.load_window.max(Duration::from_millis(1));
+        let mut load_ticks = tokio::time::interval_at(self.origin + window, window);
+        load_ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let fences = self.publications.fence_requests().clone();
+        let mut inputs_handled = 0u64;
+        loop {
+            let mut input_at = None;
+            let wake = self.plane.poll_timeout().map(|at| self.origin + at);
+            let commands = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                Some(report) = reports.recv() => self.report(report),
+                () = fences.notified() => {
+                    let mut commands = Vec::new();
+                    for (pool_id, layout_generation) in fences.take() {
+                        let report = ShellReport::GenerationFenced { pool_id, layout_generation };
+                        commands.extend(self.plane.report(report, self.now(), &mut self.rng));
+                    }
+                    commands
+                }
+                () = sleep_until(wake), if wake.is_some() => {
+                    self.plane.handle_timeout(self.now(), &mut self.rng)
+                }
+                _ = load_ticks.tick() => {
+                    self.publish_load();
+                    Vec::new()
+                }
+                input = inputs.recv() => match input {
+                    Some(input) => {
+                        inputs_handled += 1;
+                        // One reading: the journal's stamp is the time the plane is given.
+                        let now = self.now();
+                        if let Some(tap) = &self.tap {
+                            tap.input(now, &input);
+                        }
+                        input_at = Some(now);
+                        self.plane.handle(input, now, &mut self.rng)
+                    }
+                    None => break,
+                },
+            };
+            self.execute(commands).await;
+            if let Some(at) = input_at {
+                self.checkpoint_if_due(at, inputs_handled).await;
+            }
+            self.publish_status(inputs_handled, false);
+        }
+        let commands = self.plane.begin_shutdown(self.now(), &mut self.rng);
+        self.execute(commands).await;
+        for (_, abort) in std::mem::take(&mut self.recoveries) {
+            abort.abort();
+        }
+        for (_, actor) in std::mem::take(&mut self.actors) {
+            let _ = actor.shutdown().await;
+        }
+        self.publish_status(inputs_handled, true);
+    }
+
+    /// Feed a report back. A pool fault goes to the rank's tracker (with the rank's current
+    /// fence) and to the host's fault coalescing (with that fence as the source epoch).
+    fn report(&mut self, internal: Internal) -> Vec<ControlCommand> {
+        let now = self.now();
+        let report = match internal {
+            Internal::Report(report) => report,
+            Internal::PoolFault { endpoint, layout_generation, fault } => {
+                let mut commands = Vec::new();
+                let disposition = fault.error.disposition();
+                let fence = self.plane.active_producer(&endpoint).and_then(|producer| {
+                    self.rank_fences
+                        .get(&(producer.pool_id(), layout_generation, fault.source))
+                        .copied()
+                });
+                if let Some(fence) = fence {
+                    let failed = ShellReport::ApplyFailed {
+                        endpoint: endpoint.clone(),
+                        layout_generation,
+                        source: fault.source,
+                        fence,
+                        disposition,
+                    };
+                    commands.extend(self.plane.report(failed, now, &mut self.rng));
+                }
+                let coalesced = kvrelay_core::host::ActorFault {
+                    source: fault.source,
+                    source_epoch: fence.map_or(0, |fence| fence.0),
+                    action: ActorFaultAction::from(disposition),
+                };
+                let report =
+                    ShellReport::ActorFault { endpoint, layout_generation, fault: coalesced };
+                commands.extend(self.plane.report(report, now, &mut self.rng));
+                return commands;
+            }
+        };
+        self.plane.report(report, now, &mut self.rng)
+    }
+
+    async fn execute(&mut self, commands: Vec<ControlCommand>) {
+        let mut queue: VecDeque<ControlCommand> = commands.into();
+        while let Some(command) = queue.pop_front() {
+            let follow_up = self.execute_one(command).await;
+            queue.extend(follow_up);
+        }
+    }
+
+    async fn execute_one(&mut self, command: ControlCommand) -> Vec<ControlCommand> {
+        match command {
+            ControlCommand::Host(command) => self.execute_host(command).await,
+            ControlCommand::Source { endpoint, pool_id, layout_generation, command } => {
+                self.execute_source(endpoint, pool_id, layout_generation, command).await
+            }
+            ControlCommand::PublishTopology { revision } => {
+                let snapshot = self.plane.topology_snapshot();
+                self.wan.publish_readiness(encode::readiness_update(
+                    &self.relay,
+                    revision,
+                    &snapshot.entries,
+                ));
+                Vec::new()
+            }
+        }
+    }
+
+    async fn execute_host(&mut self, command: HostCommand) -> Vec<ControlCommand> {
+        let now = self.now();
+        match command {
+            HostCommand::StartPool { endpoint, producer, .. } => {
+                let format = producer.format();
+                let max_kicks = self.config.max_kicks;
+                let seed = self.rng.next_u64();
+                let built = run_blocking(self.executor.as_ref(), move || {
+                    PoolOwnership::new(format, max_kicks, rng_from_seed(seed))
+                })
+                .await;
+                let generation = producer.layout_generation();
+                let Ok(Ok(pool)) = built else {
+                    return self.plane.start_failed(&endpoint, generation, now, &mut self.rng);
+                };
+                let faults = Arc::new(NodeFaults {
+                    endpoint: endpoint.clone(),
+                    pool_id: producer.pool_id(),
+                    layout_generation: generation,
+                    reports: self.reports.clone(),
+                    fences: self.publications.fence_requests().clone(),
+                });
+                let mode = self.tap.as_ref().map_or(PublicationMode::Free, |tap| {
+                    tap.publication_mode(&producer.pool_id(), generation)
+                });
+                let (actor, _task) = spawn_pool_actor_with(
+                    pool,
+                    self.config.actor,
+                    Arc::clone(&self.executor),
+                    faults,
+                    mode,
+                );
+                self.publications.activate(producer, actor.clone());
+                self.actors.insert((producer.pool_id(), generation), actor);
+                self.plane.start_succeeded(&endpoint, generation, now, &mut self.rng)
+            }
+            HostCommand::WithdrawPool { pool_id, layout_generation, .. } => {
+                self.publications.retire(pool_id, layout_generation).await;
+                Vec::new()
+            }
+            HostCommand::PublishCatalog { .. } => {
+                let snapshot = self.plane.catalog_snapshot();
+                self.wan.publish_catalog(encode::catalog_update(&self.relay, &snapshot));
+                Vec::new()
+            }
+            HostCommand::StopActor { pool_id, layout_generation, mode, .. } => {
+                if let Some(actor) = self.actors.remove(&(pool_id, layout_generation)) {
+                    match mode {
+                        StopMode::Graceful => {
+                            let _ = actor.shutdown().await;
+                        }
+                        StopMode::Fence => actor.fence(),
+                    }
+                }
+                self.rank_fences.retain(|(pool, generation, _), _| {
+                    !(*pool == pool_id && *generation == layout_generation)
+                });
+                Vec::new()
+            }
+            HostCommand::ReleasePool { pool_id, layout_generation, .. } => {
+                self.publications.retire(pool_id, layout_generation).await;
+                self.actors.remove(&(pool_id, layout_generation));
+                Vec::new()
+            }
+            HostCommand::RecoverSource { endpoint, layout_generation, .. } => {
+                // Rank-level recovery is the source tracker's (it saw the same fault as
+                // `ApplyFailed`); the host-level call is acknowledged at once.
+                let report = ShellReport::SourceRecoveryFinished {
+                    endpoint,
+                    layout_generation,
+                    disposition: TargetDisposition::Recovered,
+                };
+                self.plane.report(report, now, &mut self.rng)
+            }
+        }
+    }
+
+    async fn execute_source(
+        &mut self,
+        endpoint: EndpointPath,
+        pool_id: PoolId,
+        layout_generation: u64,
+        command: SourceCommand,
+    ) -> Vec<ControlCommand> {
+        let Some(actor) = self.actors.get(&(pool_id, layout_generation)).cloned() else {
+            return Vec::new();
+        };
+        let now = self.now();
+        match command {
+            SourceCommand::ApplyEvents { source, fence, events } => {
+                self.rank_fences.insert((pool_id, layout_generation, source), fence);
+                let _ = actor.apply(events).await;
+                Vec::new()
+            }
+            SourceCommand::ResetRank { source, fence, .. } => {
+                self.rank_fences.insert((pool_id, layout_generation, source), fence);
+                let _ = actor.reset_rank(source).await;
+                Vec::new()
+            }
+            SourceCommand::ReplaceRanks { ranks } => {
+                let mut replacements = BTreeMap::new();
+                let mut commands = Vec::new();
+                for dump in ranks {
+                    self.rank_fences.insert((pool_id, layout_generation, dump.source), dump.fence);
+                    let mut replacement = RankReplacement::new();
+                    let built =
+                        dump.events.iter().try_for_each(|event| replacement.push_event(event));
+                    match built {
+                        Ok(()) => {
+                            replacements.insert(dump.source, (replacement, dump.fence));
+                        }
+                        Err(error) => {
+                            let report = ShellReport::ApplyFailed {
+                                endpoint: endpoint.clone(),
+                                layout_generation,
+                                source: dump.source,
+                                fence: dump.fence,
+                                disposition: error.disposition(),
+                            };
+                            commands.extend(self.plane.report(report, now, &mut self.rng));
+                        }
+                    }
+                }
+                let fences: Vec<(SourceKey, RankFence)> =
+                    replacements.iter().map(|(source, (_, fence))| (*source, *fence)).collect();
+                let batch = replacements.into_iter().map(|(source, (r, _))| (source, r)).collect();
+                if let Ok(Err(error)) = actor.replace_ranks(batch).await {
+                    for (source, fence) in fences {
+                        let report = ShellReport::ApplyFailed {
+                            endpoint: endpoint.clone(),
+                            layout_generation,
+                            source,
+                            fence,
+                            disposition: error.disposition(),
+                        };
+                        commands.extend(self.plane.report(report, now, &mut self.rng));
+                    }
+                }
+                commands
+            }
+            SourceCommand::RequestRecovery(call) => {
+                let timeout = call.deadline.saturating_sub(now).max(Duration::from_millis(1));
+                let query = self.recovery.query(call.target.clone(), call.request, timeout);
+                let reports = self.reports.clone();
+                let request_id = call.request_id;
+                let task = tokio::spawn(async move {
+                    let report = match tokio::time::timeout(timeout, query).await {
+                        Ok(Ok(response)) => ShellReport::RecoveryAnswered {
+                            endpoint,
+                            layout_generation,
+                            request_id,
+                            response,
+                        },
+                        Ok(Err(reason)) => ShellReport::RecoveryUnreachable {
+                            endpoint,
+                            layout_generation,
+                            request_id,
+                            reason,
+                        },
+                        Err(_) => ShellReport::RecoveryUnreachable {
+                            endpoint,
+                            layout_generation,
+                            request_id,
+                            reason: "recovery query timed out".to_owned(),
+                        },
+                    };
+                    let _ = reports.send(Internal::Report(report)).await;
+                });
+                self.recoveries.retain(|_, handle| !handle.is_finished());
+                self.recoveries.insert(request_id, task.abort_handle());
+                Vec::new()
+            }
+            SourceCommand::CancelRecovery { request_id, .. } => {
+                if let Some(handle) = self.recoveries.remove(&request_id) {
+                    handle.abort();
+                }
+                Vec::new()
+            }
+        }
+    }
+
+    /// After the step of the input taken at `at`: a checkpoint if the tap says one is due,
+    /// stamped `at` (the state it captures is the one after that step).
+    async fn checkpoint_if_due(&self, at: Duration, inputs_handled: u64) {
+        let Some(tap) = &self.tap else { return };
+        if tap.checkpoint_due(at, inputs_handled) {
+            let checkpoint = capture_checkpoint(&self.plane, &self.actors, inputs_handled).await;
+            tap.checkpoint(at, checkpoint);
+        }
+    }
+
+    fn publish_load(&mut self) {
+        if let Ok(window) = self.plane.load_window(self.clock.now_unix_ms()) {
+            self.wan.publish_load(encode::load_update(&self.relay, &window));
+        }
+    }
+
+    /// Runs after every input: reads counts and revisions, never copies the catalog or topology.
+    fn publish_status(&self, inputs_handled: u64, stopped: bool) {
+        let health = self.plane.health();
+        let status = NodeStatus {
+            healthy: health.healthy,
+            catalog_revision: health.catalog_revision,
+            topology_revision: health.topology_revision,
+            active_pools: self.plane.catalog_len(),
+            inputs_handled,
+            stopped,
+            control: Some(health),
+        };
+        self.status.send_if_modified(|current| {
+            let changed = *current != status;
+            *current = status;
+            changed
+        });
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,238 @@
+//! Publication tests: real pool actors, real hubs, paused tokio time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::pool::{ActorConfig, ActorFault, FaultSink, PoolActorHandle, spawn_pool_actor};
+use crate::runtime::InlineExecutor;
+use kvrelay_core::filter::ckf::{CkfFormat, DEFAULT_SEED, MAX_KICKS_DEFAULT};
+use kvrelay_core::model::hashing::{ExternalBlockHash, HashFormat, LocalBlockHash};
+use kvrelay_core::model::identity::{
+    DcId, EndpointPath, PoolId, ProducerIdentity, resolve_indexer_domain,
+};
+use kvrelay_core::model::kv_events::{
+    KvCacheEvent, KvCacheEventData, RouterEvent, StorageTier, StoreData, StoredBlock,
+};
+use kvrelay_core::pool::PoolOwnership;
+use kvrelay_core::rng::rng_from_seed;
+
+#[derive(Debug)]
+struct IgnoreFaults;
+
+impl FaultSink for IgnoreFaults {
+    fn report(&self, _fault: ActorFault) {}
+}
+
+fn producer(endpoint: &str, buckets: u64, generation: u64) -> ProducerIdentity {
+    let endpoint: EndpointPath = endpoint.parse().unwrap();
+    let domain =
+        resolve_indexer_domain("model", 16, HashFormat::StandardV1, &endpoint, None).unwrap();
+    let pool_id = PoolId { indexer_domain: domain, dc_id: DcId(7) };
+    ProducerIdentity::new(pool_id, 42, generation, CkfFormat::v1(DEFAULT_SEED, buckets)).unwrap()
+}
+
+fn actor(identity: &ProducerIdentity) -> PoolActorHandle {
+    let pool = PoolOwnership::new(identity.format(), MAX_KICKS_DEFAULT, rng_from_seed(5)).unwrap();
+    spawn_pool_actor(pool, ActorConfig::default(), Arc::new(InlineExecutor), Arc::new(IgnoreFaults))
+        .0
+}
+
+fn store(external: u64) -> RouterEvent {
+    RouterEvent {
+        worker_id: 1,
+        storage_tier: StorageTier::Device,
+        residency_domain: None,
+        event: KvCacheEvent {
+            event_id: external,
+            dp_rank: 0,
+            data: KvCacheEventData::Stored(StoreData {
+                parent_hash: None,
+                start_position: None,
+                blocks: vec![StoredBlock {
+                    block_hash: ExternalBlockHash(external),
+                    tokens_hash: LocalBlockHash(external.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+                }],
+            }),
+        },
+    }
+}
+
+/// Store one block and publish it as one delta.
+async fn publish_one(actor: &PoolActorHandle, external: u64) {
+    actor.apply(vec![store(external)]).await.unwrap();
+    actor.flush().await.unwrap().unwrap();
+}
+
+fn publications(config: HubConfig) -> PoolPublications {
+    PoolPublications::new(config, Arc::new(InlineExecutor))
+}
+
+async fn frame(stream: &mut PoolStream) -> Arc<HubFrame> {
+    let StreamItem::Frame(frame) = stream.next().await.unwrap();
+    frame
+}
+
+#[tokio::test(start_paused = true)]
+async fn first_subscriber_gets_the_snapshot_then_contiguous_deltas() {
+    let identity = producer("ns/backend/generate", 1024, 1);
+    let actor = actor(&identity);
+    let publications = publications(HubConfig::default());
+    publications.activate(identity, actor.clone());
+    publish_one(&actor, 1).await; // no lease yet: the sequence stays at 0
+    let mut stream = publications.subscribe(&identity).await.unwrap();
+    let chunk = frame(&mut stream).await;
+    assert_eq!((chunk.kind, chunk.base_sequence, chunk.sequence), (FrameKind::SnapshotChunk, 0, 0));
+    assert!(stream.snapshot_complete());
+    publish_one(&actor, 2).await;
+    let delta = frame(&mut stream).await;
+    assert_eq!((delta.kind, delta.base_sequence, delta.sequence), (FrameKind::Delta, 0, 1));
+    // A later subscriber starts from the current sequence.
+    let mut later = publications.subscribe(&identity).await.unwrap();
+    assert_eq!(frame(&mut later).await.sequence, 1);
+    publish_one(&actor, 3).await;
+    let shared_early = frame(&mut stream).await;
+    let shared_late = frame(&mut later).await;
+    assert!(Arc::ptr_eq(&shared_early, &shared_late), "one frame instance fans out");
+    assert_eq!((shared_late.base_sequence, shared_late.sequence), (1, 2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn slow_subscriber_is_dropped_as_lagged_while_a_fast_one_continues() {
+    let identity = producer("ns/backend/generate", 1024, 1);
+    let actor = actor(&identity);
+    let publications =
+        publications(HubConfig { subscriber_queue_frames: 2, ..HubConfig::default() });
+    publications.activate(identity, actor.clone());
+    let mut fast = publications.subscribe(&identity).await.unwrap();
+    let mut slow = publications.subscribe(&identity).await.unwrap();
+    frame(&mut fast).await;
+    frame(&mut slow).await;
+    for external in 1..=4 {
+        publish_one(&actor, external).await;
+        assert_eq!(frame(&mut fast).await.sequence, external);
+    }
+    assert_eq!(frame(&mut slow).await.sequence, 1);
+    assert_eq!(frame(&mut slow).await.sequence, 2);
+    assert_eq!(slow.next().await, Err(PublicationError::SubscriberLagged));
+    publish_one(&actor, 5).await;
+    assert_eq!(frame(&mut fast).await.sequence, 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn byte_budget_lags_a_subscriber_before_its_frame_capacity() {
+    let identity = producer("ns/backend/generate", 1024, 1);
+    let actor = actor(&identity);
+    // One small delta fits (48 + 12 + 12 + 256 bytes); a second does not.
+    let publications =
+        publications(HubConfig { subscriber_queue_bytes: 400, ..HubConfig::default() });
+    publications.activate(identity, actor.clone());
+    let mut stream = publications.subscribe(&identity).await.unwrap();
+    frame(&mut stream).await;
+    publish_one(&actor, 1).await;
+    publish_one(&actor, 2).await;
+    assert_eq!(frame(&mut stream).await.sequence, 1);
+    assert_eq!(stream.next().await, Err(PublicationError::SubscriberLagged));
+}
+
+#[tokio::test(start_paused = true)]
+async fn subscriber_limit_is_enforced_per_pool() {
+    let identity = producer("ns/backend/generate", 1024, 1);
+    let publications =
+        publications(HubConfig { subscribers_per_pool_max: 1, ..HubConfig::default() });
+    publications.activate(identity, actor(&identity));
+    let first = publications.subscribe(&identity).await.unwrap();
+    assert_eq!(
+        publications.subscribe(&identity).await.err(),
+        Some(PublicationError::SubscriberLimit)
+    );
+    drop(first);
+    assert!(publications.subscribe(&identity).await.is_ok(), "a closed subscriber frees its place");
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_hub_is_evicted_and_its_pool_resnapshots_at_the_same_generation() {
+    let a = producer("ns/a/generate", 1024, 1);
+    let b = producer("ns/b/generate", 1024, 2);
+    let actor_a = actor(&a);
+    let publications = publications(HubConfig { initialized_hubs_max: 1, ..HubConfig::default() });
+    publications.activate(a, actor_a.clone());
+    publications.activate(b, actor(&b));
+    let mut stream_a = publications.subscribe(&a).await.unwrap();
+    frame(&mut stream_a).await;
+    publish_one(&actor_a, 1).await;
+    assert_eq!(frame(&mut stream_a).await.sequence, 1);
+    // While A has a subscriber, B cannot get a hub.
+    assert_eq!(publications.subscribe(&b).await.err(), Some(PublicationError::InitializedHubLimit));
+    drop(stream_a);
+    let _stream_b = publications.subscribe(&b).await.unwrap();
+    assert_eq!(publications.initialized_hubs(), 1);
+    tokio::task::yield_now().await; // the evicted hub retires its lease
+    publish_one(&actor_a, 2).await; // no lease: not published, sequence stays 1
+    assert_eq!(actor_a.stats().await.unwrap().sequence, 1);
+    drop(_stream_b);
+    let mut again = publications.subscribe(&a).await.unwrap();
+    let chunk = frame(&mut again).await;
+    assert_eq!(chunk.sequence, 1, "same generation, sequence did not advance without a lease");
+}
+
+#[tokio::test(start_paused = true)]
+async fn oversized_delta_resnapshots_and_closes_subscribers() {
+    let identity = producer("ns/backend/generate", 1024, 1);
+    let actor = actor(&identity);
+    let publications = publications(HubConfig { max_delta_images: 2, ..HubConfig::default() });
+    publications.activate(identity, actor.clone());
+    let mut stream = publications.subscribe(&identity).await.unwrap();
+    frame(&mut stream).await;
+    actor.apply((1..=8).map(store).collect()).await.unwrap();
+    actor.flush().await.unwrap().unwrap();
+    assert_eq!(stream.next().await, Err(PublicationError::Unavailable));
+    let mut fresh = publications.subscribe(&identity).await.unwrap();
+    assert_eq!(frame(&mut fresh).await.sequence, 1, "the new mirror includes the big publication");
+}
+
+#[tokio::test(start_paused = true)]
+async fn stalled_snapshot_bootstrap_times_out_without_fencing() {
+    let identity = producer("ns/backend/generate", 1 << 20, 1); // two chunks
+    let publications = publications(HubConfig::default());
+    publications.activate(identity, actor(&identity));
+    let mut stream = publications.subscribe(&identity).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    assert_eq!(frame(&mut stream).await.kind, FrameKind::SnapshotChunk);
+    assert_eq!(stream.next().await, Err(PublicationError::SnapshotProgressTimeout));
+    assert!(publications.fence_requests().take().is_empty());
+    let mut fresh = publications.subscribe(&identity).await.unwrap();
+    frame(&mut fresh).await;
+    frame(&mut fresh).await;
+    assert!(fresh.snapshot_complete());
+}
+
+#[tokio::test(start_paused = true)]
+async fn retired_generation_ends_streams_and_rejects_stale_subscribers() {
+    let old = producer("ns/backend/generate", 1024, 1);
+    let publications = publications(HubConfig::default());
+    publications.activate(old, actor(&old));
+    let mut stream = publications.subscribe(&old).await.unwrap();
+    frame(&mut stream).await;
+    publications.retire(old.pool_id(), 1).await;
+    assert_eq!(stream.next().await, Err(PublicationError::Unavailable));
+    assert_eq!(publications.subscribe(&old).await.err(), Some(PublicationError::NotFound));
+    let new = producer("ns/backend/generate", 1024, 2);
+    publications.activate(new, actor(&new));
+    assert_eq!(publications.subscribe(&old).await.err(), Some(PublicationError::ProducerChanged));
+    let mut current = publications.subscribe(&new).await.unwrap();
+    assert_eq!(frame(&mut current).await.sequence, 0, "a new generation starts at sequence 0");
+}
+
+#[tokio::test(start_paused = true)]
+async fn actor_death_fails_the_hub_and_requests_a_fence() {
+    let identity = producer("ns/backend/generate", 1024, 1);
+    let actor = actor(&identity);
+    let publications = publications(HubConfig::default());
+    publications.activate(identity, actor.clone());
+    let mut stream = publications.subscribe(&identity).await.unwrap();
+    frame(&mut stream).await;
+    actor.fence();
+    assert_eq!(stream.next().await, Err(PublicationError::Unavailable));
+    assert_eq!(publications.fence_requests().take(), vec![(identity.pool_id(), 1)]);
+}

@@ -1,0 +1,533 @@
+//! The production event planes against real peers on loopback:
+//!
+//! - NATS: a real `nats-server` child process (Debian's package; `.ci/run` installs it), Dynamo-
+//!   shaped envelopes published with the repository's encoders and the hand-typed capture of
+//!   `reference/dynamo-planes-wire.md` §B.5, and a server restart to check re-subscription;
+//! - ZMQ: in-process `zeromq` PUB sockets sending the exact captured frames of §B.5, a publisher
+//!   that comes up late, and channel removal.
+//!
+//! Every test is bounded in time; the NATS server is killed by PID when its guard drops, also
+//! when a test fails.
+
+mod servers;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use kvrelay::event_plane::{
+    ChannelChange, EventPlaneCounters, EventPlaneError, NatsEventPlaneConfig, NatsNamespaces,
+    ZmqEventPlaneConfig, run_nats_event_plane, run_zmq_event_plane,
+};
+use kvrelay_core::inputs::{
+    DcInput, EventChannelRecord, EventEnvelope, EventRecordKey, EventTransport, InputErrorKind,
+    KV_EVENTS_TOPIC, KV_METRICS_TOPIC, LoadObservation, encode_active_load, encode_event_envelope,
+    encode_kv_events_payload, encode_zmq_event_frame,
+};
+use kvrelay_core::model::hashing::{ExternalBlockHash, LocalBlockHash};
+use kvrelay_core::model::identity::EndpointPath;
+use kvrelay_core::model::kv_events::{
+    KvCacheEvent, KvCacheEventData, ResidencyDomain, RouterEvent, SourceKey, StorageTier,
+    StoreData, StoredBlock,
+};
+use servers::{NatsServer, free_port};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
+
+/// Bound of every test.
+const TEST_TIMEOUT: Duration = Duration::from_secs(90);
+/// The captured aggregated worker (`backend`) and its `kv-events` publisher.
+const BACKEND_INSTANCE: u64 = 13_864_542_646_465_346_627;
+const BACKEND_PUBLISHER: u64 = 7_327_664_155_944_878;
+/// The worker id of probe messages, which only show that a subscription is live.
+const PROBE_WORKER: u64 = 4_242;
+
+/// The first `kv-events` envelope of §B.5, typed out byte for byte (280 bytes, 199-byte payload).
+fn captured_envelope() -> Vec<u8> {
+    let parts: &[&[u8]] = &[
+        b"\x85",
+        b"\xacpublisher_id\xcf\x00\x1a\x08\x78\xc3\x0c\x67\xae",
+        b"\xa8sequence\x00",
+        b"\xacpublished_at\xcf\x00\x00\x01\xa2\x2c\x55\xf2\x75",
+        b"\xa5topic\xa9kv-events",
+        b"\xa7payload\xc4\xc7",
+        b"\x91\x84",
+        b"\xa9worker_id\xcf\xc0\x68\xc0\x14\x57\xd2\x3c\x43",
+        b"\xacstorage_tier\xa6device",
+        b"\xb0residency_domain\xa6worker",
+        b"\xa5event\x83",
+        b"\xa8event_id\x01",
+        b"\xa4data\x81\xa6stored\x83",
+        b"\xabparent_hash\xc0",
+        b"\xaestart_position\xc0",
+        b"\xa6blocks\x91\x83",
+        b"\xaablock_hash\xcf\x48\xdb\xac\x25\x22\x65\xb1\xf5",
+        b"\xabtokens_hash\xcf\xea\x06\xfc\x71\xa5\xee\x6e\x88",
+        b"\xadmm_extra_info\xc0",
+        b"\xa7dp_rank\x00",
+    ];
+    let envelope = parts.concat();
+    assert_eq!(envelope.len(), 0x118);
+    envelope
+}
+
+/// The events of [`captured_envelope`].
+fn captured_events() -> Vec<RouterEvent> {
+    vec![RouterEvent {
+        worker_id: BACKEND_INSTANCE,
+        storage_tier: StorageTier::Device,
+        residency_domain: Some(ResidencyDomain::Worker),
+        event: KvCacheEvent {
+            event_id: 1,
+            dp_rank: 0,
+            data: KvCacheEventData::Stored(StoreData {
+                parent_hash: None,
+                start_position: None,
+                blocks: vec![StoredBlock {
+                    block_hash: ExternalBlockHash(0x48db_ac25_2265_b1f5),
+                    tokens_hash: LocalBlockHash(0xea06_fc71_a5ee_6e88),
+                }],
+            }),
+        },
+    }]
+}
+
+/// A `kv_metrics` envelope made with the repository's encoders.
+fn load_envelope(publisher_id: u64, sequence: u64, worker_id: u64, kv_used_blocks: u64) -> Vec<u8> {
+    let payload = encode_active_load(&LoadObservation {
+        source: SourceKey { worker_id, dp_rank: 0 },
+        kv_used_blocks: Some(kv_used_blocks),
+        active_decode_blocks: Some(0),
+        active_prefill_tokens: None,
+    })
+    .unwrap();
+    encode_event_envelope(&EventEnvelope {
+        publisher_id,
+        sequence,
+        published_at_ms: 1_796_040_159_861,
+        topic: KV_METRICS_TOPIC,
+        payload: &payload,
+    })
+    .unwrap()
+}
+
+fn endpoint(namespace: &str, component: &str, name: &str) -> EndpointPath {
+    EndpointPath::new(namespace, component, name).unwrap()
+}
+
+async fn bounded<F: std::future::Future>(test: F) -> F::Output {
+    tokio::time::timeout(TEST_TIMEOUT, test).await.expect("test exceeded its time bound")
+}
+
+/// Receive the next input that is not a probe, failing after `wait`.
+/// Waits until redundant sends have surely landed, then discards every pending input.
+async fn settle_and_drain(inputs: &mut mpsc::Receiver<DcInput>) {
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    while inputs.try_recv().is_ok() {}
+}
+
+async fn next_input(inputs: &mut mpsc::Receiver<DcInput>, wait: Duration) -> DcInput {
+    tokio::time::timeout(wait, async {
+        loop {
+            let input = inputs.recv().await.expect("sink closed");
+            if !is_probe(&input) {
+                return input;
+            }
+        }
+    })
+    .await
+    .expect("no input in time")
+}
+
+fn is_probe(input: &DcInput) -> bool {
+    matches!(input, DcInput::Load { observation, .. } if observation.source.worker_id == PROBE_WORKER)
+}
+
+/// Publish a probe on `subject` every 100 ms until one comes through `inputs` (a live
+/// subscription), failing after `wait`.
+async fn probe_until_live(
+    publisher: &async_nats::Client,
+    subject: &str,
+    inputs: &mut mpsc::Receiver<DcInput>,
+    wait: Duration,
+) {
+    let probe = Bytes::from(load_envelope(1, 0, PROBE_WORKER, 1));
+    tokio::time::timeout(wait, async {
+        loop {
+            let _ = publisher.publish(subject.to_owned(), probe.clone()).await;
+            let _ = publisher.flush().await;
+            if let Ok(Some(input)) =
+                tokio::time::timeout(Duration::from_millis(100), inputs.recv()).await
+                && is_probe(&input)
+            {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the subscription did not come (back) up in time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_plane_delivers_dynamo_envelopes_and_survives_a_server_restart() {
+    bounded(async {
+        let port = free_port();
+        let server = NatsServer::start_on(port).await;
+        let url = server.url();
+        let namespaces = NatsNamespaces::Only(["dynamo".to_owned(), "team.a".to_owned()].into());
+        let config = NatsEventPlaneConfig::new(url.clone(), namespaces);
+        let (sink, mut inputs) = mpsc::channel(16);
+        let counters = EventPlaneCounters::new();
+        let cancel = CancellationToken::new();
+        let plane: JoinHandle<Result<(), EventPlaneError>> =
+            tokio::spawn(run_nats_event_plane(config, sink, counters.clone(), cancel.clone()));
+        let publisher = async_nats::connect(url.as_str()).await.unwrap();
+
+        let events_subject = "namespace.dynamo.component.backend.endpoint.generate.kv-events";
+        let metrics_subject = "namespace.dynamo.component.backend.endpoint.generate.kv_metrics";
+        probe_until_live(&publisher, metrics_subject, &mut inputs, Duration::from_secs(20)).await;
+
+        // The captured envelope is also a NATS body: the endpoint comes from the subject.
+        publisher.publish(events_subject, Bytes::from(captured_envelope())).await.unwrap();
+        publisher.flush().await.unwrap();
+        let DcInput::KvEvents(batch) = next_input(&mut inputs, Duration::from_secs(5)).await else {
+            panic!("expected a KV event batch");
+        };
+        assert_eq!(batch.endpoint, endpoint("dynamo", "backend", "generate"));
+        assert_eq!((batch.publisher_id, batch.sequence), (BACKEND_PUBLISHER, 0));
+        assert_eq!(batch.published_at_ms, 1_796_040_159_861);
+        assert_eq!(batch.events, captured_events());
+
+        // A namespace with a '.' is watched under its escaped subject segment.
+        let escaped = "namespace.team%2Ea.component.prefill.endpoint.generate.kv_metrics";
+        publisher.publish(escaped, Bytes::from(load_envelope(9, 3, 77, 12))).await.unwrap();
+        publisher.flush().await.unwrap();
+        let DcInput::Load { endpoint: load_endpoint, observation } =
+            next_input(&mut inputs, Duration::from_secs(5)).await
+        else {
+            panic!("expected a load report");
+        };
+        assert_eq!(load_endpoint, endpoint("team.a", "prefill", "generate"));
+        assert_eq!(observation.source, SourceKey { worker_id: 77, dp_rank: 0 });
+        assert_eq!(observation.kv_used_blocks, Some(12));
+
+        // Malformed bodies are counted and dropped; unwatched namespaces never arrive. The
+        // valid batch behind them on the same subject shows they were processed.
+        let before = counters.snapshot();
+        publisher.publish(events_subject, Bytes::from_static(b"\xc1 not msgpack")).await.unwrap();
+        publisher
+            .publish(
+                "namespace.other.component.backend.endpoint.generate.kv-events",
+                Bytes::from(captured_envelope()),
+            )
+            .await
+            .unwrap();
+        publisher.publish(events_subject, Bytes::from(captured_envelope())).await.unwrap();
+        publisher.flush().await.unwrap();
+        let DcInput::KvEvents(batch) = next_input(&mut inputs, Duration::from_secs(5)).await else {
+            panic!("expected a KV event batch");
+        };
+        assert_eq!(batch.endpoint, endpoint("dynamo", "backend", "generate"));
+        let after = counters.snapshot();
+        assert_eq!(after.decode.rejected_total(), before.decode.rejected_total() + 1);
+        assert_eq!(
+            after.decode.rejected(InputErrorKind::MessagePack),
+            before.decode.rejected(InputErrorKind::MessagePack) + 1
+        );
+
+        // Restart the server on the same port: the client reconnects and re-subscribes.
+        drop(server);
+        let server = NatsServer::start_on(port).await;
+        probe_until_live(&publisher, metrics_subject, &mut inputs, Duration::from_secs(40)).await;
+        publisher.publish(events_subject, Bytes::from(captured_envelope())).await.unwrap();
+        publisher.flush().await.unwrap();
+        let DcInput::KvEvents(batch) = next_input(&mut inputs, Duration::from_secs(5)).await else {
+            panic!("expected a KV event batch after the restart");
+        };
+        assert_eq!(batch.events, captured_events());
+        let stats = counters.snapshot();
+        assert!(stats.connects >= 2, "{stats:?}");
+        assert!(stats.disconnects >= 1, "{stats:?}");
+
+        cancel.cancel();
+        assert!(matches!(plane.await.unwrap(), Ok(())));
+        drop(server);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_plane_fails_clearly_without_namespaces() {
+    let config = NatsEventPlaneConfig::new("nats://127.0.0.1:1", NatsNamespaces::Only([].into()));
+    let (sink, _inputs) = mpsc::channel(1);
+    let result =
+        run_nats_event_plane(config, sink, EventPlaneCounters::new(), CancellationToken::new())
+            .await;
+    assert!(matches!(result, Err(EventPlaneError::InvalidConfig(_))));
+}
+
+/// A ZMQ PUB socket bound on 127.0.0.1.
+async fn bind_publisher(port: u16) -> (PubSocket, String) {
+    let mut socket = PubSocket::new();
+    let bound = socket.bind(&format!("tcp://127.0.0.1:{port}")).await.unwrap();
+    (socket, bound.to_string())
+}
+
+/// The 4 frames of §B.5: topic, publisher id and sequence (u64 BE), event frame.
+fn zmq_message(topic: &str, publisher_id: u64, sequence: u64, event_frame: Vec<u8>) -> ZmqMessage {
+    ZmqMessage::try_from(vec![
+        Bytes::copy_from_slice(topic.as_bytes()),
+        Bytes::copy_from_slice(&publisher_id.to_be_bytes()),
+        Bytes::copy_from_slice(&sequence.to_be_bytes()),
+        Bytes::from(event_frame),
+    ])
+    .unwrap()
+}
+
+/// The captured first `kv-events` message of §B.5, frame 3 written out as on the wire.
+fn captured_zmq_message() -> ZmqMessage {
+    let mut frame = vec![0x01, 0x00, 0x00, 0x01, 0x18];
+    frame.extend(captured_envelope());
+    assert_eq!(frame.len(), 285, "frame3 LAST|LONG size 285");
+    zmq_message(KV_EVENTS_TOPIC, BACKEND_PUBLISHER, 0, frame)
+}
+
+fn channel(scope: &EndpointPath, topic: &str, publisher_id: u64, endpoint: &str) -> ChannelChange {
+    ChannelChange::Upsert(EventChannelRecord {
+        scope: scope.clone(),
+        topic: topic.to_owned(),
+        publisher_id,
+        transport: EventTransport::Zmq { endpoint: endpoint.to_owned() },
+    })
+}
+
+/// Send `message` every 50 ms until an input comes through (PUB/SUB drops messages sent before
+/// the subscription reached the publisher), failing after `wait`.
+async fn publish_until_received(
+    socket: &mut PubSocket,
+    message: &ZmqMessage,
+    inputs: &mut mpsc::Receiver<DcInput>,
+    wait: Duration,
+) -> DcInput {
+    tokio::time::timeout(wait, async {
+        loop {
+            socket.send(message.clone()).await.unwrap();
+            if let Ok(Some(input)) =
+                tokio::time::timeout(Duration::from_millis(50), inputs.recv()).await
+            {
+                return input;
+            }
+        }
+    })
+    .await
+    .expect("no message came through the ZMQ subscription in time")
+}
+
+fn fast_zmq_config() -> ZmqEventPlaneConfig {
+    ZmqEventPlaneConfig {
+        connect_timeout: Duration::from_millis(200),
+        reconnect_backoff_initial: Duration::from_millis(50),
+        reconnect_backoff_max: Duration::from_millis(400),
+        ..ZmqEventPlaneConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zmq_plane_decodes_the_captured_frames_per_channel() {
+    bounded(async {
+        let scope = endpoint("dynamo", "backend", "generate");
+        let (mut events_pub, events_endpoint) = bind_publisher(0).await;
+        let (mut metrics_pub, metrics_endpoint) = bind_publisher(0).await;
+        let (changes_tx, changes) = mpsc::channel(8);
+        let (sink, mut inputs) = mpsc::channel(16);
+        let counters = EventPlaneCounters::new();
+        let cancel = CancellationToken::new();
+        let plane = tokio::spawn(run_zmq_event_plane(
+            fast_zmq_config(),
+            changes,
+            sink,
+            counters.clone(),
+            cancel.clone(),
+        ));
+        changes_tx
+            .send(channel(&scope, KV_EVENTS_TOPIC, BACKEND_PUBLISHER, &events_endpoint))
+            .await
+            .unwrap();
+        // The `kv_metrics` channel is a separate publisher with its own id.
+        let metrics_publisher = BACKEND_PUBLISHER + 1;
+        changes_tx
+            .send(channel(&scope, KV_METRICS_TOPIC, metrics_publisher, &metrics_endpoint))
+            .await
+            .unwrap();
+
+        let input = publish_until_received(
+            &mut events_pub,
+            &captured_zmq_message(),
+            &mut inputs,
+            Duration::from_secs(20),
+        )
+        .await;
+        let DcInput::KvEvents(batch) = input else { panic!("expected a KV event batch") };
+        assert_eq!(batch.endpoint, scope);
+        assert_eq!((batch.publisher_id, batch.sequence), (BACKEND_PUBLISHER, 0));
+        assert_eq!(batch.events, captured_events());
+        settle_and_drain(&mut inputs).await;
+
+        // The captured `kv_metrics` message: a 177-byte event frame (`01 000000ac`).
+        let frame =
+            encode_zmq_event_frame(&load_envelope(metrics_publisher, 7, BACKEND_INSTANCE, 3))
+                .unwrap();
+        assert_eq!(frame[..5], [0x01, 0x00, 0x00, 0x00, 0xac]);
+        assert_eq!(frame.len(), 177);
+        let metrics = zmq_message(KV_METRICS_TOPIC, metrics_publisher, 7, frame);
+        let input = publish_until_received(
+            &mut metrics_pub,
+            &metrics,
+            &mut inputs,
+            Duration::from_secs(20),
+        )
+        .await;
+        let DcInput::Load { endpoint: load_endpoint, observation } = input else {
+            panic!("expected a load report")
+        };
+        assert_eq!(load_endpoint, scope);
+        assert_eq!(observation.source, SourceKey { worker_id: BACKEND_INSTANCE, dp_rank: 0 });
+        assert_eq!(observation.kv_used_blocks, Some(3));
+
+        // `publish_until_received` re-sends every 50 ms, so copies may still be in flight: let
+        // them land and drain them before counting.
+        settle_and_drain(&mut inputs).await;
+
+        // On the kv-events channel: a kv_metrics frame is filtered by the PUB (prefix
+        // subscription), a bad event frame and a foreign publisher are counted, then a valid
+        // message (its own envelope sequence marks it) shows all of them were processed in order.
+        let before = counters.snapshot();
+        events_pub.send(metrics.clone()).await.unwrap();
+        let mut bad_frame = vec![0x02, 0x00, 0x00, 0x01, 0x18];
+        bad_frame.extend(captured_envelope());
+        events_pub
+            .send(zmq_message(KV_EVENTS_TOPIC, BACKEND_PUBLISHER, 1, bad_frame))
+            .await
+            .unwrap();
+        let payload = encode_kv_events_payload(&captured_events()).unwrap();
+        let foreign = encode_event_envelope(&EventEnvelope {
+            publisher_id: 5,
+            sequence: 2,
+            published_at_ms: 1,
+            topic: KV_EVENTS_TOPIC,
+            payload: &payload,
+        })
+        .unwrap();
+        let foreign = encode_zmq_event_frame(&foreign).unwrap();
+        events_pub.send(zmq_message(KV_EVENTS_TOPIC, 5, 2, foreign)).await.unwrap();
+        let marker = encode_event_envelope(&EventEnvelope {
+            publisher_id: BACKEND_PUBLISHER,
+            sequence: 9,
+            published_at_ms: 1,
+            topic: KV_EVENTS_TOPIC,
+            payload: &payload,
+        })
+        .unwrap();
+        let marker = encode_zmq_event_frame(&marker).unwrap();
+        events_pub.send(zmq_message(KV_EVENTS_TOPIC, BACKEND_PUBLISHER, 9, marker)).await.unwrap();
+        let DcInput::KvEvents(batch) = next_input(&mut inputs, Duration::from_secs(5)).await else {
+            panic!("expected a KV event batch");
+        };
+        assert_eq!(batch.sequence, 9, "the marker is the only input after the drain");
+        // `delivered` is counted once the sink accepted the input, just after we can see it.
+        let after = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                let after = counters.snapshot();
+                if after.delivered > before.delivered {
+                    return after;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the marker was never counted as delivered");
+        assert_eq!(
+            after.decode.rejected(InputErrorKind::MalformedEventFrame),
+            before.decode.rejected(InputErrorKind::MalformedEventFrame) + 1
+        );
+        assert_eq!(after.decode.rejected_total(), before.decode.rejected_total() + 1);
+        assert_eq!(after.publisher_mismatches, before.publisher_mismatches + 1);
+        assert_eq!(after.delivered, before.delivered + 1);
+
+        cancel.cancel();
+        assert!(matches!(plane.await.unwrap(), Ok(())));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zmq_plane_waits_for_a_late_publisher_and_stops_on_removal() {
+    bounded(async {
+        let scope = endpoint("dynamo", "backend", "generate");
+        let port = free_port();
+        let advertised = format!("tcp://127.0.0.1:{port}");
+        let (changes_tx, changes) = mpsc::channel(8);
+        let (sink, mut inputs) = mpsc::channel(16);
+        let counters = EventPlaneCounters::new();
+        let cancel = CancellationToken::new();
+        let plane = tokio::spawn(run_zmq_event_plane(
+            fast_zmq_config(),
+            changes,
+            sink,
+            counters.clone(),
+            cancel.clone(),
+        ));
+        changes_tx
+            .send(channel(&scope, KV_EVENTS_TOPIC, BACKEND_PUBLISHER, &advertised))
+            .await
+            .unwrap();
+
+        // Nothing listens yet: attempts fail and back off.
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while counters.snapshot().connect_failures == 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("no failed connection attempt was counted");
+
+        // The publisher comes up on the advertised port; its messages arrive.
+        let (mut publisher, _) = bind_publisher(port).await;
+        let input = publish_until_received(
+            &mut publisher,
+            &captured_zmq_message(),
+            &mut inputs,
+            Duration::from_secs(20),
+        )
+        .await;
+        assert!(matches!(input, DcInput::KvEvents(_)));
+        assert!(counters.snapshot().connects >= 1);
+
+        // Re-advertising the same channel is a no-op; removing it ends the subscription.
+        changes_tx
+            .send(channel(&scope, KV_EVENTS_TOPIC, BACKEND_PUBLISHER, &advertised))
+            .await
+            .unwrap();
+        changes_tx
+            .send(ChannelChange::Remove(EventRecordKey {
+                scope: scope.clone(),
+                topic: KV_EVENTS_TOPIC.to_owned(),
+                publisher_id: BACKEND_PUBLISHER,
+            }))
+            .await
+            .unwrap();
+        // Drain what was in flight, then nothing more arrives.
+        settle_and_drain(&mut inputs).await;
+        for _ in 0..10 {
+            publisher.send(captured_zmq_message()).await.unwrap();
+        }
+        let late = tokio::time::timeout(Duration::from_millis(500), inputs.recv()).await;
+        assert!(late.is_err(), "a removed channel still delivered {late:?}");
+
+        // Closing the change stream stops the plane cleanly.
+        drop(changes_tx);
+        assert!(matches!(plane.await.unwrap(), Ok(())));
+    })
+    .await;
+}
