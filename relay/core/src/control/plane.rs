@@ -19,7 +19,7 @@
 //!
 //! | command | the shell |
 //! | --- | --- |
-//! | [`ControlCommand::Host`] | carries out the [`HostCommand`] as documented there (withdraw, publish the catalog snapshot, stop an actor, release, start a pool and report the outcome, call the recovery client) |
+//! | [`ControlCommand::Host`] | carries out the [`HostCommand`] as documented there (withdraw, publish the catalog snapshot, stop an actor, release, start a pool and report the outcome); the host's `RecoverSource` never reaches the shell: the plane answers it from the pool's tracker (below) |
 //! | [`ControlCommand::Source`] | applies the [`SourceCommand`] to the actor of `(pool_id, layout_generation)` or sends the recovery query, and reports answers and failures back with that endpoint and generation |
 //! | [`ControlCommand::PublishTopology`] | publishes [`ControlPlane::topology_snapshot`] at that revision |
 //!
@@ -31,6 +31,16 @@
 //! A generation's tracker starts when its start succeeded and it entered the catalog: KV event
 //! batches arriving while it is still starting reach no tracker (counted as unrouted). Its
 //! ranks are cold-reset at activation anyway, and recoverable ranks are rebuilt from a tree dump.
+//!
+//! # Host recovery calls
+//!
+//! A pool fault reaches the rank's tracker (`ApplyFailed`), which resets and recovers the rank,
+//! and the host's fault coalescing (`ActorFault`), which asks for one `RecoverSource` at a time
+//! per endpoint. The plane answers that call itself, when the rank's recovery settles: the rank
+//! is exact again, left, or came back under a new incarnation → `Recovered`; its recovery failed
+//! for good (degraded after the attempt bound, or fenced for answering as another rank) →
+//! `Fenced`, and the host retires the generation as fenced and starts a new one. A rank that
+//! was not recoverable when the call was made has nothing to recover: `Recovered` at once.
 //!
 //! # Invariants
 //!
@@ -70,6 +80,7 @@ use super::protocol::{ControlCommand, ControlCounters, ControlHealth, ShellRepor
 use crate::discovery::{CardChange, DiscoveryView, ModelTarget};
 use crate::host::{
     CatalogSnapshot, EndpointHost, HostCommand, HostConfig, SlotLifecycle, SourceBinding,
+    TargetDisposition,
 };
 use crate::inputs::{
     DcInput, EndpointInstances, KvEventBatch, KvEventSourceAdvert, LoadObservation, RuntimeConfig,
@@ -78,13 +89,14 @@ use crate::load::{
     LoadWindow, LoadWindowError, LoadWindows, ObserveOutcome, PoolLoadSnapshot, PoolLoadState,
 };
 use crate::model::identity::{EndpointPath, ProducerIdentity, RelayIdentity};
+use crate::model::kv_events::SourceKey;
 use crate::readiness::topology::{
     AvailabilityStore, ClaimOutcome, PoolLinks, SlotIncarnation, TopologyOutcome, TopologySnapshot,
     TopologyState,
 };
 use crate::rng::RelayRng;
 use crate::sources::{
-    AdvertChange, AdvertTable, KvSourceMembership, RecoveryRequestId, RecoveryResponse,
+    AdvertChange, AdvertTable, KvSourceMembership, RankMode, RecoveryRequestId, RecoveryResponse,
     SourceCommand, SourceInput, SourceTracker, SourceView,
 };
 
@@ -178,6 +190,18 @@ pub struct ControlPlane {
     counters: ControlCounters,
     last_error: Option<String>,
     now_last: Duration,
+    /// The host's `RecoverSource` call in flight per endpoint (the host makes at most one).
+    host_recoveries: BTreeMap<EndpointPath, HostRecovery>,
+}
+
+/// A host `RecoverSource` call the plane answers from the pool's tracker once the rank's
+/// recovery settles (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct HostRecovery {
+    layout_generation: u64,
+    source: SourceKey,
+    /// The rank was recoverable when the call was made: its recovery is what the call waits for.
+    watched: bool,
 }
 
 impl ControlPlane {
@@ -219,6 +243,7 @@ impl ControlPlane {
             counters: ControlCounters::default(),
             last_error: None,
             now_last: Duration::ZERO,
+            host_recoveries: BTreeMap::new(),
         })
     }
 
@@ -311,15 +336,6 @@ impl ControlPlane {
                 self.count_unless(self.is_active(&endpoint, layout_generation));
                 host_commands =
                     self.host.report_actor_fault(&endpoint, layout_generation, fault, now);
-            }
-            ShellReport::SourceRecoveryFinished { endpoint, layout_generation, disposition } => {
-                self.count_unless(self.is_active(&endpoint, layout_generation));
-                host_commands = self.host.source_recovery_finished(
-                    &endpoint,
-                    layout_generation,
-                    disposition,
-                    now,
-                );
             }
             ShellReport::GenerationFenced { pool_id, layout_generation } => {
                 let active = self.pools.values().any(|pool| {
@@ -415,6 +431,11 @@ impl ControlPlane {
         for (endpoint, pool) in &mut self.pools {
             let commands = pool.tracker.handle_timeout(now);
             push_tagged(endpoint, pool.producer, commands, &mut out);
+        }
+        // A released replacement or an exhausted attempt may have settled a host recovery.
+        let resolved = self.resolve_host_recoveries(now);
+        if !resolved.is_empty() {
+            self.settle(Dirty::default(), resolved, now, rng, &mut out);
         }
         out
     }
@@ -533,6 +554,12 @@ impl ControlPlane {
     #[must_use]
     pub fn active_producer(&self, endpoint: &EndpointPath) -> Option<ProducerIdentity> {
         self.pools.get(endpoint).map(|pool| pool.producer)
+    }
+
+    /// Whether the host's recovery call for `endpoint` is waiting for its rank's recovery.
+    #[must_use]
+    pub fn host_recovery_in_flight(&self, endpoint: &EndpointPath) -> bool {
+        self.host_recoveries.contains_key(endpoint)
     }
 
     /// The source tracker of `endpoint`'s active pool.
@@ -711,10 +738,18 @@ impl ControlPlane {
                 host_commands.extend(self.host.reconcile(self.view.memberships(), &bindings, now));
             }
         }
+        host_commands.extend(self.resolve_host_recoveries(now));
         self.absorb_host_commands(host_commands, out);
         self.sync_pools();
         let availability_changed = self.sync_availability() | dirty.availability;
         self.feed_views(now, rng, out);
+        // A fed view may have replaced or removed a rank a host recovery waits for.
+        let resolved = self.resolve_host_recoveries(now);
+        if !resolved.is_empty() {
+            self.absorb_host_commands(resolved, out);
+            self.sync_pools();
+            self.feed_views(now, rng, out);
+        }
         self.refresh_capacities();
 
         let catalog_revision = self.host.catalog().revision();
@@ -808,13 +843,70 @@ impl ControlPlane {
                         self.starting.remove(endpoint);
                     }
                 }
+                HostCommand::RecoverSource { endpoint, layout_generation, fault, .. } => {
+                    let watched = self.pools.get(endpoint).is_some_and(|pool| {
+                        pool.producer.layout_generation() == *layout_generation
+                            && pool
+                                .tracker
+                                .rank(fault.source)
+                                .is_some_and(|rank| rank.mode == RankMode::Recoverable)
+                    });
+                    let recovery = HostRecovery {
+                        layout_generation: *layout_generation,
+                        source: fault.source,
+                        watched,
+                    };
+                    let previous = self.host_recoveries.insert(endpoint.clone(), recovery);
+                    debug_assert!(
+                        previous.is_none_or(|previous| previous.layout_generation
+                            != *layout_generation),
+                        "the host makes one recovery call per endpoint at a time"
+                    );
+                    // Answered by the plane (resolve_host_recoveries), never by the shell.
+                    continue;
+                }
                 HostCommand::WithdrawPool { .. }
                 | HostCommand::PublishCatalog { .. }
-                | HostCommand::StopActor { .. }
-                | HostCommand::RecoverSource { .. } => {}
+                | HostCommand::StopActor { .. } => {}
             }
             out.push(ControlCommand::Host(command));
         }
+    }
+
+    /// Answer every host recovery call whose rank's recovery has settled, in endpoint order;
+    /// returns the host's commands. Calls of generations that are no longer active are dropped
+    /// (the host ignores their outcome anyway).
+    fn resolve_host_recoveries(&mut self, now: Duration) -> Vec<HostCommand> {
+        let mut commands = Vec::new();
+        if self.host_recoveries.is_empty() {
+            return commands;
+        }
+        let mut settled = Vec::new();
+        for (endpoint, recovery) in &self.host_recoveries {
+            let pool = self
+                .pools
+                .get(endpoint)
+                .filter(|pool| pool.producer.layout_generation() == recovery.layout_generation);
+            let Some(pool) = pool else {
+                settled.push((endpoint.clone(), None));
+                continue;
+            };
+            if let Some(disposition) = host_recovery_outcome(&pool.tracker, recovery) {
+                settled.push((endpoint.clone(), Some((recovery.layout_generation, disposition))));
+            }
+        }
+        for (endpoint, outcome) in settled {
+            self.host_recoveries.remove(&endpoint);
+            if let Some((layout_generation, disposition)) = outcome {
+                commands.extend(self.host.source_recovery_finished(
+                    &endpoint,
+                    layout_generation,
+                    disposition,
+                    now,
+                ));
+            }
+        }
+        commands
     }
 
     /// Make the active pools exactly the catalog: drop generations that left it (their
@@ -1067,6 +1159,28 @@ impl ControlPlane {
 }
 
 /// Tag a tracker's commands with the pool generation they are for.
+/// The outcome of a host recovery call once the rank's recovery has settled; `None` while it is
+/// under way.
+fn host_recovery_outcome(
+    tracker: &SourceTracker,
+    recovery: &HostRecovery,
+) -> Option<TargetDisposition> {
+    if !recovery.watched {
+        return Some(TargetDisposition::Recovered);
+    }
+    let Some(rank) = tracker.rank(recovery.source) else {
+        // The rank left: its blocks went with it.
+        return Some(TargetDisposition::Recovered);
+    };
+    if rank.recovering {
+        return None;
+    }
+    Some(match rank.mode {
+        RankMode::Recoverable | RankMode::LiveOnly => TargetDisposition::Recovered,
+        RankMode::Degraded | RankMode::Fenced => TargetDisposition::Fenced,
+    })
+}
+
 fn push_tagged(
     endpoint: &EndpointPath,
     producer: ProducerIdentity,

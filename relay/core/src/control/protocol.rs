@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::host::{ActorFault, HostCommand, HostHealth, TargetDisposition};
+use crate::host::{ActorFault, HostCommand, HostHealth};
 use crate::model::identity::{EndpointPath, PoolId};
 use crate::model::kv_events::SourceKey;
 use crate::pool::FailureDisposition;
@@ -74,15 +74,6 @@ pub enum ShellReport {
         layout_generation: u64,
         /// The fault.
         fault: ActorFault,
-    },
-    /// A host `RecoverSource` call finished.
-    SourceRecoveryFinished {
-        /// The endpoint.
-        endpoint: EndpointPath,
-        /// The generation.
-        layout_generation: u64,
-        /// What the recovery client answered.
-        disposition: TargetDisposition,
     },
     /// A terminal publication failure of a generation.
     GenerationFenced {

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::discovery::DiscoveryScope;
+use crate::host::ActorFaultAction;
 use crate::host::{HostCommand, RetireReason, SlotLifecycle};
 use crate::inputs::{
     CardInstanceId, DcInput, EndpointInstances, KvEventBatch, KvEventSourceAdvert, LoadObservation,
@@ -22,9 +23,13 @@ use crate::model::identity::{EndpointPath, RelayIdentity, resolve_indexer_domain
 use crate::model::kv_events::{
     KvCacheEvent, KvCacheEventData, RouterEvent, SourceKey, StorageTier, StoreData, StoredBlock,
 };
+use crate::pool::FailureDisposition;
 use crate::readiness::ReadinessState;
 use crate::rng::{RelayRng, rng_from_seed};
-use crate::sources::{RecoveryResponse, ResetReason, SourceCommand, TreeDumpScope};
+use crate::sources::{
+    RECOVERY_ATTEMPTS_MAX, RecoveryRequestId, RecoveryResponse, ResetReason, SourceCommand,
+    TreeDumpScope,
+};
 
 const BACKEND: &str = "dynamo/backend/generate";
 const PREFILL: &str = "dynamo/prefill/generate";
@@ -788,4 +793,162 @@ fn a_failed_instance_watch_is_unknown_for_readiness_but_keeps_the_pool() {
     assert!(matches!(commands.as_slice(), [ControlCommand::PublishTopology { .. }]));
     assert_eq!(shell.plane.topology_snapshot().entries[0].state, ReadinessState::Ready);
     assert_eq!(shell.producer(BACKEND), producer);
+}
+
+/// A recoverable aggregated worker, fully up with its rank recovered exactly; returns the
+/// generation.
+fn recovered_aggregated_up(shell: &mut Shell) -> u64 {
+    shell.input(instances(BACKEND, &[WORKER]));
+    let mut config = card(WorkerType::Aggregated, vec![]);
+    config.runtime_config.enable_local_indexer = true;
+    shell.input(card_input(BACKEND, WORKER, config));
+    shell.input(advert(BACKEND, WORKER, PUBLISHER, true));
+    let generation = shell.producer(BACKEND).layout_generation();
+    let request_id = next_recovery_request(shell);
+    answer_tree_dump(shell, generation, request_id);
+    let rank = shell.plane.tracker(&endpoint(BACKEND)).unwrap().rank(source()).unwrap();
+    assert!(!rank.recovering, "the initial wave replaced the rank");
+    generation
+}
+
+fn source() -> SourceKey {
+    SourceKey { worker_id: WORKER, dp_rank: 0 }
+}
+
+/// Run timers until the tracker asks for a recovery; returns the request id.
+fn next_recovery_request(shell: &mut Shell) -> RecoveryRequestId {
+    for _ in 0..16 {
+        shell.now = shell.plane.poll_timeout().expect("a recovery timer");
+        let commands = shell.timeout();
+        if let Some(request_id) = commands.iter().find_map(|command| match command {
+            ControlCommand::Source { command: SourceCommand::RequestRecovery(call), .. } => {
+                Some(call.request_id)
+            }
+            _ => None,
+        }) {
+            return request_id;
+        }
+    }
+    panic!("no recovery request");
+}
+
+fn answer_tree_dump(shell: &mut Shell, generation: u64, request_id: RecoveryRequestId) {
+    let answer = RecoveryResponse::TreeDump {
+        events: Vec::new(),
+        last_event_id: 4,
+        reset_scope: TreeDumpScope::Rank,
+    };
+    let commands = shell.plane.recovery_answered(
+        &endpoint(BACKEND),
+        generation,
+        request_id,
+        answer,
+        shell.now,
+        &mut shell.rng,
+    );
+    shell.execute(commands);
+    // Later replacements wait for the batch window.
+    while shell.plane.tracker(&endpoint(BACKEND)).unwrap().rank(source()).unwrap().recovering {
+        shell.now = shell.plane.poll_timeout().expect("batch release");
+        shell.timeout();
+    }
+}
+
+/// What the shell reports when the pool refuses an event of `source` with a resource failure.
+fn report_resource_failure(shell: &mut Shell, generation: u64) -> Vec<ControlCommand> {
+    let fence = shell.plane.tracker(&endpoint(BACKEND)).unwrap().rank(source()).unwrap().fence;
+    let disposition = FailureDisposition::ReportResourceFailure;
+    let failed = ShellReport::ApplyFailed {
+        endpoint: endpoint(BACKEND),
+        layout_generation: generation,
+        source: source(),
+        fence,
+        disposition,
+    };
+    let mut commands = shell.plane.report(failed, shell.now, &mut shell.rng);
+    let fault = crate::host::ActorFault {
+        source: source(),
+        source_epoch: fence.0,
+        action: ActorFaultAction::from(disposition),
+    };
+    let report = ShellReport::ActorFault {
+        endpoint: endpoint(BACKEND),
+        layout_generation: generation,
+        fault,
+    };
+    commands.extend(shell.plane.report(report, shell.now, &mut shell.rng));
+    shell.execute(commands)
+}
+
+#[test]
+fn a_host_recovery_call_is_answered_once_the_rank_is_recovered() {
+    let mut shell = Shell::new();
+    let generation = recovered_aggregated_up(&mut shell);
+
+    let commands = report_resource_failure(&mut shell, generation);
+    assert!(
+        !commands.iter().any(|c| is_host(c, |h| matches!(h, HostCommand::RecoverSource { .. }))),
+        "the plane answers the host's recovery call itself"
+    );
+    assert!(shell.plane.host_recovery_in_flight(&endpoint(BACKEND)));
+    let rank = shell.plane.tracker(&endpoint(BACKEND)).unwrap().rank(source()).unwrap();
+    assert!(rank.recovering, "the fault reset the rank and scheduled its recovery");
+
+    let request_id = next_recovery_request(&mut shell);
+    assert!(shell.plane.host_recovery_in_flight(&endpoint(BACKEND)), "waits for the answer");
+    answer_tree_dump(&mut shell, generation, request_id);
+    assert!(!shell.plane.host_recovery_in_flight(&endpoint(BACKEND)));
+    assert_eq!(shell.producer(BACKEND).layout_generation(), generation, "the pool stays");
+    assert!(
+        !shell.log.iter().any(|c| is_host(c, |h| matches!(h, HostCommand::WithdrawPool { .. })))
+    );
+}
+
+#[test]
+fn a_recovery_that_fails_for_good_fences_the_generation_and_a_new_one_is_published() {
+    let mut shell = Shell::new();
+    let generation = recovered_aggregated_up(&mut shell);
+    report_resource_failure(&mut shell, generation);
+
+    // Every attempt fails in transport: the rank degrades after the attempt bound.
+    for _ in 0..RECOVERY_ATTEMPTS_MAX {
+        if !shell.plane.host_recovery_in_flight(&endpoint(BACKEND)) {
+            break;
+        }
+        let request_id = next_recovery_request(&mut shell);
+        let report = ShellReport::RecoveryUnreachable {
+            endpoint: endpoint(BACKEND),
+            layout_generation: generation,
+            request_id,
+            reason: "connection refused".to_owned(),
+        };
+        let commands = shell.plane.report(report, shell.now, &mut shell.rng);
+        shell.execute(commands);
+    }
+    assert!(!shell.plane.host_recovery_in_flight(&endpoint(BACKEND)));
+    let withdrawn = shell.log.iter().any(|c| {
+        is_host(c, |h| matches!(h, HostCommand::WithdrawPool { .. }))
+            && matches!(c, ControlCommand::Host(HostCommand::WithdrawPool { layout_generation, .. }) if *layout_generation == generation)
+    });
+    assert!(withdrawn, "the fenced generation left the catalog");
+
+    // After the host's retry backoff a new generation is published.
+    for _ in 0..8 {
+        if shell.plane.active_producer(&endpoint(BACKEND)).is_some() {
+            break;
+        }
+        shell.now = shell.plane.poll_timeout().expect("a retry is scheduled");
+        shell.timeout();
+    }
+    assert!(shell.producer(BACKEND).layout_generation() > generation);
+}
+
+#[test]
+fn a_fault_on_a_live_only_rank_is_answered_at_once() {
+    let mut shell = Shell::new();
+    shell.aggregated_up();
+    let generation = shell.producer(BACKEND).layout_generation();
+    report_resource_failure(&mut shell, generation);
+    assert!(!shell.plane.host_recovery_in_flight(&endpoint(BACKEND)));
+    assert_eq!(shell.producer(BACKEND).layout_generation(), generation);
 }

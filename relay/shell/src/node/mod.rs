@@ -7,7 +7,8 @@
 //! commands each produces run to completion, in order, before the next is taken (the control
 //! plane's protocol). Queues: DC inputs wait in a bounded channel (senders wait), shell reports
 //! in another; actor faults that find the report queue full fence their generation instead of
-//! being lost.
+//! being lost. A withdrawn generation's streams end only after the catalog update that
+//! withdraws it has been handed to the WAN publisher (withdraw, then drain).
 
 mod recovery;
 mod run;

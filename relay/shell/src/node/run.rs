@@ -22,7 +22,7 @@ use crate::wan::{RelayService, WanPublisher, WanViews, wan_channels};
 use kvrelay_core::control::{
     ControlCommand, ControlConfig, ControlError, ControlPlane, ShellReport,
 };
-use kvrelay_core::host::{ActorFaultAction, HostCommand, StopMode, TargetDisposition};
+use kvrelay_core::host::{ActorFaultAction, HostCommand, StopMode};
 use kvrelay_core::inputs::DcInput;
 use kvrelay_core::model::identity::{EndpointPath, PoolId, RelayIdentity};
 use kvrelay_core::model::kv_events::SourceKey;
@@ -149,6 +149,9 @@ struct Node {
     config: NodeConfig,
     actors: BTreeMap<(PoolId, u64), PoolActorHandle>,
     rank_fences: BTreeMap<(PoolId, u64, SourceKey), RankFence>,
+    /// Generations withdrawn by the commands being executed whose streams are still open:
+    /// they end right after the catalog update that withdraws them is published.
+    withdrawn: Vec<(PoolId, u64)>,
     recoveries: BTreeMap<RecoveryRequestId, AbortHandle>,
     reports: mpsc::Sender<Internal>,
     publications: Arc<PoolPublications>,
@@ -205,6 +208,7 @@ pub fn start_node_with_tap(
         config,
         actors: BTreeMap::new(),
         rank_fences: BTreeMap::new(),
+        withdrawn: Vec::new(),
         recoveries: BTreeMap::new(),
         reports,
         publications: Arc::clone(&publications),
@@ -332,6 +336,14 @@ impl Node {
             let follow_up = self.execute_one(command).await;
             queue.extend(follow_up);
         }
+        self.retire_withdrawn().await;
+    }
+
+    /// End the streams of every generation withdrawn from the published catalog.
+    async fn retire_withdrawn(&mut self) {
+        for (pool_id, layout_generation) in std::mem::take(&mut self.withdrawn) {
+            self.publications.retire(pool_id, layout_generation).await;
+        }
     }
 
     async fn execute_one(&mut self, command: ControlCommand) -> Vec<ControlCommand> {
@@ -389,15 +401,20 @@ impl Node {
                 self.plane.start_succeeded(&endpoint, generation, now, &mut self.rng)
             }
             HostCommand::WithdrawPool { pool_id, layout_generation, .. } => {
-                self.publications.retire(pool_id, layout_generation).await;
+                // Its streams end once the catalog that withdraws it is out (below).
+                self.withdrawn.push((pool_id, layout_generation));
                 Vec::new()
             }
             HostCommand::PublishCatalog { .. } => {
                 let snapshot = self.plane.catalog_snapshot();
                 self.wan.publish_catalog(encode::catalog_update(&self.relay, &snapshot));
+                self.retire_withdrawn().await;
                 Vec::new()
             }
             HostCommand::StopActor { pool_id, layout_generation, mode, .. } => {
+                // A withdrawal is always followed by its catalog; should one not be, the
+                // streams still end before their actor stops.
+                self.retire_withdrawn().await;
                 if let Some(actor) = self.actors.remove(&(pool_id, layout_generation)) {
                     match mode {
                         StopMode::Graceful => {
@@ -416,15 +433,9 @@ impl Node {
                 self.actors.remove(&(pool_id, layout_generation));
                 Vec::new()
             }
-            HostCommand::RecoverSource { endpoint, layout_generation, .. } => {
-                // Rank-level recovery is the source tracker's (it saw the same fault as
-                // `ApplyFailed`); the host-level call is acknowledged at once.
-                let report = ShellReport::SourceRecoveryFinished {
-                    endpoint,
-                    layout_generation,
-                    disposition: TargetDisposition::Recovered,
-                };
-                self.plane.report(report, now, &mut self.rng)
+            HostCommand::RecoverSource { .. } => {
+                debug_assert!(false, "the control plane answers the host's recovery calls");
+                Vec::new()
             }
         }
     }
@@ -573,5 +584,47 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kvrelay_core::model::hashing::HashFormat;
+    use kvrelay_core::model::identity::{DcId, resolve_indexer_domain};
+    use kvrelay_core::model::kv_events::SourceKey;
+    use kvrelay_core::pool::ApplyError;
+
+    use super::*;
+
+    fn fault(event_id: u64) -> ActorFault {
+        ActorFault {
+            source: SourceKey { worker_id: 7, dp_rank: 0 },
+            event_id,
+            error: ApplyError::AllocationFailed,
+        }
+    }
+
+    #[test]
+    fn a_fault_that_finds_the_report_queue_full_fences_its_generation() {
+        let (reports, mut queue) = mpsc::channel(1);
+        let fences = FenceRequests::default();
+        let endpoint: EndpointPath = "ns/backend/generate".parse().unwrap();
+        let indexer_domain =
+            resolve_indexer_domain("model", 16, HashFormat::StandardV1, &endpoint, None).unwrap();
+        let pool_id = PoolId { indexer_domain, dc_id: DcId(9) };
+        let faults =
+            NodeFaults { endpoint, pool_id, layout_generation: 4, reports, fences: fences.clone() };
+        faults.report(fault(1));
+        assert!(fences.take().is_empty(), "a fault with room in the queue is reported");
+        faults.report(fault(2));
+        assert_eq!(fences.take(), vec![(pool_id, 4)], "the lost fault fences instead");
+        assert!(matches!(
+            queue.try_recv(),
+            Ok(Internal::PoolFault {
+                layout_generation: 4,
+                fault: ActorFault { event_id: 1, .. },
+                ..
+            })
+        ));
     }
 }
