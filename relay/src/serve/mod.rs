@@ -2,10 +2,12 @@
 //!
 //! [`start`] builds, in order: the recovery client (TCP request plane), the node, the input
 //! planes ([`start_input_planes`]: discovery, event plane, and the `--sources-file` poller), the
-//! WAN listener and the operations listener. [`RunningRelay::shutdown`] stops them in the
+//! WAN listener (whose gRPC health is SERVING exactly while `/ready` holds) and the operations
+//! listener. [`RunningRelay::shutdown`] stops them in the
 //! reverse order of their duties:
 //!
-//! 1. mark the relay as shutting down (`/health` and `/ready` answer 503 from then on);
+//! 1. mark the relay as shutting down (`/health` and `/ready` answer 503 and gRPC health
+//!    NOT_SERVING from then on);
 //! 2. stop the WAN listener: every open stream ends with UNAVAILABLE and the connections drain;
 //! 3. cancel the input planes and wait for them, so no fact is half-delivered;
 //! 4. shut the node down: pools are withdrawn and every actor stops after its last complete
@@ -377,27 +379,6 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
     let (shutting_down_tx, shutting_down) = watch::channel(false);
     let (wan_state_tx, wan_state) = watch::channel(WanState::default());
     let stop = CancellationToken::new();
-    let wan_task = wan_listener.map(|listener| {
-        let service = service.clone();
-        let tuning = config.wan;
-        let wan_stop = stop.clone();
-        wan_state_tx.send_replace(WanState { serving: true, last_error: None });
-        let state = wan_state_tx.clone();
-        tokio::spawn(async move {
-            let result = crate::wan::serve(
-                service,
-                TcpListenerStream::new(listener),
-                &tuning,
-                wan_stop.cancelled_owned(),
-            )
-            .await;
-            state.send_replace(WanState {
-                serving: false,
-                last_error: result.as_ref().err().map(ToString::to_string),
-            });
-            result
-        })
-    });
     let ops_stop = CancellationToken::new();
     let (pool_totals_tx, pool_totals) = watch::channel(PoolTotals::default());
     if ops_listener.is_some() {
@@ -407,7 +388,7 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
     let source = snapshot_source(SnapshotInputs {
         node: &node,
         pool_totals,
-        service,
+        service: service.clone(),
         wan_address,
         wan_state,
         shutting_down,
@@ -419,6 +400,34 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
         },
         connection_revision: config.connection_revision.clone(),
         recording,
+    });
+    // gRPC health tells what `/ready` tells: SERVING only while the relay is ready.
+    let ready: crate::wan::ReadinessProbe = {
+        let source = Arc::clone(&source);
+        Arc::new(move || ops::readiness(&source()).ready)
+    };
+    let wan_task = wan_listener.map(|listener| {
+        let service = service.clone();
+        let tuning = config.wan;
+        let ready = ready.clone();
+        let wan_stop = stop.clone();
+        wan_state_tx.send_replace(WanState { serving: true, last_error: None });
+        let state = wan_state_tx.clone();
+        tokio::spawn(async move {
+            let result = crate::wan::serve_with_health(
+                service,
+                TcpListenerStream::new(listener),
+                &tuning,
+                ready,
+                wan_stop.cancelled_owned(),
+            )
+            .await;
+            state.send_replace(WanState {
+                serving: false,
+                last_error: result.as_ref().err().map(ToString::to_string),
+            });
+            result
+        })
     });
     let ops_task = ops_listener.map(|listener| {
         let ops_stop = ops_stop.clone();
