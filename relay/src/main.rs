@@ -85,6 +85,13 @@ struct ServeArgs {
     /// (DYN_RELAY_RECORD_MAX_AGE_SECS; default 3600).
     #[arg(long, value_name = "SECS")]
     record_max_age: Option<String>,
+    /// Legacy single-namespace discovery filter; the same as --namespaces with one value.
+    #[arg(long)]
+    namespace_filter: Option<String>,
+    /// Print the resolved configuration as JSON and exit 0, or name the bad setting and exit 2;
+    /// nothing is started.
+    #[arg(long)]
+    check_config: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -187,7 +194,11 @@ async fn serve_command(args: ServeArgs) -> Result<()> {
         record: args.record,
         record_max_bytes: args.record_max_bytes,
         record_max_age: args.record_max_age,
+        namespace_filter: args.namespace_filter,
     };
+    if args.check_config {
+        return check_config(&cli, &environment);
+    }
     let config = config::resolve(&cli, &environment).context("invalid configuration")?;
     let options = ServeOptions {
         seed: os_seed(),
@@ -203,6 +214,24 @@ async fn serve_command(args: ServeArgs) -> Result<()> {
     }
     running.shutdown().await?;
     Ok(())
+}
+
+/// The exit status of `serve --check-config` for a configuration that does not resolve.
+const EXIT_BAD_CONFIG: u8 = 2;
+
+/// `serve --check-config`: the resolved configuration as JSON on stdout, or the bad setting on
+/// stderr and exit status [`EXIT_BAD_CONFIG`].
+fn check_config(cli: &CliValues, environment: &BTreeMap<String, String>) -> Result<()> {
+    match config::resolve(cli, environment) {
+        Ok(config) => {
+            println!("{}", serde_json::to_string_pretty(&config::describe(&config))?);
+            Ok(())
+        }
+        Err(error) => {
+            eprintln!("kvrelay: invalid configuration: {error}");
+            std::process::exit(i32::from(EXIT_BAD_CONFIG));
+        }
+    }
 }
 
 /// SIGTERM or Ctrl-C (SIGINT).

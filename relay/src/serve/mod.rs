@@ -165,7 +165,9 @@ pub struct SourcesSetup {
     pub state: SourcesState,
 }
 
-/// Read the sources file of `config` once, if it has one; refuse an unusable file.
+/// Read the sources file of `config` once, if it has one; refuse an unusable file. A file that
+/// does not exist yet is not refused: the relay starts with an explicitly empty selection and
+/// the poller applies the file when it appears.
 pub async fn read_initial_sources(
     config: &RelayConfig,
 ) -> Result<Option<SourcesSetup>, ServeError> {
@@ -173,11 +175,19 @@ pub async fn read_initial_sources(
         return Ok(None);
     };
     let poller = SourcesPollerConfig::new(path.clone(), config.connection_revision.clone());
-    let list = read_sources_file(&poller)
-        .await
-        .map_err(|error| ServeError::SourcesFile { path: path.display().to_string(), error })?;
     let mut state = SourcesState::new();
-    let _ = state.apply(Ok(list));
+    match read_sources_file(&poller).await {
+        Ok(list) => {
+            let _ = state.apply(Ok(list));
+        }
+        Err(SourcesFileError::Missing) => {
+            warn!(path = %path.display(), "sources file does not exist yet; watching no namespace until it appears");
+            let _ = state.apply(Err(SourcesFileError::Missing));
+        }
+        Err(error) => {
+            return Err(ServeError::SourcesFile { path: path.display().to_string(), error });
+        }
+    }
     Ok(Some(SourcesSetup { poller, state }))
 }
 
@@ -400,6 +410,7 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
         },
         connection_revision: config.connection_revision.clone(),
         recording,
+        pod_uid: config.pod_uid.clone(),
     });
     // gRPC health tells what `/ready` tells: SERVING only while the relay is ready.
     let ready: crate::wan::ReadinessProbe = {
@@ -564,6 +575,7 @@ struct SnapshotInputs<'a> {
     connection_revision: Option<String>,
     /// `None` without `--record`; `Some(None)` when the recorder could not start.
     recording: Option<Option<RecorderProbe>>,
+    pod_uid: Option<String>,
 }
 
 /// A closure reading the running relay's state for the operations endpoints.
@@ -584,13 +596,16 @@ fn snapshot_source(inputs: SnapshotInputs<'_>) -> ops::SnapshotSource {
         event_plane,
         connection_revision,
         recording,
+        pod_uid,
         ..
     } = inputs;
     Arc::new(move || {
         let catalog_pool_count =
             views.catalog.borrow().snapshot.as_ref().map_or(0, |snapshot| snapshot.pools.len());
         let mut topology = TopologyCounts::default();
+        let mut namespaces = std::collections::BTreeSet::new();
         for entry in &views.readiness.borrow().entries {
+            namespaces.insert(entry.namespace.clone());
             match entry.state {
                 2 => topology.ready += 1,
                 1 => topology.unavailable += 1,
@@ -632,6 +647,8 @@ fn snapshot_source(inputs: SnapshotInputs<'_>) -> ops::SnapshotSource {
                 active: probe.is_some(),
                 stats: probe.as_ref().map(RecorderProbe::stats).unwrap_or_default(),
             }),
+            pod_uid: pod_uid.clone(),
+            discovered_namespaces: namespaces.len(),
         }
     })
 }
