@@ -1,7 +1,8 @@
 //! The built `kvrelay` binary as an operator runs it: `serve --check-config` prints the
 //! resolved configuration as JSON and exits 0, or names the bad setting and exits 2 (as does a
 //! flag Dynamo's launcher no longer has). The environment is cleared for every run, so the
-//! host's `DYN_*` variables never leak in.
+//! host's `DYN_*` variables never leak in. Also `scripts/test.sh --plan`: the fresh-machine
+//! test command installs exactly the missing tools.
 
 use std::process::{Command, Output};
 
@@ -62,4 +63,45 @@ fn check_config_names_the_bad_setting_and_exits_two() {
         assert!(stderr.contains(setting), "{args:?} {env:?}: {stderr} should name {setting}");
         assert!(output.stdout.is_empty(), "nothing is printed on stdout for a bad configuration");
     }
+}
+
+/// `scripts/test.sh --plan` with `path` as the whole PATH and no extra tool directories.
+fn test_script_plan(path: &std::path::Path) -> String {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/test.sh");
+    let output = Command::new("/bin/bash")
+        .args([script, "--plan", "-p", "kvrelay"])
+        .env_clear()
+        .env("PATH", path)
+        .env("KVRELAY_TOOL_DIRS", path)
+        .output()
+        .expect("bash runs");
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8(output.stdout).unwrap()
+}
+
+#[test]
+fn the_test_script_installs_only_what_is_missing_and_runs_the_workspace_tests() {
+    let bare = tempfile::tempdir().unwrap();
+    let plan = test_script_plan(bare.path());
+    assert_eq!(
+        plan.lines().collect::<Vec<_>>(),
+        [
+            "install nats-server (Debian package nats-server)",
+            "install etcd (Debian package etcd-server)",
+            "run cargo test --workspace --all-targets -p kvrelay",
+        ]
+    );
+    let equipped = tempfile::tempdir().unwrap();
+    for tool in ["nats-server", "etcd"] {
+        let path = equipped.path().join(tool);
+        std::fs::write(&path, "#!/bin/sh\n").unwrap();
+        let mut permissions = std::fs::metadata(&path).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
+        std::fs::set_permissions(&path, permissions).unwrap();
+    }
+    let plan = test_script_plan(equipped.path());
+    assert_eq!(
+        plan.lines().collect::<Vec<_>>(),
+        ["have nats-server", "have etcd", "run cargo test --workspace --all-targets -p kvrelay"]
+    );
 }
