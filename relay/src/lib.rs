@@ -14,6 +14,7 @@
 //!   operations HTTP surface over pure renderers). Time and blocking work enter through the
 //!   `runtime` seams, randomness through `rng`.
 
+pub mod build_info;
 pub mod cbi1;
 pub mod ckf;
 pub mod config;
@@ -29,6 +30,7 @@ pub mod inputs;
 pub mod journal;
 pub mod kv_events;
 pub mod load;
+pub mod logging;
 pub mod node;
 pub mod ops;
 pub mod pool;

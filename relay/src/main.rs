@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use kvrelay::config::{self, CliValues};
-use kvrelay::consumer::{self, ConsumerConfig, RelayConsumer, render};
+use kvrelay::consumer::{self, ConsumerConfig, RelayConsumer, render, render_json};
 use kvrelay::demo::{Demo, DemoOptions};
 use kvrelay::rng::{derive_seed, os_seed, rng_from_seed};
 use kvrelay::runtime::{SystemWallClock, TokioBlockingExecutor, WallClock};
@@ -21,7 +21,11 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
-#[command(name = "kvrelay", version, about = "Per-data-center KV relay (dynamo.kvrelay.v1)")]
+#[command(
+    name = "kvrelay",
+    version = kvrelay::build_info::VERSION_LINE,
+    about = "Per-data-center KV relay (dynamo.kvrelay.v1)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -118,6 +122,10 @@ struct RemoteArgs {
     /// Stop after this many seconds.
     #[arg(long)]
     duration_secs: Option<u64>,
+    /// Print the relay's state as JSON, one object per line: the whole consumer snapshot
+    /// (`"type":"snapshot"`) at start and after every visible change.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -134,6 +142,9 @@ struct QueryArgs {
     /// How long to let the replicas converge first.
     #[arg(long, default_value_t = 3)]
     settle_secs: u64,
+    /// Print the answers as one JSON object (`"type":"query"`) on one line.
+    #[arg(long)]
+    json: bool,
 }
 
 fn main() -> std::process::ExitCode {
@@ -147,12 +158,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    kvrelay::logging::init();
     let cli = Cli::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
@@ -314,8 +320,13 @@ async fn watch_command(args: RemoteArgs) -> Result<()> {
     )?;
     let mut changes = consumer.changes();
     let mut previous = consumer.snapshot();
-    for line in render::snapshot_lines(&previous) {
-        println!("{line}");
+    let mut previous_json = render_json::snapshot_json(&previous);
+    if args.json {
+        println!("{previous_json}");
+    } else {
+        for line in render::snapshot_lines(&previous) {
+            println!("{line}");
+        }
     }
     let deadline = shutdown_signal(args.duration_secs);
     tokio::pin!(deadline);
@@ -328,8 +339,16 @@ async fn watch_command(args: RemoteArgs) -> Result<()> {
                     break;
                 }
                 let current = consumer.snapshot();
-                for line in render::change_lines(Some(&previous), &current) {
-                    println!("{line}");
+                if args.json {
+                    let current_json = render_json::snapshot_json(&current);
+                    if current_json != previous_json {
+                        println!("{current_json}");
+                        previous_json = current_json;
+                    }
+                } else {
+                    for line in render::change_lines(Some(&previous), &current) {
+                        println!("{line}");
+                    }
                 }
                 previous = current;
             }
@@ -352,8 +371,13 @@ async fn query_command(args: QueryArgs) -> Result<()> {
         &mut rng_from_seed(os_seed()),
     )?;
     tokio::time::sleep(Duration::from_secs(args.settle_secs)).await;
-    for line in render::answer_lines(&args.model, &consumer.query(&args.tokens, &args.model)) {
-        println!("{line}");
+    let answers = consumer.query(&args.tokens, &args.model);
+    if args.json {
+        println!("{}", render_json::answers_json(&args.model, &answers));
+    } else {
+        for line in render::answer_lines(&args.model, &answers) {
+            println!("{line}");
+        }
     }
     consumer.shutdown().await;
     Ok(())

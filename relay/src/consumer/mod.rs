@@ -15,6 +15,7 @@ pub mod compare;
 pub mod policy;
 pub mod query;
 pub mod render;
+pub mod render_json;
 mod replica;
 pub mod state;
 

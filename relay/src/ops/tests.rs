@@ -167,6 +167,19 @@ fn metrics_render_the_relay_names_and_the_existing_counters() {
 }
 
 #[test]
+fn build_info_names_the_version_and_revision() {
+    let text = render_metrics(&snapshot());
+    let expected = format!(
+        "kvrelay_build_info{{version=\"{}\",revision=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION"),
+        crate::build_info::REVISION
+    );
+    assert!(text.lines().any(|line| line == expected), "missing {expected:?} in\n{text}");
+    assert!(!crate::build_info::REVISION.is_empty());
+    assert!(text.contains("# TYPE kvrelay_build_info gauge"));
+}
+
+#[test]
 fn label_values_are_escaped() {
     let mut with_odd_plane = snapshot();
     with_odd_plane.event_plane = "a\"b\\c";
