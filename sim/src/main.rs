@@ -20,7 +20,11 @@ use kvrelay_sim::{Sim, trace};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Debug, Parser)]
-#[command(name = "kvrelay-sim", about = "Deterministic simulation of kvrelay")]
+#[command(
+    name = "kvrelay-sim",
+    version = kvrelay::build_info::VERSION_LINE,
+    about = "Deterministic simulation of kvrelay"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -15,6 +15,7 @@ pub mod compare;
 pub mod policy;
 pub mod query;
 pub mod render;
+pub mod render_json;
 pub mod state;
 
 pub use backoff::{Backoff, BackoffPolicy, BackoffPolicyError};

@@ -4,10 +4,19 @@
 //! Precedence: a command-line value replaces the environment's (a CLI prefix list replaces the
 //! environment list, it does not extend it). Booleans accept `1/0, true/false, yes/no, on/off`
 //! (case-insensitive, trimmed). Unknown `DYN_RELAY_*` names are ignored. WAN tuning variables
-//! require a listener (`--bind`).
+//! require a listener (`--bind`). The accept / reject decisions are those of Dynamo's launcher
+//! (`python -m dynamo.kv_dc_relay`): `DYN_DC_ID` or a `DYN_RELAY_*` variable that is set but
+//! empty is a bad value, not an absent one (`DYN_RELAY_NAMESPACES=` selects nothing and is
+//! refused); endpoint prefixes are taken as given, so one with surrounding whitespace is refused;
+//! every tuning value is a positive integer (capacities up to tokio's semaphore maximum, the load
+//! fan-out up to [`LOAD_FANOUT_CAPACITY_MAX`]). The runtime's own variables
+//! (`DYN_DISCOVERY_BACKEND`, `NATS_SERVER`, ...) and the guard `DYN_RELAY_CONNECTION_REVISION`
+//! treat an empty value as unset.
 //!
-//! Scope: `--watch-all`, `--namespaces` and `--sources-file` exclude each other on the command
-//! line; any of them replaces the environment's `DYN_RELAY_NAMESPACES` / `DYN_RELAY_WATCH_ALL`.
+//! Scope: `--watch-all`, `--namespaces`, `--namespace-filter` (Dynamo's legacy single-namespace
+//! form: one namespace, non-empty, no surrounding whitespace) and `--sources-file` exclude each
+//! other on the command line; any of them replaces the environment's `DYN_RELAY_NAMESPACES` /
+//! `DYN_RELAY_WATCH_ALL`.
 //! With `--sources-file` the static scope watches every namespace (narrowed by the endpoint
 //! prefixes) and the file's namespaces narrow it at run time; `DYN_RELAY_CONNECTION_REVISION`
 //! is read only then. The operations listener (`--ops-bind` / `DYN_RELAY_OPS_BIND`) defaults to
@@ -19,6 +28,10 @@
 //! without a directory is a conflict. Checkpoints are taken every
 //! `DYN_RELAY_RECORD_CHECKPOINT_INPUTS` inputs (default 10,000) or
 //! `DYN_RELAY_RECORD_CHECKPOINT_INTERVAL_MS` (default 10,000) with at least one input.
+
+mod describe;
+#[cfg(test)]
+mod dynamo_cli_tests;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -32,6 +45,8 @@ use kvrelay_core::discovery::{DiscoveryScope, ScopeError};
 use kvrelay_core::filter::ckf::{CkfFormat, bucket_count_for_expected_blocks};
 use kvrelay_core::model::identity::{DcId, stable_dc_id};
 
+pub use describe::describe;
+
 /// Default CKF sizing per pool.
 pub const EXPECTED_UNIQUE_BLOCKS_DEFAULT: u64 = 1_048_576;
 /// Smallest accepted gRPC message limit: a full snapshot chunk plus headers.
@@ -40,8 +55,12 @@ pub const MAX_MESSAGE_BYTES_MIN: u64 = 4_259_904;
 pub const PUBLICATION_QUEUE_BYTES_MIN: u64 = 4_194_624;
 /// Largest accepted timer value.
 pub const TIMER_MS_MAX: u64 = 31_536_000_000;
-/// Largest accepted capacity.
-pub const CAPACITY_MAX: u64 = 65_536;
+/// Largest accepted load fan-out capacity (windows buffered per load stream, allocated up front).
+pub const LOAD_FANOUT_CAPACITY_MAX: u64 = 65_536;
+/// Largest accepted admission limit or queue capacity: tokio's semaphore maximum.
+pub const CAPACITY_MAX: u64 = tokio::sync::Semaphore::MAX_PERMITS as u64;
+/// Default number of snapshot chunks encoded at once across the relay.
+pub const PUBLICATION_ENCODING_CONCURRENCY_DEFAULT: usize = 2;
 
 /// Values given on the command line (`None`/empty = not given).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -68,6 +87,8 @@ pub struct CliValues {
     pub record_max_bytes: Option<String>,
     /// `--record-max-age` (seconds).
     pub record_max_age: Option<String>,
+    /// `--namespace-filter` (one namespace).
+    pub namespace_filter: Option<String>,
 }
 
 /// Default address of the operations HTTP endpoints (`--ops-bind`): loopback only.
@@ -189,6 +210,8 @@ pub struct WanTuning {
     pub max_readiness_subscribers: usize,
     /// Load streams.
     pub max_load_subscribers: usize,
+    /// Snapshot chunks encoded at once across the relay.
+    pub publication_encoding_concurrency: usize,
 }
 
 impl Default for WanTuning {
@@ -211,6 +234,7 @@ impl Default for WanTuning {
             max_subscribers_per_pool: 64,
             max_readiness_subscribers: 64,
             max_load_subscribers: 64,
+            publication_encoding_concurrency: PUBLICATION_ENCODING_CONCURRENCY_DEFAULT,
         }
     }
 }
@@ -248,15 +272,26 @@ pub struct RelayConfig {
     pub event_plane: EventPlane,
     /// Input journal (`--record` / `DYN_RELAY_RECORD_DIR`), if any.
     pub record: Option<RecordSettings>,
+    /// `POD_UID`: the Kubernetes pod this relay runs in, reported by `/engine/state`.
+    pub pod_uid: Option<String>,
 }
 
 struct Env<'a>(&'a BTreeMap<String, String>);
 
 impl Env<'_> {
+    /// The variable's value. `DYN_DC_ID` and the launcher's `DYN_RELAY_*` variables count as set
+    /// when empty (and then fail their validation, as in Dynamo's launcher); every other variable
+    /// counts as unset when blank.
     fn get(&self, name: &str) -> Option<&str> {
-        self.0.get(name).map(String::as_str).filter(|value| !value.trim().is_empty())
+        let value = self.0.get(name).map(String::as_str)?;
+        let empty_is_set = name == "DYN_DC_ID"
+            || (name.starts_with("DYN_RELAY_") && name != CONNECTION_REVISION_ENV);
+        (empty_is_set || !value.trim().is_empty()).then_some(value)
     }
 }
+
+/// The sources file guard variable (empty counts as unset).
+const CONNECTION_REVISION_ENV: &str = "DYN_RELAY_CONNECTION_REVISION";
 
 fn invalid(setting: &'static str, value: &str, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid { setting, value: value.to_owned(), reason: reason.into() }
@@ -305,6 +340,9 @@ pub fn resolve(
         (None, Some(value)) => value.to_owned(),
         (None, None) => return Err(ConfigError::Missing { setting: "--dc-id / DYN_DC_ID" }),
     };
+    if dc_name.trim().is_empty() {
+        return Err(ConfigError::Missing { setting: "--dc-id / DYN_DC_ID" });
+    }
     let dc_id = stable_dc_id(&dc_name)
         .map_err(|error| invalid("--dc-id / DYN_DC_ID", &dc_name, error.to_string()))?;
 
@@ -331,6 +369,9 @@ pub fn resolve(
     let bind_text = cli.bind.clone().or_else(|| env.get("DYN_RELAY_BIND").map(str::to_owned));
     let bind = bind_text
         .map(|text| {
+            if text.trim().is_empty() {
+                return Err(invalid("--bind / DYN_RELAY_BIND", &text, "must not be empty"));
+            }
             text.trim().parse::<SocketAddr>().map_err(|_| {
                 invalid("--bind / DYN_RELAY_BIND", &text, "expected a numeric IP:port")
             })
@@ -347,7 +388,7 @@ pub fn resolve(
         recovery_attempt_timeout: millis(&env, "DYN_RELAY_RECOVERY_ATTEMPT_TIMEOUT_MS", 30_000)?,
     };
     let wan = resolve_wan(&env, bind.is_some())?;
-    let connection_revision = match (&cli.sources_file, env.get("DYN_RELAY_CONNECTION_REVISION")) {
+    let connection_revision = match (&cli.sources_file, env.get(CONNECTION_REVISION_ENV)) {
         (Some(_), Some(value)) => {
             if value.trim() != value {
                 return Err(invalid(
@@ -390,6 +431,7 @@ pub fn resolve(
         discovery: resolve_discovery(&env)?,
         event_plane: resolve_event_plane(&env)?,
         record: resolve_record(cli, &env)?,
+        pod_uid: env.get("POD_UID").map(|uid| uid.trim().to_owned()),
     })
 }
 
@@ -463,25 +505,37 @@ fn millis(env: &Env<'_>, name: &'static str, default_ms: u64) -> Result<Duration
 }
 
 fn resolve_scope(cli: &CliValues, env: &Env<'_>) -> Result<DiscoveryScope, ConfigError> {
-    if cli.watch_all && cli.namespaces.is_some() {
-        return Err(ConfigError::Conflict { first: "--watch-all", second: "--namespaces" });
+    let given: Vec<&'static str> = [
+        (cli.sources_file.is_some(), "--sources-file"),
+        (cli.watch_all, "--watch-all"),
+        (cli.namespaces.is_some(), "--namespaces"),
+        (cli.namespace_filter.is_some(), "--namespace-filter"),
+    ]
+    .into_iter()
+    .filter_map(|(set, flag)| set.then_some(flag))
+    .collect();
+    if let [first, second, ..] = given[..] {
+        return Err(ConfigError::Conflict { first, second });
     }
-    if cli.sources_file.is_some() {
-        if cli.watch_all {
-            return Err(ConfigError::Conflict { first: "--sources-file", second: "--watch-all" });
-        }
-        if cli.namespaces.is_some() {
-            return Err(ConfigError::Conflict { first: "--sources-file", second: "--namespaces" });
-        }
-    }
+    // Command-line prefixes are taken as given: surrounding whitespace is the scope's error.
     let prefixes = if cli.endpoint_prefixes.is_empty() {
         env.get("DYN_RELAY_ENDPOINT_PREFIXES")
             .map(|v| comma_list("DYN_RELAY_ENDPOINT_PREFIXES", v))
             .transpose()?
             .unwrap_or_default()
     } else {
-        cli.endpoint_prefixes.iter().map(|p| p.trim().to_owned()).collect()
+        cli.endpoint_prefixes.clone()
     };
+    if let Some(namespace) = &cli.namespace_filter {
+        if namespace.trim().is_empty() || namespace.trim() != namespace {
+            return Err(invalid(
+                "--namespace-filter",
+                namespace,
+                "must be non-empty and have no surrounding whitespace",
+            ));
+        }
+        return Ok(DiscoveryScope::new(vec![namespace.clone()], prefixes, false)?);
+    }
     // With a sources file the file's namespaces narrow the scope at run time (and replace the
     // environment's namespace settings, as every command-line value does); prefixes still apply.
     if cli.watch_all || cli.sources_file.is_some() {
@@ -540,6 +594,11 @@ fn resolve_wan(env: &Env<'_>, listening: bool) -> Result<WanTuning, ConfigError>
             .transpose()?
             .map_or(default, |v| v as usize))
     };
+    let load_fanout_capacity = env
+        .get("DYN_RELAY_LOAD_FANOUT_CAPACITY")
+        .map(|v| parse_positive("DYN_RELAY_LOAD_FANOUT_CAPACITY", v, LOAD_FANOUT_CAPACITY_MAX))
+        .transpose()?
+        .map_or(defaults.load_fanout_capacity, |v| v as usize);
     let max_message_bytes = match env.get("DYN_RELAY_MAX_MESSAGE_BYTES") {
         Some(v) => {
             let bytes = parse_positive("DYN_RELAY_MAX_MESSAGE_BYTES", v, u64::from(u32::MAX))?;
@@ -582,10 +641,7 @@ fn resolve_wan(env: &Env<'_>, listening: bool) -> Result<WanTuning, ConfigError>
         catalog_heartbeat_interval: defaults.catalog_heartbeat_interval,
         snapshot_progress_timeout: millis(env, "DYN_RELAY_SNAPSHOT_PROGRESS_TIMEOUT_MS", 60_000)?,
         load_window: millis(env, "DYN_RELAY_LOAD_WINDOW_MS", 1_000)?,
-        load_fanout_capacity: capacity(
-            "DYN_RELAY_LOAD_FANOUT_CAPACITY",
-            defaults.load_fanout_capacity,
-        )?,
+        load_fanout_capacity,
         publication_queue_frames: capacity(
             "DYN_RELAY_PUBLICATION_QUEUE_CAPACITY",
             defaults.publication_queue_frames,
@@ -614,6 +670,10 @@ fn resolve_wan(env: &Env<'_>, listening: bool) -> Result<WanTuning, ConfigError>
         max_load_subscribers: capacity(
             "DYN_RELAY_MAX_LOAD_SUBSCRIBERS",
             defaults.max_load_subscribers,
+        )?,
+        publication_encoding_concurrency: capacity(
+            "DYN_RELAY_PUBLICATION_ENCODING_CONCURRENCY",
+            defaults.publication_encoding_concurrency,
         )?,
     })
 }

@@ -7,11 +7,13 @@
 //! operations surface (`serve`, `ops`), the in-process `demo`, and configuration (`config`).
 //! Time and blocking work enter through the `runtime` seams.
 
+pub mod build_info;
 pub mod config;
 pub mod demo;
 pub mod discovery_plane;
 pub mod event_plane;
 pub mod journal;
+pub mod logging;
 pub mod node;
 pub mod ops;
 pub mod pool;

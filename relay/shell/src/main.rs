@@ -15,14 +15,18 @@ use kvrelay::runtime::os_seed;
 use kvrelay::runtime::{SystemWallClock, TokioBlockingExecutor, WallClock};
 use kvrelay::serve::ServeOptions;
 use kvrelay::wan::serve;
-use kvrelay_consumer::{ConsumerConfig, RelayConsumer, render};
+use kvrelay_consumer::{ConsumerConfig, RelayConsumer, render, render_json};
 use kvrelay_core::rng::{derive_seed, rng_from_seed};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
-#[command(name = "kvrelay", version, about = "Per-data-center KV relay (dynamo.kvrelay.v1)")]
+#[command(
+    name = "kvrelay",
+    version = kvrelay::build_info::VERSION_LINE,
+    about = "Per-data-center KV relay (dynamo.kvrelay.v1)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -86,6 +90,13 @@ struct ServeArgs {
     /// (DYN_RELAY_RECORD_MAX_AGE_SECS; default 3600).
     #[arg(long, value_name = "SECS")]
     record_max_age: Option<String>,
+    /// Legacy single-namespace discovery filter; the same as --namespaces with one value.
+    #[arg(long)]
+    namespace_filter: Option<String>,
+    /// Print the resolved configuration as JSON and exit 0, or name the bad setting and exit 2;
+    /// nothing is started.
+    #[arg(long)]
+    check_config: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -112,6 +123,10 @@ struct RemoteArgs {
     /// Stop after this many seconds.
     #[arg(long)]
     duration_secs: Option<u64>,
+    /// Print the relay's state as JSON, one object per line: the whole consumer snapshot
+    /// (`"type":"snapshot"`) at start and after every visible change.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -128,6 +143,9 @@ struct QueryArgs {
     /// How long to let the replicas converge first.
     #[arg(long, default_value_t = 3)]
     settle_secs: u64,
+    /// Print the answers as one JSON object (`"type":"query"`) on one line.
+    #[arg(long)]
+    json: bool,
 }
 
 fn main() -> std::process::ExitCode {
@@ -141,12 +159,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    kvrelay::logging::init();
     let cli = Cli::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
@@ -188,7 +201,11 @@ async fn serve_command(args: ServeArgs) -> Result<()> {
         record: args.record,
         record_max_bytes: args.record_max_bytes,
         record_max_age: args.record_max_age,
+        namespace_filter: args.namespace_filter,
     };
+    if args.check_config {
+        return check_config(&cli, &environment);
+    }
     let config = config::resolve(&cli, &environment).context("invalid configuration")?;
     let options = ServeOptions {
         seed: os_seed(),
@@ -204,6 +221,24 @@ async fn serve_command(args: ServeArgs) -> Result<()> {
     }
     running.shutdown().await?;
     Ok(())
+}
+
+/// The exit status of `serve --check-config` for a configuration that does not resolve.
+const EXIT_BAD_CONFIG: u8 = 2;
+
+/// `serve --check-config`: the resolved configuration as JSON on stdout, or the bad setting on
+/// stderr and exit status [`EXIT_BAD_CONFIG`].
+fn check_config(cli: &CliValues, environment: &BTreeMap<String, String>) -> Result<()> {
+    match config::resolve(cli, environment) {
+        Ok(config) => {
+            println!("{}", serde_json::to_string_pretty(&config::describe(&config))?);
+            Ok(())
+        }
+        Err(error) => {
+            eprintln!("kvrelay: invalid configuration: {error}");
+            std::process::exit(i32::from(EXIT_BAD_CONFIG));
+        }
+    }
 }
 
 /// SIGTERM or Ctrl-C (SIGINT).
@@ -286,8 +321,13 @@ async fn watch_command(args: RemoteArgs) -> Result<()> {
     )?;
     let mut changes = consumer.changes();
     let mut previous = consumer.snapshot();
-    for line in render::snapshot_lines(&previous) {
-        println!("{line}");
+    let mut previous_json = render_json::snapshot_json(&previous);
+    if args.json {
+        println!("{previous_json}");
+    } else {
+        for line in render::snapshot_lines(&previous) {
+            println!("{line}");
+        }
     }
     let deadline = shutdown_signal(args.duration_secs);
     tokio::pin!(deadline);
@@ -300,8 +340,16 @@ async fn watch_command(args: RemoteArgs) -> Result<()> {
                     break;
                 }
                 let current = consumer.snapshot();
-                for line in render::change_lines(Some(&previous), &current) {
-                    println!("{line}");
+                if args.json {
+                    let current_json = render_json::snapshot_json(&current);
+                    if current_json != previous_json {
+                        println!("{current_json}");
+                        previous_json = current_json;
+                    }
+                } else {
+                    for line in render::change_lines(Some(&previous), &current) {
+                        println!("{line}");
+                    }
                 }
                 previous = current;
             }
@@ -324,8 +372,13 @@ async fn query_command(args: QueryArgs) -> Result<()> {
         &mut rng_from_seed(os_seed()),
     )?;
     tokio::time::sleep(Duration::from_secs(args.settle_secs)).await;
-    for line in render::answer_lines(&args.model, &consumer.query(&args.tokens, &args.model)) {
-        println!("{line}");
+    let answers = consumer.query(&args.tokens, &args.model);
+    if args.json {
+        println!("{}", render_json::answers_json(&args.model, &answers));
+    } else {
+        for line in render::answer_lines(&args.model, &answers) {
+            println!("{line}");
+        }
     }
     consumer.shutdown().await;
     Ok(())

@@ -225,7 +225,7 @@ async fn sources_file_selects_namespaces_live_and_keeps_the_last_good_list() {
         let (status, state) = http_get_async(ops, "/engine/state").await;
         assert_eq!(status, 200);
         let state: serde_json::Value = serde_json::from_str(&state).unwrap();
-        assert_eq!(state["mode"], "file");
+        assert_eq!(state["mode"], "from-file");
         assert_eq!(state["connectionRevision"], "c1");
         assert_eq!(state["sources"]["count"], 1);
         let first_revision = state["sources"]["appliedRevision"].as_str().unwrap().to_owned();
@@ -239,6 +239,11 @@ async fn sources_file_selects_namespaces_live_and_keeps_the_last_good_list() {
                 let state: serde_json::Value = serde_json::from_str(&state).unwrap();
                 if state["sources"]["lastError"].is_string() {
                     assert_eq!(state["sources"]["appliedRevision"], first_revision.as_str());
+                    assert_eq!(state["sources"]["desiredRevision"], serde_json::Value::Null);
+                    let (_, health) = http_get_async(ops, "/health").await;
+                    let health: serde_json::Value = serde_json::from_str(&health).unwrap();
+                    assert_eq!(health["sources"]["appliedRevision"], first_revision.as_str());
+                    assert_eq!(health["sources"]["desiredRevision"], serde_json::Value::Null);
                     return;
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -411,6 +416,50 @@ async fn sigterm_ends_streams_with_unavailable_and_exits_zero() {
         .await
         .expect("the relay did not exit after SIGTERM");
         assert_eq!(exit.code(), Some(0));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sources_file_that_appears_later_is_applied_and_watches_nothing_until_then() {
+    bounded(async {
+        let nats = NatsServer::start().await;
+        let store = FileStore::new();
+        let worker = Worker::live_only("dynamo", WORKER_A, PUBLISHER_A);
+        worker.register(&store);
+        let sources_dir = tempfile::tempdir().unwrap();
+        let sources = sources_dir.path().join("sources.json");
+        let relay = start_relay(&store, &nats, Some(sources.clone()), None).await;
+        let ops = relay.ops_address.unwrap();
+        let consumer = start_consumer(&relay);
+
+        // No file: an explicitly empty selection, reported as such, and not ready.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(consumer.snapshot().pools.is_empty(), "no namespace is watched yet");
+        let (_, state) = http_get_async(ops, "/engine/state").await;
+        let state: serde_json::Value = serde_json::from_str(&state).unwrap();
+        assert_eq!(state["mode"], "from-file");
+        assert_eq!(state["ready"], false);
+        assert_eq!(state["sources"]["count"], 0);
+        assert_eq!(state["sources"]["appliedRevision"], serde_json::Value::Null);
+        assert_eq!(state["sources"]["desiredRevision"], serde_json::Value::Null);
+        assert!(state["sources"]["lastError"].as_str().unwrap().contains("unavailable"));
+        assert_eq!(http_get_async(ops, "/ready").await.0, 503);
+
+        // The file appears: it is applied and the pool comes.
+        std::fs::write(&sources, r#"{"version":1,"sources":[{"namespace":"dynamo"}]}"#).unwrap();
+        converge(&consumer, "the dynamo pool", pool_ready).await;
+        let (_, state) = http_get_async(ops, "/engine/state").await;
+        let state: serde_json::Value = serde_json::from_str(&state).unwrap();
+        assert_eq!(state["sources"]["count"], 1);
+        assert_eq!(state["sources"]["lastError"], serde_json::Value::Null);
+        assert_eq!(state["sources"]["desiredRevision"], state["sources"]["appliedRevision"]);
+        let (_, health) = http_get_async(ops, "/health").await;
+        let health: serde_json::Value = serde_json::from_str(&health).unwrap();
+        assert_eq!(health["sources"], state["sources"], "/health carries the same sources");
+
+        consumer.shutdown().await;
+        relay.shutdown().await.unwrap();
     })
     .await;
 }

@@ -21,7 +21,11 @@ use kvrelay_core::model::identity::PoolId;
 use kvrelay_core::rng::rng_from_seed;
 
 #[derive(Debug, Parser)]
-#[command(name = "kvrelay-compare", about = "Compare what two relays publish")]
+#[command(
+    name = "kvrelay-compare",
+    version = kvrelay::build_info::VERSION_LINE,
+    about = "Compare what two relays publish"
+)]
 struct Args {
     /// The first relay (host:port).
     #[arg(long, default_value = "127.0.0.1:5561")]
@@ -47,10 +51,15 @@ struct Args {
     /// Pause between comparisons.
     #[arg(long, default_value_t = 1000)]
     interval_ms: u64,
+    /// Print the report as JSON, one object per line (`type`: `section`, `filter`, `diff`,
+    /// then `result`).
+    #[arg(long)]
+    json: bool,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    kvrelay::logging::init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -118,10 +127,65 @@ impl Followed {
     }
 }
 
-fn print_report(args: &Args, comparison: &Comparison) {
-    let (l, r) = (&args.left_name, &args.right_name);
-    println!("{:<10} {:>12} {:>12}  result", "section", l, r);
-    let counts = |section: Section| match section {
+/// The report as JSON lines: one `section` object per section, one `filter` object per pool,
+/// one `diff` object per difference.
+fn print_json_report(comparison: &Comparison) {
+    for section in Section::ALL {
+        let (left, right, unit) = section_counts(comparison, section);
+        let line = serde_json::json!({
+            "type": "section",
+            "section": section.name(),
+            "left": left,
+            "right": right,
+            "unit": unit,
+            "differences": comparison.differences_in(section),
+        });
+        println!("{line}");
+    }
+    for filter in &comparison.filters {
+        let line = serde_json::json!({
+            "type": "filter",
+            "poolId": filter.pool_id.to_string(),
+            "leftSlots": filter.left_slots,
+            "rightSlots": filter.right_slots,
+            "onlyLeft": filter.only_left,
+            "onlyRight": filter.only_right,
+            "identicalWords": filter.identical_words,
+        });
+        println!("{line}");
+    }
+    for difference in &comparison.differences {
+        let line = serde_json::json!({
+            "type": "diff",
+            "section": difference.section.to_string(),
+            "key": difference.key,
+            "field": difference.field,
+            "left": difference.left,
+            "right": difference.right,
+        });
+        println!("{line}");
+    }
+}
+
+/// The closing line: `MATCH`, `DIFF` or `NOT_SETTLED`, with its figures.
+fn print_result(args: &Args, result: &str, detail: serde_json::Value, text: String) {
+    if args.json {
+        let line = serde_json::json!({
+            "type": "result",
+            "result": result,
+            "left": args.left_name,
+            "right": args.right_name,
+            "detail": detail,
+        });
+        println!("{line}");
+    } else {
+        println!("{text}");
+    }
+}
+
+/// Left and right figures of `section` and their unit.
+fn section_counts(comparison: &Comparison, section: Section) -> (usize, usize, &'static str) {
+    match section {
         Section::Catalog => (comparison.pools.left, comparison.pools.right, "pools"),
         Section::Readiness => (comparison.readiness.left, comparison.readiness.right, "entries"),
         Section::Load => (comparison.load.left, comparison.load.right, "pools"),
@@ -131,9 +195,18 @@ fn print_report(args: &Args, comparison: &Comparison) {
             };
             (slots(|f| f.left_slots), slots(|f| f.right_slots), "slots")
         }
-    };
+    }
+}
+
+fn print_report(args: &Args, comparison: &Comparison) {
+    if args.json {
+        print_json_report(comparison);
+        return;
+    }
+    let (l, r) = (&args.left_name, &args.right_name);
+    println!("{:<10} {:>12} {:>12}  result", "section", l, r);
     for section in Section::ALL {
-        let (left, right, unit) = counts(section);
+        let (left, right, unit) = section_counts(comparison, section);
         let differences = comparison.differences_in(section);
         let verdict =
             if differences == 0 { "MATCH".to_owned() } else { format!("DIFF ({differences})") };
@@ -219,19 +292,23 @@ async fn run(args: &Args) -> Result<ExitCode> {
     right.consumer.shutdown().await;
     match last {
         None => {
-            println!("RESULT: NOT SETTLED after {} s ({waiting})", args.timeout_secs);
+            let text = format!("RESULT: NOT SETTLED after {} s ({waiting})", args.timeout_secs);
+            let detail = serde_json::json!({"timeoutSecs": args.timeout_secs, "waiting": waiting});
+            print_result(args, "NOT_SETTLED", detail, text);
             Ok(ExitCode::from(2))
         }
         Some(comparison) => {
             print_report(args, &comparison);
             if agreeing >= args.stable_checks {
-                println!("RESULT: MATCH ({agreeing} consecutive agreeing comparisons)");
+                let text = format!("RESULT: MATCH ({agreeing} consecutive agreeing comparisons)");
+                print_result(args, "MATCH", serde_json::json!({"agreeing": agreeing}), text);
                 Ok(ExitCode::SUCCESS)
             } else {
-                println!(
-                    "RESULT: DIFF ({} differences at the last comparison)",
-                    comparison.differences.len()
-                );
+                let differences = comparison.differences.len();
+                let text =
+                    format!("RESULT: DIFF ({differences} differences at the last comparison)");
+                let detail = serde_json::json!({"differences": differences});
+                print_result(args, "DIFF", detail, text);
                 Ok(ExitCode::from(1))
             }
         }

@@ -7,8 +7,12 @@
 //!   listing, the NATS event plane is connected (ZMQ connects per advertised channel, so it has
 //!   no single connection to wait for), and in `--sources-file` mode a valid file was applied.
 //!   `/ready` answers 200 when ready, else 503 with the reasons.
-//! - **Engine state**: the `GET /engine/state` document Dynamo's relay serves (mode,
-//!   connection revision, readiness, sources revisions and last error).
+//! - **Engine state**: the `GET /engine/state` document Dynamo's relay serves: `podUID`
+//!   (`POD_UID`), `mode` (`"from-file"` with `--sources-file`, else `"discovery"`), the
+//!   connection revision, readiness and the `sources` object.
+//! - **Sources** (in both `/health` and `/engine/state`, the same object): in file mode the
+//!   sources file's report (see `serve::sources_file`); in discovery mode both revisions and
+//!   the error are `null` and `count` is the number of namespaces with a registered model.
 
 use serde::Serialize;
 
@@ -40,6 +44,8 @@ pub struct HealthReport {
     pub wan_bound_address: Option<String>,
     /// Why the WAN listener stopped.
     pub wan_last_error: Option<String>,
+    /// The namespace sources, as `/engine/state` reports them.
+    pub sources: SourcesReport,
 }
 
 /// The `/ready` document.
@@ -55,16 +61,16 @@ pub struct ReadinessReport {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EngineState {
-    /// Always `null` (no Kubernetes pod identity).
+    /// `POD_UID`, or `null`.
     #[serde(rename = "podUID")]
     pub pod_uid: Option<String>,
-    /// `"file"` with `--sources-file`, else `"discovery"`.
+    /// `"from-file"` with `--sources-file`, else `"discovery"`.
     pub mode: &'static str,
     /// The guard variable's value.
     pub connection_revision: Option<String>,
     /// Readiness as `/ready` reports it.
     pub ready: bool,
-    /// The sources file's state (all empty in discovery mode).
+    /// The namespace sources (see the module docs).
     pub sources: SourcesReport,
 }
 
@@ -91,6 +97,16 @@ pub fn health(snapshot: &OpsSnapshot) -> HealthReport {
         wan_serving: snapshot.wan.as_ref().is_some_and(|wan| wan.serving),
         wan_bound_address: snapshot.wan.as_ref().map(|wan| wan.bound_address.to_string()),
         wan_last_error: snapshot.wan.as_ref().and_then(|wan| wan.last_error.clone()),
+        sources: sources(snapshot),
+    }
+}
+
+/// The `sources` object of `/health` and `/engine/state`.
+#[must_use]
+pub fn sources(snapshot: &OpsSnapshot) -> SourcesReport {
+    match &snapshot.sources {
+        Some(file) => file.report.clone(),
+        None => SourcesReport { count: snapshot.discovered_namespaces, ..SourcesReport::default() },
     }
 }
 
@@ -122,10 +138,10 @@ pub fn readiness(snapshot: &OpsSnapshot) -> ReadinessReport {
 #[must_use]
 pub fn engine_state(snapshot: &OpsSnapshot) -> EngineState {
     EngineState {
-        pod_uid: None,
-        mode: if snapshot.sources.is_some() { "file" } else { "discovery" },
+        pod_uid: snapshot.pod_uid.clone(),
+        mode: if snapshot.sources.is_some() { "from-file" } else { "discovery" },
         connection_revision: snapshot.sources.as_ref().and_then(|s| s.connection_revision.clone()),
         ready: readiness(snapshot).ready,
-        sources: snapshot.sources.as_ref().map(|s| s.report.clone()).unwrap_or_default(),
+        sources: sources(snapshot),
     }
 }

@@ -6,7 +6,8 @@
 //! publication hubs by state, terminal publication failures, serving topology by state,
 //! degraded load coverage); the input, fence and transport counters the
 //! crate keeps are exported under `kvrelay_`, the input journal's (with `--record`) under
-//! `kvrelay_journal_`. Counters end in `_total`. Every family is written
+//! `kvrelay_journal_`; `kvrelay_build_info{version,revision}` is 1 and names the build.
+//! Counters end in `_total`. Every family is written
 //! even at zero, so a dashboard sees the series from the first scrape.
 
 use std::fmt::Write as _;
@@ -102,7 +103,17 @@ pub fn render_metrics(snapshot: &OpsSnapshot) -> String {
     host_families(&mut out, snapshot);
     input_families(&mut out, snapshot);
     journal_families(&mut out, snapshot);
+    build_family(&mut out);
     out.text
+}
+
+/// `kvrelay_build_info{version,revision} 1`: which build is running.
+fn build_family(out: &mut Exposition) {
+    let name = "kvrelay_build_info";
+    out.family(name, Kind::Gauge, "The running build: package version and source revision.");
+    let labels =
+        [("version", crate::build_info::VERSION), ("revision", crate::build_info::REVISION)];
+    out.sample(name, &labels, 1);
 }
 
 /// relay-facts §13 names.

@@ -14,7 +14,9 @@ mod snapshot;
 #[cfg(test)]
 mod tests;
 
-pub use health::{EngineState, HealthReport, ReadinessReport, engine_state, health, readiness};
+pub use health::{
+    EngineState, HealthReport, ReadinessReport, engine_state, health, readiness, sources,
+};
 pub use http::{SnapshotSource, serve_ops};
 pub use metrics::{METRICS_CONTENT_TYPE, render_metrics};
 pub use snapshot::{OpsSnapshot, RecordingSnapshot, SourcesSnapshot, TopologyCounts, WanSnapshot};

@@ -93,4 +93,9 @@ pub struct OpsSnapshot {
     pub sources: Option<SourcesSnapshot>,
     /// The input journal, with `--record`.
     pub recording: Option<RecordingSnapshot>,
+    /// `POD_UID`, if set.
+    pub pod_uid: Option<String>,
+    /// Distinct namespaces with a registered model in the serving topology (the discovery-mode
+    /// source count).
+    pub discovered_namespaces: usize,
 }

@@ -99,6 +99,8 @@ fn snapshot() -> OpsSnapshot {
         },
         sources: None,
         recording: None,
+        pod_uid: None,
+        discovered_namespaces: 2,
     }
 }
 
@@ -163,6 +165,19 @@ fn metrics_render_the_relay_names_and_the_existing_counters() {
             assert!(line.rsplit(' ').next().unwrap().parse::<u64>().is_ok(), "{line}");
         }
     }
+}
+
+#[test]
+fn build_info_names_the_version_and_revision() {
+    let text = render_metrics(&snapshot());
+    let expected = format!(
+        "kvrelay_build_info{{version=\"{}\",revision=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION"),
+        crate::build_info::REVISION
+    );
+    assert!(text.lines().any(|line| line == expected), "missing {expected:?} in\n{text}");
+    assert!(!crate::build_info::REVISION.is_empty());
+    assert!(text.contains("# TYPE kvrelay_build_info gauge"));
 }
 
 #[test]
@@ -239,13 +254,19 @@ fn engine_state_has_dynamos_shape() {
             "mode": "discovery",
             "connectionRevision": null,
             "ready": true,
-            "sources": {"desiredRevision": null, "appliedRevision": null, "count": 0, "lastError": null}
+            "sources": {"desiredRevision": null, "appliedRevision": null, "count": 2, "lastError": null}
         })
     );
+    let health_json = serde_json::to_value(health(&snapshot())).unwrap();
+    assert_eq!(
+        health_json["sources"], discovery_mode["sources"],
+        "/health carries the same sources"
+    );
     let mut file_mode = snapshot();
+    file_mode.pod_uid = Some("pod-7".into());
     file_mode.sources = Some(SourcesSnapshot {
         report: SourcesReport {
-            desired_revision: Some("ab".into()),
+            desired_revision: None,
             applied_revision: Some("ab".into()),
             count: 2,
             last_error: Some("bad".into()),
@@ -255,9 +276,14 @@ fn engine_state_has_dynamos_shape() {
         refusals: 1,
     });
     let state = serde_json::to_value(engine_state(&file_mode)).unwrap();
-    assert_eq!(state["mode"], "file");
+    assert_eq!(state["mode"], "from-file");
+    assert_eq!(state["podUID"], "pod-7");
     assert_eq!(state["connectionRevision"], "conn-1");
     assert_eq!(state["sources"]["count"], 2);
+    let health_json = serde_json::to_value(health(&file_mode)).unwrap();
+    assert_eq!(health_json["sources"], state["sources"]);
+    assert_eq!(health_json["sources"]["desiredRevision"], serde_json::Value::Null);
+    assert_eq!(health_json["sources"]["appliedRevision"], "ab");
     let text = render_metrics(&file_mode);
     assert!(text.contains("\nkvrelay_sources_namespace_count 2\n"), "{text}");
     assert!(text.contains("\nkvrelay_sources_refusals_total 1\n"), "{text}");

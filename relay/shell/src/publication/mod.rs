@@ -10,7 +10,9 @@
 //! - across pools, [`HubConfig::initialized_hubs_max`] hubs: a new one evicts an idle hub or is
 //!   refused;
 //! - a snapshot chunk that the subscriber does not take within
-//!   [`HubConfig::snapshot_progress_timeout`] ends that subscriber (never the generation).
+//!   [`HubConfig::snapshot_progress_timeout`] ends that subscriber (never the generation);
+//! - across pools, at most [`HubConfig::encoding_concurrency`] snapshot chunks are being encoded
+//!   at once; a subscriber whose chunk is next waits for a free encoder.
 //!
 //! Any invariant failure (identity, lease or sequence drift; the actor's stream closing) fails
 //! the hub and asks the host to fence the generation.
@@ -44,6 +46,13 @@ pub struct HubConfig {
     pub max_delta_images: usize,
     /// How long one snapshot chunk may wait for its subscriber.
     pub snapshot_progress_timeout: Duration,
+    /// Snapshot chunks encoded at once across all pools (at least 1).
+    #[serde(default = "default_encoding_concurrency")]
+    pub encoding_concurrency: usize,
+}
+
+fn default_encoding_concurrency() -> usize {
+    crate::config::PUBLICATION_ENCODING_CONCURRENCY_DEFAULT
 }
 
 impl Default for HubConfig {
@@ -55,6 +64,7 @@ impl Default for HubConfig {
             initialized_hubs_max: 64,
             max_delta_images: kvrelay_core::filter::cbi1::MAX_DELTA_IMAGES,
             snapshot_progress_timeout: Duration::from_secs(60),
+            encoding_concurrency: default_encoding_concurrency(),
         }
     }
 }
@@ -70,6 +80,7 @@ impl HubConfig {
             subscribers_per_pool_max: tuning.max_subscribers_per_pool,
             initialized_hubs_max: tuning.max_initialized_pool_hubs,
             snapshot_progress_timeout: tuning.snapshot_progress_timeout,
+            encoding_concurrency: tuning.publication_encoding_concurrency,
             ..HubConfig::default()
         }
     }

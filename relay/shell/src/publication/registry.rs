@@ -78,6 +78,7 @@ pub struct PoolPublications {
     config: HubConfig,
     executor: Arc<dyn BlockingExecutor>,
     hub_permits: Arc<Semaphore>,
+    encode_permits: Arc<Semaphore>,
     pools: Mutex<BTreeMap<PoolId, Arc<PoolEntry>>>,
     fences: FenceRequests,
 }
@@ -88,6 +89,7 @@ impl PoolPublications {
     pub fn new(config: HubConfig, executor: Arc<dyn BlockingExecutor>) -> Self {
         PoolPublications {
             hub_permits: Arc::new(Semaphore::new(config.initialized_hubs_max.max(1))),
+            encode_permits: Arc::new(Semaphore::new(config.encoding_concurrency.max(1))),
             config,
             executor,
             pools: Mutex::new(BTreeMap::new()),
@@ -217,7 +219,11 @@ impl PoolPublications {
         if let HubSlot::Ready { hub, .. } = &*slot
             && !hub.is_stopped()
         {
-            return PoolStream::open(Arc::clone(hub), Arc::clone(&self.executor));
+            return PoolStream::open(
+                Arc::clone(hub),
+                Arc::clone(&self.executor),
+                Arc::clone(&self.encode_permits),
+            );
         }
         *slot = HubSlot::Vacant;
         let permit = self.acquire_hub_permit(&pool_id)?;
@@ -251,7 +257,7 @@ impl PoolPublications {
             hub.stop(PublicationError::Unavailable);
             return Err(PublicationError::Unavailable);
         }
-        PoolStream::open(hub, Arc::clone(&self.executor))
+        PoolStream::open(hub, Arc::clone(&self.executor), Arc::clone(&self.encode_permits))
     }
 
     /// A permit for a new hub, evicting an idle hub of another pool when none is free.

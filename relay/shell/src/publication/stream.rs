@@ -2,14 +2,17 @@
 //!
 //! A bootstrap task encodes one chunk at a time into a channel of one frame; if the subscriber
 //! does not take a chunk within the progress timeout, the bootstrap gives up and the stream ends
-//! with [`PublicationError::SnapshotProgressTimeout`], releasing its share of the mirror. After
+//! with [`PublicationError::SnapshotProgressTimeout`], releasing its share of the mirror. Each
+//! chunk is encoded under one permit of the relay-wide encoder semaphore
+//! ([`super::HubConfig::encoding_concurrency`] permits), held only while that chunk is encoded;
+//! a bootstrap waiting for a permit stops waiting when its subscriber goes away. After
 //! the last chunk the stream reads the subscriber's delta queue, returning each frame's bytes to
 //! the queue budget as it goes.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 
 use super::hub::{FrameKind, Hub, HubFrame, MirrorSnapshot, SubscriberQueue};
 use super::{FRAME_OVERHEAD_BYTES, PublicationError};
@@ -49,6 +52,7 @@ impl PoolStream {
     pub(crate) fn open(
         hub: Arc<Hub>,
         executor: Arc<dyn BlockingExecutor>,
+        encoders: Arc<Semaphore>,
     ) -> Result<PoolStream, PublicationError> {
         let (mirror, queue) = hub.add_subscriber()?;
         let sequence = mirror.sequence;
@@ -64,9 +68,19 @@ impl PoolStream {
         tokio::spawn(async move {
             let snapshot = Arc::new(snapshot);
             for index in 0..chunk_count {
+                let permit = tokio::select! {
+                    biased;
+                    () = chunks.closed() => return,
+                    permit = Arc::clone(&encoders).acquire_owned() => permit,
+                };
+                let Ok(permit) = permit else {
+                    let _ = failure.set(PublicationError::Internal);
+                    return;
+                };
                 let encoder = Arc::clone(&snapshot);
                 let encoded =
                     run_blocking(executor.as_ref(), move || encoder.encode_chunk(index)).await;
+                drop(permit);
                 let Ok(Ok(payload)) = encoded else {
                     let _ = failure.set(PublicationError::Internal);
                     return;

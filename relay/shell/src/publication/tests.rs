@@ -236,3 +236,73 @@ async fn actor_death_fails_the_hub_and_requests_a_fence() {
     assert_eq!(stream.next().await, Err(PublicationError::Unavailable));
     assert_eq!(publications.fence_requests().take(), vec![(identity.pool_id(), 1)]);
 }
+
+/// Holds every blocking job until the test runs it, so jobs in flight can be counted.
+#[derive(Default)]
+struct ParkedExecutor {
+    jobs: std::sync::Mutex<Vec<Box<dyn FnOnce() + Send + 'static>>>,
+}
+
+impl std::fmt::Debug for ParkedExecutor {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("ParkedExecutor").field("parked", &self.parked()).finish()
+    }
+}
+
+impl crate::runtime::BlockingExecutor for ParkedExecutor {
+    fn spawn(&self, job: Box<dyn FnOnce() + Send + 'static>) {
+        self.jobs.lock().unwrap().push(job);
+    }
+}
+
+impl ParkedExecutor {
+    fn parked(&self) -> usize {
+        self.jobs.lock().unwrap().len()
+    }
+
+    fn run_one(&self) {
+        let job = self.jobs.lock().unwrap().remove(0);
+        job();
+    }
+}
+
+async fn settle() {
+    for _ in 0..32 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Three pools' snapshots requested at once: `encoding_concurrency` chunks are encoding at any
+/// time, the next one starts only when one finishes, and every subscriber gets its snapshot.
+async fn encodes_in_flight(encoding_concurrency: usize) -> Vec<usize> {
+    let executor = Arc::new(ParkedExecutor::default());
+    let publications = PoolPublications::new(
+        HubConfig { encoding_concurrency, ..HubConfig::default() },
+        Arc::clone(&executor) as Arc<dyn crate::runtime::BlockingExecutor>,
+    );
+    let mut streams = Vec::new();
+    for (index, endpoint) in ["a/b/c", "d/e/f", "g/h/i"].into_iter().enumerate() {
+        let identity = producer(endpoint, 1024, index as u64 + 1);
+        publications.activate(identity, actor(&identity));
+        streams.push(publications.subscribe(&identity).await.unwrap());
+    }
+    let mut in_flight = Vec::new();
+    settle().await;
+    while executor.parked() > 0 {
+        in_flight.push(executor.parked());
+        executor.run_one();
+        settle().await;
+    }
+    for stream in &mut streams {
+        assert_eq!(frame(stream).await.kind, FrameKind::SnapshotChunk);
+        assert!(stream.snapshot_complete());
+    }
+    in_flight
+}
+
+#[tokio::test(start_paused = true)]
+async fn snapshot_encodes_are_bounded_by_the_encoding_concurrency() {
+    assert_eq!(encodes_in_flight(1).await, vec![1, 1, 1], "one encode at a time");
+    assert_eq!(encodes_in_flight(2).await, vec![2, 2, 1]);
+    assert_eq!(encodes_in_flight(3).await, vec![3, 2, 1], "no bound below the demand");
+}

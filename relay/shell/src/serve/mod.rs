@@ -2,10 +2,12 @@
 //!
 //! [`start`] builds, in order: the recovery client (TCP request plane), the node, the input
 //! planes ([`start_input_planes`]: discovery, event plane, and the `--sources-file` poller), the
-//! WAN listener and the operations listener. [`RunningRelay::shutdown`] stops them in the
+//! WAN listener (whose gRPC health is SERVING exactly while `/ready` holds) and the operations
+//! listener. [`RunningRelay::shutdown`] stops them in the
 //! reverse order of their duties:
 //!
-//! 1. mark the relay as shutting down (`/health` and `/ready` answer 503 from then on);
+//! 1. mark the relay as shutting down (`/health` and `/ready` answer 503 and gRPC health
+//!    NOT_SERVING from then on);
 //! 2. stop the WAN listener: every open stream ends with UNAVAILABLE and the connections drain;
 //! 3. cancel the input planes and wait for them, so no fact is half-delivered;
 //! 4. shut the node down: pools are withdrawn and every actor stops after its last complete
@@ -163,7 +165,9 @@ pub struct SourcesSetup {
     pub state: SourcesState,
 }
 
-/// Read the sources file of `config` once, if it has one; refuse an unusable file.
+/// Read the sources file of `config` once, if it has one; refuse an unusable file. A file that
+/// does not exist yet is not refused: the relay starts with an explicitly empty selection and
+/// the poller applies the file when it appears.
 pub async fn read_initial_sources(
     config: &RelayConfig,
 ) -> Result<Option<SourcesSetup>, ServeError> {
@@ -171,11 +175,19 @@ pub async fn read_initial_sources(
         return Ok(None);
     };
     let poller = SourcesPollerConfig::new(path.clone(), config.connection_revision.clone());
-    let list = read_sources_file(&poller)
-        .await
-        .map_err(|error| ServeError::SourcesFile { path: path.display().to_string(), error })?;
     let mut state = SourcesState::new();
-    let _ = state.apply(Ok(list));
+    match read_sources_file(&poller).await {
+        Ok(list) => {
+            let _ = state.apply(Ok(list));
+        }
+        Err(SourcesFileError::Missing) => {
+            warn!(path = %path.display(), "sources file does not exist yet; watching no namespace until it appears");
+            let _ = state.apply(Err(SourcesFileError::Missing));
+        }
+        Err(error) => {
+            return Err(ServeError::SourcesFile { path: path.display().to_string(), error });
+        }
+    }
     Ok(Some(SourcesSetup { poller, state }))
 }
 
@@ -377,27 +389,6 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
     let (shutting_down_tx, shutting_down) = watch::channel(false);
     let (wan_state_tx, wan_state) = watch::channel(WanState::default());
     let stop = CancellationToken::new();
-    let wan_task = wan_listener.map(|listener| {
-        let service = service.clone();
-        let tuning = config.wan;
-        let wan_stop = stop.clone();
-        wan_state_tx.send_replace(WanState { serving: true, last_error: None });
-        let state = wan_state_tx.clone();
-        tokio::spawn(async move {
-            let result = crate::wan::serve(
-                service,
-                TcpListenerStream::new(listener),
-                &tuning,
-                wan_stop.cancelled_owned(),
-            )
-            .await;
-            state.send_replace(WanState {
-                serving: false,
-                last_error: result.as_ref().err().map(ToString::to_string),
-            });
-            result
-        })
-    });
     let ops_stop = CancellationToken::new();
     let (pool_totals_tx, pool_totals) = watch::channel(PoolTotals::default());
     if ops_listener.is_some() {
@@ -407,7 +398,7 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
     let source = snapshot_source(SnapshotInputs {
         node: &node,
         pool_totals,
-        service,
+        service: service.clone(),
         wan_address,
         wan_state,
         shutting_down,
@@ -419,6 +410,35 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
         },
         connection_revision: config.connection_revision.clone(),
         recording,
+        pod_uid: config.pod_uid.clone(),
+    });
+    // gRPC health tells what `/ready` tells: SERVING only while the relay is ready.
+    let ready: crate::wan::ReadinessProbe = {
+        let source = Arc::clone(&source);
+        Arc::new(move || ops::readiness(&source()).ready)
+    };
+    let wan_task = wan_listener.map(|listener| {
+        let service = service.clone();
+        let tuning = config.wan;
+        let ready = ready.clone();
+        let wan_stop = stop.clone();
+        wan_state_tx.send_replace(WanState { serving: true, last_error: None });
+        let state = wan_state_tx.clone();
+        tokio::spawn(async move {
+            let result = crate::wan::serve_with_health(
+                service,
+                TcpListenerStream::new(listener),
+                &tuning,
+                ready,
+                wan_stop.cancelled_owned(),
+            )
+            .await;
+            state.send_replace(WanState {
+                serving: false,
+                last_error: result.as_ref().err().map(ToString::to_string),
+            });
+            result
+        })
     });
     let ops_task = ops_listener.map(|listener| {
         let ops_stop = ops_stop.clone();
@@ -555,6 +575,7 @@ struct SnapshotInputs<'a> {
     connection_revision: Option<String>,
     /// `None` without `--record`; `Some(None)` when the recorder could not start.
     recording: Option<Option<RecorderProbe>>,
+    pod_uid: Option<String>,
 }
 
 /// A closure reading the running relay's state for the operations endpoints.
@@ -575,13 +596,16 @@ fn snapshot_source(inputs: SnapshotInputs<'_>) -> ops::SnapshotSource {
         event_plane,
         connection_revision,
         recording,
+        pod_uid,
         ..
     } = inputs;
     Arc::new(move || {
         let catalog_pool_count =
             views.catalog.borrow().snapshot.as_ref().map_or(0, |snapshot| snapshot.pools.len());
         let mut topology = TopologyCounts::default();
+        let mut namespaces = std::collections::BTreeSet::new();
         for entry in &views.readiness.borrow().entries {
+            namespaces.insert(entry.namespace.clone());
             match entry.state {
                 2 => topology.ready += 1,
                 1 => topology.unavailable += 1,
@@ -623,6 +647,8 @@ fn snapshot_source(inputs: SnapshotInputs<'_>) -> ops::SnapshotSource {
                 active: probe.is_some(),
                 stats: probe.as_ref().map(RecorderProbe::stats).unwrap_or_default(),
             }),
+            pod_uid: pod_uid.clone(),
+            discovered_namespaces: namespaces.len(),
         }
     })
 }

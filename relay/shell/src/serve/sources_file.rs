@@ -20,8 +20,14 @@
 //! therefore have the same revision.
 //!
 //! Reload rule ([`SourcesState`]): a valid file replaces the selection; an invalid one (bad JSON,
-//! limits, guard mismatch, read error) keeps the last good selection and is reported as the last
-//! error until a valid file is read again.
+//! limits, guard mismatch, read error, a missing file) keeps the last good selection and is
+//! reported as the last error until a valid file is read again. A file that does not exist at
+//! start-up is not an error: the relay starts with an explicitly empty selection (watching
+//! nothing) and applies the file when it appears.
+//!
+//! Report ([`SourcesReport`], Dynamo's shape): `appliedRevision` is the revision in effect;
+//! `desiredRevision` is the revision of the latest read, so it equals `appliedRevision` after a
+//! valid read and is `null` while the latest read is refused.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -109,6 +115,9 @@ pub enum SourcesFileError {
     /// A read took longer than [`SOURCES_READ_TIMEOUT`].
     #[error("reading the sources file took longer than {SOURCES_READ_TIMEOUT:?}")]
     ReadTimeout,
+    /// The file does not exist (yet, or any more).
+    #[error("sources file is unavailable: it does not exist")]
+    Missing,
 }
 
 #[derive(Debug, Deserialize)]
@@ -258,7 +267,7 @@ fn cut(text: &str) -> String {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SourcesReport {
-    /// Revision of the last valid file read.
+    /// Revision of the latest read; `None` while it is refused (or nothing was read).
     pub desired_revision: Option<String>,
     /// Revision of the selection in effect.
     pub applied_revision: Option<String>,
@@ -340,7 +349,7 @@ impl SourcesState {
     pub fn report(&self) -> SourcesReport {
         let revision = self.applied.as_ref().map(|list| list.revision.clone());
         SourcesReport {
-            desired_revision: revision.clone(),
+            desired_revision: if self.last_error.is_some() { None } else { revision.clone() },
             applied_revision: revision,
             count: self.applied.as_ref().map_or(0, |list| list.namespaces.len()),
             last_error: self.last_error.as_ref().map(ToString::to_string),
@@ -487,7 +496,10 @@ mod tests {
     fn a_bad_reload_keeps_the_last_good_selection() {
         let mut state = SourcesState::new();
         let first = parse_sources_file(br#"{"version":1,"sources":[{"namespace":"ver"}]}"#, None);
+        let first_revision = first.as_ref().unwrap().revision.clone();
         assert_eq!(state.apply(first.clone()), Some(names(&["ver"])));
+        let report = state.report();
+        assert_eq!(report.desired_revision.as_deref(), Some(first_revision.as_str()));
         assert_eq!(state.apply(first), None, "an unchanged file changes nothing");
         let torn = parse_sources_file(br#"{"version":1,"sources":[{"namesp"#, None);
         assert_eq!(state.apply(torn.clone()), None);
@@ -498,6 +510,8 @@ mod tests {
         let report = state.report();
         assert_eq!(report.count, 1);
         assert!(report.last_error.is_some());
+        assert_eq!(report.desired_revision, None, "a refused read desires nothing");
+        assert_eq!(report.applied_revision.as_deref(), Some(first_revision.as_str()));
         let wider = parse_sources_file(
             br#"{"version":1,"sources":[{"namespace":"ver"},{"namespace":"dynamo"}]}"#,
             None,
@@ -505,9 +519,9 @@ mod tests {
         assert_eq!(state.apply(wider), Some(names(&["dynamo", "ver"])));
         assert_eq!(state.last_error(), None);
         assert_eq!(state.reloads(), 2);
-        assert_eq!(
-            serde_json::to_value(state.report()).unwrap()["appliedRevision"],
-            serde_json::Value::String(state.applied().unwrap().revision.clone())
-        );
+        let json = serde_json::to_value(state.report()).unwrap();
+        let revision = serde_json::Value::String(state.applied().unwrap().revision.clone());
+        assert_eq!(json["appliedRevision"], revision);
+        assert_eq!(json["desiredRevision"], revision, "a valid read desires what it applied");
     }
 }

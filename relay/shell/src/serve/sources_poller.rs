@@ -50,7 +50,10 @@ pub async fn read_sources_file(
     let bytes = tokio::time::timeout(config.read_timeout, read_bounded(&config.path))
         .await
         .map_err(|_| SourcesFileError::ReadTimeout)?
-        .map_err(|error| SourcesFileError::Read { reason: error.to_string() })?;
+        .map_err(|error| match error.kind() {
+            std::io::ErrorKind::NotFound => SourcesFileError::Missing,
+            _ => SourcesFileError::Read { reason: error.to_string() },
+        })?;
     parse_sources_file(&bytes, config.guard.as_deref())
 }
 

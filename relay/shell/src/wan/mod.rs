@@ -8,11 +8,13 @@
 
 mod channels;
 mod counters;
+mod health;
 mod server;
 mod service;
 pub mod status;
 
 pub use channels::{WanPublisher, WanViews, wan_channels};
 pub use counters::{LimitScope, StreamType, WanStats};
-pub use server::{ServeError, serve};
+pub use health::{HealthService, ReadinessProbe, WATCH_POLL_INTERVAL, WatchStream};
+pub use server::{ServeError, serve, serve_with_health};
 pub use service::{OpenStreams, RelayService};

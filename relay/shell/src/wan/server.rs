@@ -1,5 +1,6 @@
 //! Serving the relay over any stream of connections (real TCP in production, the simulator's
-//! network in tests), with reflection and the standard health service.
+//! network in tests), with reflection (v1, listing the relay and `grpc.health.v1.Health`) and
+//! the standard health service ([`super::health`]).
 
 use std::future::Future;
 
@@ -9,8 +10,8 @@ use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tonic::transport::Server;
 use tonic::transport::server::Connected;
-use tonic_health::ServingStatus;
 
+use super::health::{HealthService, ReadinessProbe};
 use super::service::RelayService;
 use crate::config::WanTuning;
 
@@ -26,9 +27,10 @@ pub enum ServeError {
 }
 
 /// Serve `service` on `incoming` until `shutdown` resolves, then end every open stream with
-/// UNAVAILABLE and drain the connections. Plaintext HTTP/2 with the
-/// configured keepalive and message limits; reflection (v1) and `grpc.health.v1` report the
-/// relay service and `""` as SERVING.
+/// UNAVAILABLE and drain the connections. Plaintext HTTP/2 with the configured keepalive and
+/// message limits. `grpc.health.v1` reports `""` and the relay service as SERVING until
+/// shutdown begins (there is no readiness condition here; `kvrelay serve` uses
+/// [`serve_with_health`]).
 pub async fn serve<I, IO, IE>(
     service: RelayService,
     incoming: I,
@@ -40,15 +42,34 @@ where
     IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
     IE: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let (health_reporter, health) = tonic_health::server::health_reporter();
-    health_reporter.set_service_status("", ServingStatus::Serving).await;
-    health_reporter.set_service_status(kvrelay_proto::SERVICE_NAME, ServingStatus::Serving).await;
+    let always: ReadinessProbe = std::sync::Arc::new(|| true);
+    serve_with_health(service, incoming, tuning, always, shutdown).await
+}
+
+/// [`serve`] with health answering from `ready`: SERVING while it holds, NOT_SERVING otherwise
+/// and from the moment `shutdown` resolves (before any stream is closed).
+pub async fn serve_with_health<I, IO, IE>(
+    service: RelayService,
+    incoming: I,
+    tuning: &WanTuning,
+    ready: ReadinessProbe,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError>
+where
+    I: Stream<Item = Result<IO, IE>>,
+    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let health = HealthService::new(ready);
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(kvrelay_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     let streams = service.clone();
+    let stopping = health.clone();
     let shutdown = async move {
         shutdown.await;
+        stopping.begin_shutdown();
         // Open streams never end by themselves: close them so the graceful drain completes.
         streams.close_streams();
     };
@@ -58,7 +79,7 @@ where
     Server::builder()
         .http2_keepalive_interval(Some(tuning.keepalive_interval))
         .http2_keepalive_timeout(Some(tuning.keepalive_timeout))
-        .add_service(health)
+        .add_service(health.into_server())
         .add_service(reflection)
         .add_service(relay)
         .serve_with_incoming_shutdown(incoming, shutdown)
