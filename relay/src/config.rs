@@ -30,6 +30,7 @@ use thiserror::Error;
 use crate::ckf::{CkfFormat, bucket_count_for_expected_blocks};
 use crate::discovery::{DiscoveryScope, ScopeError};
 use crate::discovery_plane::{DiscoveryBackend, DiscoveryPlaneError};
+use crate::event_plane::{NatsSecurity, NatsSecurityError};
 use crate::identity::{DcId, stable_dc_id};
 
 /// Default CKF sizing per pool.
@@ -136,6 +137,8 @@ pub enum EventPlane {
     Nats {
         /// `NATS_SERVER`.
         url: String,
+        /// `NATS_AUTH_*` / `NATS_TLS_*`.
+        security: NatsSecurity,
     },
     /// ZMQ channels advertised in discovery.
     Zmq,
@@ -640,12 +643,26 @@ fn resolve_discovery(env: &Env<'_>) -> Result<DiscoveryBackend, ConfigError> {
 fn resolve_event_plane(env: &Env<'_>) -> Result<EventPlane, ConfigError> {
     let url = env.get("NATS_SERVER").unwrap_or("nats://localhost:4222").trim().to_owned();
     match env.get("DYN_EVENT_PLANE").map(|v| v.trim().to_ascii_lowercase()).as_deref() {
-        None | Some("nats") => Ok(EventPlane::Nats { url }),
+        None | Some("nats") => {
+            let security = NatsSecurity::from_lookup(|name| env.get(name).map(str::to_owned))
+                .map_err(nats_security_error)?;
+            Ok(EventPlane::Nats { url, security })
+        }
         Some("zmq") => Ok(EventPlane::Zmq),
         Some(other) => {
             Err(invalid("DYN_EVENT_PLANE", other, "supported event planes are nats and zmq"))
         }
     }
+}
+
+/// A NATS security error as a setting error: the value shown is the path for file errors and
+/// never a secret.
+fn nats_security_error(error: NatsSecurityError) -> ConfigError {
+    let value = match &error {
+        NatsSecurityError::File { path, .. } => path.display().to_string(),
+        _ => "(not shown)".to_owned(),
+    };
+    invalid(error.variable(), &value, error.to_string())
 }
 
 #[cfg(test)]
@@ -675,7 +692,13 @@ mod tests {
             config.discovery,
             DiscoveryBackend::Etcd(EtcdDiscoveryConfig::new(vec!["http://localhost:2379".into()]))
         );
-        assert_eq!(config.event_plane, EventPlane::Nats { url: "nats://localhost:4222".into() });
+        assert_eq!(
+            config.event_plane,
+            EventPlane::Nats {
+                url: "nats://localhost:4222".into(),
+                security: NatsSecurity::default()
+            }
+        );
         assert_eq!(config.record, None);
     }
 
@@ -938,6 +961,40 @@ mod tests {
                 "http://127.0.0.1:2380".into()
             ]))
         );
-        assert_eq!(config.event_plane, EventPlane::Nats { url: "nats://127.0.0.1:4333".into() });
+        assert_eq!(
+            config.event_plane,
+            EventPlane::Nats {
+                url: "nats://127.0.0.1:4333".into(),
+                security: NatsSecurity::default()
+            }
+        );
+    }
+
+    #[test]
+    fn nats_security_comes_from_dynamos_variables_and_bad_values_name_them() {
+        let token = env(&[("NATS_AUTH_TOKEN", "t0ken")]);
+        let EventPlane::Nats { security, .. } = resolve(&cli_dc(), &token).unwrap().event_plane
+        else {
+            panic!("not nats")
+        };
+        assert_eq!(security.auth.method(), "token");
+        let both = env(&[
+            ("NATS_AUTH_TOKEN", "t0ken"),
+            ("NATS_AUTH_USERNAME", "u"),
+            ("NATS_AUTH_PASSWORD", "p"),
+        ]);
+        let error = resolve(&cli_dc(), &both).unwrap_err();
+        assert!(matches!(error, ConfigError::Invalid { setting: "NATS_AUTH_TOKEN", .. }));
+        assert!(!error.to_string().contains("t0ken"), "{error}");
+        let missing = env(&[("NATS_AUTH_CREDENTIALS_FILE", "/nonexistent/relay.creds")]);
+        let error = resolve(&cli_dc(), &missing).unwrap_err();
+        assert!(
+            matches!(&error, ConfigError::Invalid { setting: "NATS_AUTH_CREDENTIALS_FILE", value, .. }
+                if value == "/nonexistent/relay.creds"),
+            "{error}"
+        );
+        // With the ZMQ event plane the NATS variables are not read.
+        let zmq = env(&[("DYN_EVENT_PLANE", "zmq"), ("NATS_AUTH_USERNAME", "u")]);
+        assert_eq!(resolve(&cli_dc(), &zmq).unwrap().event_plane, EventPlane::Zmq);
     }
 }

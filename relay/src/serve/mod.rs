@@ -250,13 +250,16 @@ pub fn start_input_planes(
     }));
     let events = EventPlaneCounters::new();
     let event_task = match &config.event_plane {
-        EventPlane::Nats { url } => {
+        EventPlane::Nats { url, security } => {
             let namespaces = match config.scope.namespace_selection() {
                 NamespaceSelection::All => NatsNamespaces::All,
                 NamespaceSelection::Namespaces(names) => NatsNamespaces::Only(names.clone()),
             };
             let plane = event_plane::run_nats_event_plane(
-                NatsEventPlaneConfig::new(url.clone(), namespaces),
+                NatsEventPlaneConfig {
+                    security: security.clone(),
+                    ..NatsEventPlaneConfig::new(url.clone(), namespaces)
+                },
                 inputs,
                 events.clone(),
                 cancel.clone(),
