@@ -635,6 +635,9 @@ fn resolve_discovery(env: &Env<'_>) -> Result<DiscoveryBackend, ConfigError> {
             DiscoveryPlaneError::InvalidEtcdEndpoint { endpoint, reason } => {
                 invalid("ETCD_ENDPOINTS", &endpoint, reason)
             }
+            DiscoveryPlaneError::InvalidEtcdSecurity(error) => {
+                invalid(error.variable, "(not shown)", error.reason)
+            }
             other => invalid("DYN_DISCOVERY_BACKEND", "", other.to_string()),
         }
     })
@@ -968,6 +971,29 @@ mod tests {
                 security: NatsSecurity::default()
             }
         );
+    }
+
+    #[test]
+    fn etcd_security_errors_name_the_variable() {
+        let half = env(&[("ETCD_AUTH_USERNAME", "root")]);
+        assert!(matches!(
+            resolve(&cli_dc(), &half).unwrap_err(),
+            ConfigError::Invalid { setting: "ETCD_AUTH_USERNAME", .. }
+        ));
+        let missing_ca = env(&[("ETCD_AUTH_CA", "/nonexistent/ca.pem")]);
+        assert!(matches!(
+            resolve(&cli_dc(), &missing_ca).unwrap_err(),
+            ConfigError::Invalid { setting: "ETCD_AUTH_CA", .. }
+        ));
+        let https_without_ca = env(&[("ETCD_ENDPOINTS", "https://127.0.0.1:2379")]);
+        assert!(matches!(
+            resolve(&cli_dc(), &https_without_ca).unwrap_err(),
+            ConfigError::Invalid { setting: "ETCD_ENDPOINTS", .. }
+        ));
+        let with_password = env(&[("ETCD_AUTH_USERNAME", "root"), ("ETCD_AUTH_PASSWORD", "pw-9")]);
+        let config = resolve(&cli_dc(), &with_password).unwrap();
+        let DiscoveryBackend::Etcd(etcd) = config.discovery else { panic!("not etcd") };
+        assert_eq!(etcd.connect.security.credentials.unwrap().user, "root");
     }
 
     #[test]

@@ -31,6 +31,7 @@ pub mod kv_events;
 pub mod load;
 pub mod node;
 pub mod ops;
+pub mod pem_files;
 pub mod pool;
 pub mod publication;
 pub mod readiness;

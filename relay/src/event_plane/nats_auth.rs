@@ -23,9 +23,9 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use async_nats::ConnectOptions;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use thiserror::Error;
+
+use crate::pem_files::{self, PemFileError};
 
 /// `NATS_AUTH_USERNAME`.
 pub const NATS_AUTH_USERNAME: &str = "NATS_AUTH_USERNAME";
@@ -47,13 +47,19 @@ pub const NATS_TLS_CLIENT_KEY_PATH: &str = "NATS_TLS_CLIENT_KEY_PATH";
 pub const NATS_TLS_INSECURE: &str = "NATS_TLS_INSECURE";
 
 /// Largest certificate, key or credentials file accepted (1 MiB).
-pub const NATS_SECURITY_FILE_BYTES_MAX: u64 = 1 << 20;
+pub const NATS_SECURITY_FILE_BYTES_MAX: u64 = pem_files::PEM_FILE_BYTES_MAX;
 
 /// A secret string whose `Debug` is redacted.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
 
 impl Secret {
+    /// Wrap `value`.
+    #[must_use]
+    pub fn new(value: String) -> Self {
+        Secret(value)
+    }
+
     /// The secret itself.
     #[must_use]
     pub fn expose(&self) -> &str {
@@ -326,54 +332,21 @@ fn tls_from_lookup(
     Ok(Some(NatsTls { ca_path, client_identity }))
 }
 
-/// The contents of `path`, refused past [`NATS_SECURITY_FILE_BYTES_MAX`] before reading.
-pub(crate) fn read_bounded(
-    variable: &'static str,
-    path: &Path,
-) -> Result<Vec<u8>, NatsSecurityError> {
-    let refuse =
-        |reason: String| NatsSecurityError::File { variable, path: path.to_owned(), reason };
-    let metadata = std::fs::metadata(path).map_err(|error| refuse(error.to_string()))?;
-    if !metadata.is_file() {
-        return Err(refuse("not a regular file".to_owned()));
-    }
-    if metadata.len() > NATS_SECURITY_FILE_BYTES_MAX {
-        return Err(refuse(format!(
-            "{} bytes, more than the {NATS_SECURITY_FILE_BYTES_MAX} accepted",
-            metadata.len()
-        )));
-    }
-    std::fs::read(path).map_err(|error| refuse(error.to_string()))
+/// `pem_files::read_bounded` with the variable named.
+fn read_bounded(variable: &'static str, path: &Path) -> Result<Vec<u8>, NatsSecurityError> {
+    pem_files::read_bounded(path).map_err(|error| file_error(variable, error))
 }
 
-/// The PEM certificates in `pem`; none is an error.
-pub(crate) fn certificates(
-    variable: &'static str,
-    path: &Path,
-    pem: &[u8],
-) -> Result<Vec<CertificateDer<'static>>, NatsSecurityError> {
-    let refuse =
-        |reason: String| NatsSecurityError::File { variable, path: path.to_owned(), reason };
-    let certificates = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|error| refuse(format!("not PEM certificates: {error}")))?;
-    if certificates.is_empty() {
-        return Err(refuse("holds no PEM certificate".to_owned()));
-    }
-    Ok(certificates)
+fn certificates(variable: &'static str, path: &Path, pem: &[u8]) -> Result<(), NatsSecurityError> {
+    pem_files::certificates(path, pem).map(drop).map_err(|error| file_error(variable, error))
 }
 
-/// The first PEM private key in `pem`.
-pub(crate) fn private_key(
-    variable: &'static str,
-    path: &Path,
-    pem: &[u8],
-) -> Result<PrivateKeyDer<'static>, NatsSecurityError> {
-    PrivateKeyDer::from_pem_slice(pem).map_err(|error| NatsSecurityError::File {
-        variable,
-        path: path.to_owned(),
-        reason: format!("holds no PEM private key: {error}"),
-    })
+fn private_key(variable: &'static str, path: &Path, pem: &[u8]) -> Result<(), NatsSecurityError> {
+    pem_files::private_key(path, pem).map(drop).map_err(|error| file_error(variable, error))
+}
+
+fn file_error(variable: &'static str, error: PemFileError) -> NatsSecurityError {
+    NatsSecurityError::File { variable, path: error.path, reason: error.reason }
 }
 
 #[cfg(test)]
