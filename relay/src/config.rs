@@ -32,6 +32,7 @@ use crate::discovery::{DiscoveryScope, ScopeError};
 use crate::discovery_plane::{DiscoveryBackend, DiscoveryPlaneError};
 use crate::event_plane::{NatsSecurity, NatsSecurityError};
 use crate::identity::{DcId, stable_dc_id};
+use crate::wan::{WanTlsSettings, WanTlsValues, resolve_wan_tls};
 
 /// Default CKF sizing per pool.
 pub const EXPECTED_UNIQUE_BLOCKS_DEFAULT: u64 = 1_048_576;
@@ -69,6 +70,8 @@ pub struct CliValues {
     pub record_max_bytes: Option<String>,
     /// `--record-max-age` (seconds).
     pub record_max_age: Option<String>,
+    /// `--tls-cert`, `--tls-key`, `--tls-client-ca`.
+    pub wan_tls: WanTlsValues,
 }
 
 /// Default address of the operations HTTP endpoints (`--ops-bind`): loopback only.
@@ -251,6 +254,8 @@ pub struct RelayConfig {
     pub event_plane: EventPlane,
     /// Input journal (`--record` / `DYN_RELAY_RECORD_DIR`), if any.
     pub record: Option<RecordSettings>,
+    /// TLS on the WAN listener (`--tls-cert` ...), if any; plaintext otherwise.
+    pub wan_tls: Option<WanTlsSettings>,
 }
 
 struct Env<'a>(&'a BTreeMap<String, String>);
@@ -393,6 +398,7 @@ pub fn resolve(
         discovery: resolve_discovery(&env)?,
         event_plane: resolve_event_plane(&env)?,
         record: resolve_record(cli, &env)?,
+        wan_tls: resolve_wan_tls(&cli.wan_tls, environment, bind.is_some())?,
     })
 }
 
@@ -971,6 +977,67 @@ mod tests {
                 security: NatsSecurity::default()
             }
         );
+    }
+
+    #[test]
+    fn wan_tls_needs_a_pair_a_listener_and_files_that_build() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let (cert_path, key_path) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+        std::fs::write(&cert_path, cert.pem()).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        let listening = CliValues { bind: Some("127.0.0.1:5561".into()), ..cli_dc() };
+        assert_eq!(resolve(&listening, &env(&[])).unwrap().wan_tls, None);
+        let from_env = env(&[
+            ("DYN_RELAY_TLS_CERT", cert_path.to_str().unwrap()),
+            ("DYN_RELAY_TLS_KEY", key_path.to_str().unwrap()),
+            ("DYN_RELAY_TLS_CLIENT_CA", cert_path.to_str().unwrap()),
+            ("DYN_RELAY_TLS_RELOAD_INTERVAL_MS", "250"),
+        ]);
+        let tls = resolve(&listening, &from_env).unwrap().wan_tls.unwrap();
+        assert_eq!(tls.client_ca_path.as_deref(), Some(cert_path.as_path()));
+        assert_eq!(tls.reload_interval, Duration::from_millis(250));
+        let cert_only = CliValues {
+            wan_tls: WanTlsValues { cert: Some(cert_path.clone()), ..WanTlsValues::default() },
+            ..listening.clone()
+        };
+        assert_eq!(
+            resolve(&cert_only, &env(&[])).unwrap_err(),
+            ConfigError::Missing { setting: "--tls-key" }
+        );
+        let pair = WanTlsValues {
+            cert: Some(cert_path.clone()),
+            key: Some(key_path.clone()),
+            client_ca: None,
+        };
+        let without_bind = CliValues { wan_tls: pair.clone(), ..cli_dc() };
+        assert!(matches!(
+            resolve(&without_bind, &env(&[])).unwrap_err(),
+            ConfigError::Conflict { first: "--tls-cert", .. }
+        ));
+        // The key file given as the certificate and the certificate as the key.
+        let swapped = CliValues {
+            wan_tls: WanTlsValues {
+                cert: pair.key.clone(),
+                key: pair.cert.clone(),
+                client_ca: None,
+            },
+            ..listening.clone()
+        };
+        assert!(matches!(
+            resolve(&swapped, &env(&[])).unwrap_err(),
+            ConfigError::Invalid { setting: "--tls-cert", .. }
+        ));
+        let bad_interval = env(&[("DYN_RELAY_TLS_RELOAD_INTERVAL_MS", "0")]);
+        let with_pair = CliValues { wan_tls: pair, ..listening };
+        assert!(matches!(
+            resolve(&with_pair, &bad_interval).unwrap_err(),
+            ConfigError::Invalid { setting: "DYN_RELAY_TLS_RELOAD_INTERVAL_MS", .. }
+        ));
     }
 
     #[test]

@@ -85,6 +85,25 @@ struct ServeArgs {
     /// (DYN_RELAY_RECORD_MAX_AGE_SECS; default 3600).
     #[arg(long, value_name = "SECS")]
     record_max_age: Option<String>,
+    #[command(flatten)]
+    tls: ServeTlsArgs,
+}
+
+/// TLS on the WAN listener (plaintext without these); the files are re-read every 5 s and a
+/// changed certificate is served to new connections.
+#[derive(Debug, clap::Args)]
+struct ServeTlsArgs {
+    /// PEM certificate chain of the WAN listener; with --tls-key turns TLS on
+    /// (DYN_RELAY_TLS_CERT).
+    #[arg(long, value_name = "PEM")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert (DYN_RELAY_TLS_KEY).
+    #[arg(long, value_name = "PEM")]
+    tls_key: Option<PathBuf>,
+    /// PEM roots client certificates must chain to: requires a client certificate of every
+    /// consumer (mTLS) (DYN_RELAY_TLS_CLIENT_CA).
+    #[arg(long, value_name = "PEM")]
+    tls_client_ca: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -111,6 +130,8 @@ struct RemoteArgs {
     /// Stop after this many seconds.
     #[arg(long)]
     duration_secs: Option<u64>,
+    #[command(flatten)]
+    tls: consumer::ClientTlsArgs,
 }
 
 #[derive(Debug, clap::Args)]
@@ -127,6 +148,8 @@ struct QueryArgs {
     /// How long to let the replicas converge first.
     #[arg(long, default_value_t = 3)]
     settle_secs: u64,
+    #[command(flatten)]
+    tls: consumer::ClientTlsArgs,
 }
 
 fn main() -> std::process::ExitCode {
@@ -187,6 +210,11 @@ async fn serve_command(args: ServeArgs) -> Result<()> {
         record: args.record,
         record_max_bytes: args.record_max_bytes,
         record_max_age: args.record_max_age,
+        wan_tls: kvrelay::wan::WanTlsValues {
+            cert: args.tls.tls_cert,
+            key: args.tls.tls_key,
+            client_ca: args.tls.tls_client_ca,
+        },
     };
     let config = config::resolve(&cli, &environment).context("invalid configuration")?;
     let options = ServeOptions {
@@ -279,7 +307,7 @@ async fn demo_command(args: DemoArgs) -> Result<()> {
 
 async fn watch_command(args: RemoteArgs) -> Result<()> {
     let consumer = RelayConsumer::start(
-        consumer::connect_lazy(&args.relay)?,
+        args.tls.connect_lazy(&args.relay)?,
         ConsumerConfig::default(),
         &mut rng_from_seed(os_seed()),
     )?;
@@ -318,7 +346,7 @@ async fn query_command(args: QueryArgs) -> Result<()> {
         bail!("--tokens: give the prompt's token ids, comma separated");
     }
     let consumer = RelayConsumer::start(
-        consumer::connect_lazy(&args.relay)?,
+        args.tls.connect_lazy(&args.relay)?,
         ConsumerConfig::default(),
         &mut rng_from_seed(os_seed()),
     )?;

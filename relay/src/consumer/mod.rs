@@ -17,6 +17,7 @@ pub mod query;
 pub mod render;
 mod replica;
 pub mod state;
+pub mod tls;
 
 pub use backoff::{Backoff, BackoffPolicy, BackoffPolicyError};
 pub use client::{
@@ -30,3 +31,4 @@ pub use state::{
     ConsumerCounters, ConsumerHalt, ConsumerSnapshot, ConsumerState, FilterCopy, FilterStatus,
     PlaneStatus, PoolReplicaState,
 };
+pub use tls::{ClientTlsArgs, ClientTlsError};

@@ -93,6 +93,9 @@ pub enum ServeError {
     /// The WAN listener failed.
     #[error("WAN listener")]
     Wan(#[from] WanServeError),
+    /// The WAN listener's TLS configuration cannot be built.
+    #[error("WAN TLS")]
+    WanTls(#[from] crate::wan::WanTlsError),
 }
 
 /// What `serve` needs besides its configuration.
@@ -348,6 +351,7 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
         )
         .await?,
     );
+    let wan_tls = config.wan_tls.clone().map(crate::wan::WanTls::load).transpose()?;
     let wan_listener = match config.bind {
         Some(address) => Some(bind("--bind", address).await?),
         None => None,
@@ -387,13 +391,21 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
         wan_state_tx.send_replace(WanState { serving: true, last_error: None });
         let state = wan_state_tx.clone();
         tokio::spawn(async move {
-            let result = crate::wan::serve(
-                service,
-                TcpListenerStream::new(listener),
-                &tuning,
-                wan_stop.cancelled_owned(),
-            )
-            .await;
+            let result = match wan_tls {
+                None => {
+                    crate::wan::serve(
+                        service,
+                        TcpListenerStream::new(listener),
+                        &tuning,
+                        wan_stop.cancelled_owned(),
+                    )
+                    .await
+                }
+                Some(tls) => {
+                    let incoming = crate::wan::tls_incoming(listener, tls, wan_stop.clone());
+                    crate::wan::serve(service, incoming, &tuning, wan_stop.cancelled_owned()).await
+                }
+            };
             state.send_replace(WanState {
                 serving: false,
                 last_error: result.as_ref().err().map(ToString::to_string),

@@ -10,8 +10,14 @@ mod channels;
 mod counters;
 mod server;
 mod service;
+mod tls;
 
 pub use channels::{WanPublisher, WanViews, wan_channels};
 pub use counters::{LimitScope, StreamType, WanStats};
 pub use server::{ServeError, serve};
 pub use service::{OpenStreams, RelayService};
+pub use tls::{
+    TLS_CERT_ENV, TLS_CLIENT_CA_ENV, TLS_HANDSHAKE_TIMEOUT, TLS_HANDSHAKES_MAX, TLS_KEY_ENV,
+    TLS_RELOAD_INTERVAL_DEFAULT, TLS_RELOAD_INTERVAL_ENV, WanTls, WanTlsError, WanTlsSettings,
+    WanTlsStats, WanTlsValues, resolve_wan_tls, tls_incoming, validate_wan_tls,
+};
