@@ -1,5 +1,6 @@
-//! Generate the etcd v3 client subset (`proto/etcd/kv_watch.proto`) with protox: pure Rust, no
-//! system protoc. Only client stubs are generated; the relay never serves etcd's API.
+//! Generate the etcd v3 client subset (`proto/etcd/kv_watch.proto`, `proto/etcd/auth.proto`)
+//! with protox: pure Rust, no system protoc. Only client stubs are generated; the relay never
+//! serves etcd's API.
 //!
 //! Also record the source revision for `--version` and the `kvrelay_build_info` metric:
 //! `KVRELAY_GIT_REVISION` is `git rev-parse --short HEAD`, or `unknown` where there is no git
@@ -31,10 +32,12 @@ fn record_revision() {
 }
 
 fn main() {
-    let proto = "proto/etcd/kv_watch.proto";
-    println!("cargo:rerun-if-changed={proto}");
+    let protos = ["proto/etcd/kv_watch.proto", "proto/etcd/auth.proto"];
+    for proto in protos {
+        println!("cargo:rerun-if-changed={proto}");
+    }
     record_revision();
-    let descriptors = protox::compile([proto], ["proto"]).expect("kv_watch.proto compiles");
+    let descriptors = protox::compile(protos, ["proto"]).expect("the etcd protos compile");
     tonic_prost_build::configure()
         .build_server(false)
         .compile_fds(descriptors)

@@ -12,11 +12,13 @@
 pub mod backoff;
 pub mod client;
 pub mod compare;
+pub mod pem_files;
 pub mod policy;
 pub mod query;
 pub mod render;
 pub mod render_json;
 pub mod state;
+pub mod tls;
 
 pub use backoff::{Backoff, BackoffPolicy, BackoffPolicyError};
 pub use client::{
@@ -29,3 +31,4 @@ pub use state::{
     ConsumerCounters, ConsumerHalt, ConsumerSnapshot, ConsumerState, FilterCopy, FilterStatus,
     PlaneStatus, PoolReplicaState,
 };
+pub use tls::{ClientTlsArgs, ClientTlsError};

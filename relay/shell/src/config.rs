@@ -46,6 +46,8 @@ use kvrelay_core::filter::ckf::{CkfFormat, bucket_count_for_expected_blocks};
 use kvrelay_core::model::identity::{DcId, stable_dc_id};
 
 pub use describe::describe;
+use crate::event_plane::{NatsSecurity, NatsSecurityError};
+use crate::wan::{WanTlsSettings, WanTlsValues, resolve_wan_tls};
 
 /// Default CKF sizing per pool.
 pub const EXPECTED_UNIQUE_BLOCKS_DEFAULT: u64 = 1_048_576;
@@ -89,6 +91,8 @@ pub struct CliValues {
     pub record_max_age: Option<String>,
     /// `--namespace-filter` (one namespace).
     pub namespace_filter: Option<String>,
+    /// `--tls-cert`, `--tls-key`, `--tls-client-ca`.
+    pub wan_tls: WanTlsValues,
 }
 
 /// Default address of the operations HTTP endpoints (`--ops-bind`): loopback only.
@@ -157,6 +161,8 @@ pub enum EventPlane {
     Nats {
         /// `NATS_SERVER`.
         url: String,
+        /// `NATS_AUTH_*` / `NATS_TLS_*`.
+        security: NatsSecurity,
     },
     /// ZMQ channels advertised in discovery.
     Zmq,
@@ -274,6 +280,8 @@ pub struct RelayConfig {
     pub record: Option<RecordSettings>,
     /// `POD_UID`: the Kubernetes pod this relay runs in, reported by `/engine/state`.
     pub pod_uid: Option<String>,
+    /// TLS on the WAN listener (`--tls-cert` ...), if any; plaintext otherwise.
+    pub wan_tls: Option<WanTlsSettings>,
 }
 
 struct Env<'a>(&'a BTreeMap<String, String>);
@@ -432,6 +440,7 @@ pub fn resolve(
         event_plane: resolve_event_plane(&env)?,
         record: resolve_record(cli, &env)?,
         pod_uid: env.get("POD_UID").map(|uid| uid.trim().to_owned()),
+        wan_tls: resolve_wan_tls(&cli.wan_tls, environment, bind.is_some())?,
     })
 }
 
@@ -692,6 +701,9 @@ fn resolve_discovery(env: &Env<'_>) -> Result<DiscoveryBackend, ConfigError> {
             DiscoveryPlaneError::InvalidEtcdEndpoint { endpoint, reason } => {
                 invalid("ETCD_ENDPOINTS", &endpoint, reason)
             }
+            DiscoveryPlaneError::InvalidEtcdSecurity(error) => {
+                invalid(error.variable, "(not shown)", error.reason)
+            }
             other => invalid("DYN_DISCOVERY_BACKEND", "", other.to_string()),
         }
     })
@@ -700,12 +712,26 @@ fn resolve_discovery(env: &Env<'_>) -> Result<DiscoveryBackend, ConfigError> {
 fn resolve_event_plane(env: &Env<'_>) -> Result<EventPlane, ConfigError> {
     let url = env.get("NATS_SERVER").unwrap_or("nats://localhost:4222").trim().to_owned();
     match env.get("DYN_EVENT_PLANE").map(|v| v.trim().to_ascii_lowercase()).as_deref() {
-        None | Some("nats") => Ok(EventPlane::Nats { url }),
+        None | Some("nats") => {
+            let security = NatsSecurity::from_lookup(|name| env.get(name).map(str::to_owned))
+                .map_err(nats_security_error)?;
+            Ok(EventPlane::Nats { url, security })
+        }
         Some("zmq") => Ok(EventPlane::Zmq),
         Some(other) => {
             Err(invalid("DYN_EVENT_PLANE", other, "supported event planes are nats and zmq"))
         }
     }
+}
+
+/// A NATS security error as a setting error: the value shown is the path for file errors and
+/// never a secret.
+fn nats_security_error(error: NatsSecurityError) -> ConfigError {
+    let value = match &error {
+        NatsSecurityError::File { path, .. } => path.display().to_string(),
+        _ => "(not shown)".to_owned(),
+    };
+    invalid(error.variable(), &value, error.to_string())
 }
 
 #[cfg(test)]
@@ -735,7 +761,13 @@ mod tests {
             config.discovery,
             DiscoveryBackend::Etcd(EtcdDiscoveryConfig::new(vec!["http://localhost:2379".into()]))
         );
-        assert_eq!(config.event_plane, EventPlane::Nats { url: "nats://localhost:4222".into() });
+        assert_eq!(
+            config.event_plane,
+            EventPlane::Nats {
+                url: "nats://localhost:4222".into(),
+                security: NatsSecurity::default()
+            }
+        );
         assert_eq!(config.record, None);
     }
 
@@ -1001,6 +1033,124 @@ mod tests {
                 "http://127.0.0.1:2380".into()
             ]))
         );
-        assert_eq!(config.event_plane, EventPlane::Nats { url: "nats://127.0.0.1:4333".into() });
+        assert_eq!(
+            config.event_plane,
+            EventPlane::Nats {
+                url: "nats://127.0.0.1:4333".into(),
+                security: NatsSecurity::default()
+            }
+        );
+    }
+
+    #[test]
+    fn wan_tls_needs_a_pair_a_listener_and_files_that_build() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let (cert_path, key_path) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+        std::fs::write(&cert_path, cert.pem()).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        let listening = CliValues { bind: Some("127.0.0.1:5561".into()), ..cli_dc() };
+        assert_eq!(resolve(&listening, &env(&[])).unwrap().wan_tls, None);
+        let from_env = env(&[
+            ("DYN_RELAY_TLS_CERT", cert_path.to_str().unwrap()),
+            ("DYN_RELAY_TLS_KEY", key_path.to_str().unwrap()),
+            ("DYN_RELAY_TLS_CLIENT_CA", cert_path.to_str().unwrap()),
+            ("DYN_RELAY_TLS_RELOAD_INTERVAL_MS", "250"),
+        ]);
+        let tls = resolve(&listening, &from_env).unwrap().wan_tls.unwrap();
+        assert_eq!(tls.client_ca_path.as_deref(), Some(cert_path.as_path()));
+        assert_eq!(tls.reload_interval, Duration::from_millis(250));
+        let cert_only = CliValues {
+            wan_tls: WanTlsValues { cert: Some(cert_path.clone()), ..WanTlsValues::default() },
+            ..listening.clone()
+        };
+        assert_eq!(
+            resolve(&cert_only, &env(&[])).unwrap_err(),
+            ConfigError::Missing { setting: "--tls-key" }
+        );
+        let pair = WanTlsValues {
+            cert: Some(cert_path.clone()),
+            key: Some(key_path.clone()),
+            client_ca: None,
+        };
+        let without_bind = CliValues { wan_tls: pair.clone(), ..cli_dc() };
+        assert!(matches!(
+            resolve(&without_bind, &env(&[])).unwrap_err(),
+            ConfigError::Conflict { first: "--tls-cert", .. }
+        ));
+        // The key file given as the certificate and the certificate as the key.
+        let swapped = CliValues {
+            wan_tls: WanTlsValues {
+                cert: pair.key.clone(),
+                key: pair.cert.clone(),
+                client_ca: None,
+            },
+            ..listening.clone()
+        };
+        assert!(matches!(
+            resolve(&swapped, &env(&[])).unwrap_err(),
+            ConfigError::Invalid { setting: "--tls-cert", .. }
+        ));
+        let bad_interval = env(&[("DYN_RELAY_TLS_RELOAD_INTERVAL_MS", "0")]);
+        let with_pair = CliValues { wan_tls: pair, ..listening };
+        assert!(matches!(
+            resolve(&with_pair, &bad_interval).unwrap_err(),
+            ConfigError::Invalid { setting: "DYN_RELAY_TLS_RELOAD_INTERVAL_MS", .. }
+        ));
+    }
+
+    #[test]
+    fn etcd_security_errors_name_the_variable() {
+        let half = env(&[("ETCD_AUTH_USERNAME", "root")]);
+        assert!(matches!(
+            resolve(&cli_dc(), &half).unwrap_err(),
+            ConfigError::Invalid { setting: "ETCD_AUTH_USERNAME", .. }
+        ));
+        let missing_ca = env(&[("ETCD_AUTH_CA", "/nonexistent/ca.pem")]);
+        assert!(matches!(
+            resolve(&cli_dc(), &missing_ca).unwrap_err(),
+            ConfigError::Invalid { setting: "ETCD_AUTH_CA", .. }
+        ));
+        let https_without_ca = env(&[("ETCD_ENDPOINTS", "https://127.0.0.1:2379")]);
+        assert!(matches!(
+            resolve(&cli_dc(), &https_without_ca).unwrap_err(),
+            ConfigError::Invalid { setting: "ETCD_ENDPOINTS", .. }
+        ));
+        let with_password = env(&[("ETCD_AUTH_USERNAME", "root"), ("ETCD_AUTH_PASSWORD", "pw-9")]);
+        let config = resolve(&cli_dc(), &with_password).unwrap();
+        let DiscoveryBackend::Etcd(etcd) = config.discovery else { panic!("not etcd") };
+        assert_eq!(etcd.connect.security.credentials.unwrap().user, "root");
+    }
+
+    #[test]
+    fn nats_security_comes_from_dynamos_variables_and_bad_values_name_them() {
+        let token = env(&[("NATS_AUTH_TOKEN", "t0ken")]);
+        let EventPlane::Nats { security, .. } = resolve(&cli_dc(), &token).unwrap().event_plane
+        else {
+            panic!("not nats")
+        };
+        assert_eq!(security.auth.method(), "token");
+        let both = env(&[
+            ("NATS_AUTH_TOKEN", "t0ken"),
+            ("NATS_AUTH_USERNAME", "u"),
+            ("NATS_AUTH_PASSWORD", "p"),
+        ]);
+        let error = resolve(&cli_dc(), &both).unwrap_err();
+        assert!(matches!(error, ConfigError::Invalid { setting: "NATS_AUTH_TOKEN", .. }));
+        assert!(!error.to_string().contains("t0ken"), "{error}");
+        let missing = env(&[("NATS_AUTH_CREDENTIALS_FILE", "/nonexistent/relay.creds")]);
+        let error = resolve(&cli_dc(), &missing).unwrap_err();
+        assert!(
+            matches!(&error, ConfigError::Invalid { setting: "NATS_AUTH_CREDENTIALS_FILE", value, .. }
+                if value == "/nonexistent/relay.creds"),
+            "{error}"
+        );
+        // With the ZMQ event plane the NATS variables are not read.
+        let zmq = env(&[("DYN_EVENT_PLANE", "zmq"), ("NATS_AUTH_USERNAME", "u")]);
+        assert_eq!(resolve(&cli_dc(), &zmq).unwrap().event_plane, EventPlane::Zmq);
     }
 }

@@ -97,6 +97,25 @@ struct ServeArgs {
     /// nothing is started.
     #[arg(long)]
     check_config: bool,
+    #[command(flatten)]
+    tls: ServeTlsArgs,
+}
+
+/// TLS on the WAN listener (plaintext without these); the files are re-read every 5 s and a
+/// changed certificate is served to new connections.
+#[derive(Debug, clap::Args)]
+struct ServeTlsArgs {
+    /// PEM certificate chain of the WAN listener; with --tls-key turns TLS on
+    /// (DYN_RELAY_TLS_CERT).
+    #[arg(long, value_name = "PEM")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert (DYN_RELAY_TLS_KEY).
+    #[arg(long, value_name = "PEM")]
+    tls_key: Option<PathBuf>,
+    /// PEM roots client certificates must chain to: requires a client certificate of every
+    /// consumer (mTLS) (DYN_RELAY_TLS_CLIENT_CA).
+    #[arg(long, value_name = "PEM")]
+    tls_client_ca: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -127,6 +146,8 @@ struct RemoteArgs {
     /// (`"type":"snapshot"`) at start and after every visible change.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    tls: kvrelay_consumer::ClientTlsArgs,
 }
 
 #[derive(Debug, clap::Args)]
@@ -146,6 +167,8 @@ struct QueryArgs {
     /// Print the answers as one JSON object (`"type":"query"`) on one line.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    tls: kvrelay_consumer::ClientTlsArgs,
 }
 
 fn main() -> std::process::ExitCode {
@@ -202,6 +225,11 @@ async fn serve_command(args: ServeArgs) -> Result<()> {
         record_max_bytes: args.record_max_bytes,
         record_max_age: args.record_max_age,
         namespace_filter: args.namespace_filter,
+        wan_tls: kvrelay::wan::WanTlsValues {
+            cert: args.tls.tls_cert,
+            key: args.tls.tls_key,
+            client_ca: args.tls.tls_client_ca,
+        },
     };
     if args.check_config {
         return check_config(&cli, &environment);
@@ -315,7 +343,7 @@ async fn demo_command(args: DemoArgs) -> Result<()> {
 
 async fn watch_command(args: RemoteArgs) -> Result<()> {
     let consumer = RelayConsumer::start(
-        kvrelay_consumer::connect_lazy(&args.relay)?,
+        args.tls.connect_lazy(&args.relay)?,
         ConsumerConfig::default(),
         &mut rng_from_seed(os_seed()),
     )?;
@@ -367,7 +395,7 @@ async fn query_command(args: QueryArgs) -> Result<()> {
         bail!("--tokens: give the prompt's token ids, comma separated");
     }
     let consumer = RelayConsumer::start(
-        kvrelay_consumer::connect_lazy(&args.relay)?,
+        args.tls.connect_lazy(&args.relay)?,
         ConsumerConfig::default(),
         &mut rng_from_seed(os_seed()),
     )?;

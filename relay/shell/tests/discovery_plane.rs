@@ -2,9 +2,14 @@
 //! exactly as Dynamo 1.6.1 writes it (dynamo-live §9.1), and a real etcd server (Debian's
 //! `etcd-server`, 3.4) started on 127.0.0.1 with random free ports and a temporary data dir.
 //!
+//! Two etcds are secured: one serving TLS with `--client-cert-auth` (certificates made in the
+//! test by `rcgen`), one with authentication turned on through etcd's Auth API; the relay's
+//! settings come from the `ETCD_AUTH_*` names it reads from its environment.
+//!
 //! Every wait is bounded; nothing talks to anything but 127.0.0.1. The etcd tests need the
 //! `etcd` binary and fail with an install hint when it is missing.
 
+mod pki;
 mod servers;
 
 use std::collections::BTreeSet;
@@ -565,4 +570,123 @@ async fn etcd_compaction_past_the_watch_revision_forces_a_relist() {
     assert!(stats.listings >= 2, "{stats:?}");
     assert_eq!(stats.records.rejected(InputErrorKind::MalformedKey), 1, "{stats:?}");
     assert_eq!(stats.records.rejected_total(), 1, "{stats:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Secured etcd.
+
+fn etcd_security(pairs: &[(&str, &str)]) -> kvrelay::discovery_plane::EtcdSecurity {
+    let map: std::collections::BTreeMap<String, String> =
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+    kvrelay::discovery_plane::EtcdSecurity::from_lookup(|name| map.get(name).cloned()).unwrap()
+}
+
+fn secured_options(
+    security: kvrelay::discovery_plane::EtcdSecurity,
+) -> kvrelay::discovery_plane::EtcdConnectOptions {
+    kvrelay::discovery_plane::EtcdConnectOptions { security, ..etcd_options() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_over_tls_with_a_client_certificate_discovers_and_refuses_clients_without_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = pki::TestCa::new(dir.path(), "etcd");
+    let server = ca.server(dir.path(), "etcd-server");
+    let client_leaf = ca.client(dir.path(), "relay");
+    let with_cert = secured_options(etcd_security(&[
+        ("ETCD_AUTH_CA", pki::text(&ca.cert_path)),
+        ("ETCD_AUTH_CLIENT_CERT", pki::text(&client_leaf.cert_path)),
+        ("ETCD_AUTH_CLIENT_KEY", pki::text(&client_leaf.key_path)),
+    ]));
+    let etcd = EtcdProcess::start_tls(
+        &ca.cert_path,
+        &server.cert_path,
+        &server.key_path,
+        with_cert.clone(),
+    )
+    .await;
+    assert!(etcd.url().starts_with("https://"));
+    let mut worker = EtcdClient::connect(&etcd.url(), &with_cert).await.unwrap();
+    let instance = register_worker(&mut worker, PUBLISHER).await;
+    let mut relay = RelayUnderTest::start(EtcdDiscoveryConfig {
+        connect: with_cert.clone(),
+        ..relay_config(etcd.url())
+    });
+    let listed = relay.until("listing over TLS", |facts| facts.len() >= 2).await;
+    assert_eq!(listed[1], live(&[instance]));
+    relay.stop().await;
+
+    // Without a client certificate etcd ends the handshake: no call succeeds.
+    let ca_only = secured_options(etcd_security(&[("ETCD_AUTH_CA", pki::text(&ca.cert_path))]));
+    let refused = match EtcdClient::connect(&etcd.url(), &ca_only).await {
+        Err(error) => error.to_string(),
+        Ok(mut client) => client.range_prefix(b"v1/", 16, 1 << 10).await.unwrap_err().to_string(),
+    };
+    assert!(!refused.is_empty());
+    // A CA that did not sign etcd's certificate: the client refuses the server.
+    let other = pki::TestCa::new(dir.path(), "other");
+    let untrusted = secured_options(etcd_security(&[
+        ("ETCD_AUTH_CA", pki::text(&other.cert_path)),
+        ("ETCD_AUTH_CLIENT_CERT", pki::text(&client_leaf.cert_path)),
+        ("ETCD_AUTH_CLIENT_KEY", pki::text(&client_leaf.key_path)),
+    ]));
+    let untrusted = match EtcdClient::connect(&etcd.url(), &untrusted).await {
+        Err(error) => error,
+        Ok(mut client) => client.range_prefix(b"v1/", 16, 1 << 10).await.unwrap_err(),
+    };
+    assert!(
+        matches!(
+            untrusted,
+            kvrelay::discovery_plane::EtcdError::Connect { .. }
+                | kvrelay::discovery_plane::EtcdError::Rpc { .. }
+        ),
+        "{untrusted}"
+    );
+    // Plaintext to the TLS port never lists either.
+    let mut plain =
+        EtcdClient::connect(&etcd.url().replace("https", "http"), &etcd_options()).await.unwrap();
+    assert!(plain.range_prefix(b"v1/", 16, 1 << 10).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_with_authentication_discovers_with_the_password_and_refuses_a_wrong_one() {
+    let etcd = EtcdProcess::start().await;
+    let mut admin = EtcdClient::connect(&etcd.url(), &etcd_options()).await.unwrap();
+    admin.enable_root_auth("root-pw").await.unwrap();
+    let good = secured_options(etcd_security(&[
+        ("ETCD_AUTH_USERNAME", "root"),
+        ("ETCD_AUTH_PASSWORD", "root-pw"),
+    ]));
+    let mut worker = EtcdClient::connect(&etcd.url(), &good).await.unwrap();
+    let instance = register_worker(&mut worker, PUBLISHER).await;
+    let mut relay = RelayUnderTest::start(EtcdDiscoveryConfig {
+        connect: good.clone(),
+        ..relay_config(etcd.url())
+    });
+    let listed = relay.until("listing with a token", |facts| facts.len() >= 2).await;
+    assert_eq!(listed[1], live(&[instance]));
+    relay.stop().await;
+
+    // A wrong password is refused when the connection authenticates.
+    let wrong = secured_options(etcd_security(&[
+        ("ETCD_AUTH_USERNAME", "root"),
+        ("ETCD_AUTH_PASSWORD", "not-it"),
+    ]));
+    let error = EtcdClient::connect(&etcd.url(), &wrong).await.unwrap_err();
+    assert!(error.to_string().contains("authenticate"), "{error}");
+    assert!(error.to_string().contains("authentication failed"), "{error}");
+    // The relay's loop keeps retrying, counting each refusal, and delivers nothing.
+    let mut refused =
+        RelayUnderTest::start(EtcdDiscoveryConfig { connect: wrong, ..relay_config(etcd.url()) });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while refused.stats.borrow().transport_errors < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "no refusal counted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let last = refused.stats.borrow().last_error.clone().unwrap();
+    assert!(last.contains("authentication failed"), "{last}");
+    assert!(refused.facts.try_recv().is_err());
+    refused.stop().await;
+    // Anonymous calls are refused once authentication is on.
+    assert!(admin.range_prefix(b"v1/", 16, 1 << 10).await.is_err());
 }

@@ -55,6 +55,10 @@ struct Args {
     /// then `result`).
     #[arg(long)]
     json: bool,
+    /// TLS for `host:port` sides when --tls-ca is given and for `https://` sides always;
+    /// an `http://` side stays plaintext.
+    #[command(flatten)]
+    tls: kvrelay_consumer::ClientTlsArgs,
 }
 
 fn main() -> ExitCode {
@@ -81,14 +85,11 @@ struct Followed {
 }
 
 impl Followed {
-    fn start(address: &str, seed: u64) -> Result<Self> {
+    fn start(address: &str, tls: &kvrelay_consumer::ClientTlsArgs, seed: u64) -> Result<Self> {
         let config =
             ConsumerConfig { subscriber_id: "kvrelay-compare".to_owned(), ..Default::default() };
-        let consumer = RelayConsumer::start(
-            kvrelay_consumer::connect_lazy(address)?,
-            config,
-            &mut rng_from_seed(seed),
-        )?;
+        let consumer =
+            RelayConsumer::start(tls.connect_lazy(address)?, config, &mut rng_from_seed(seed))?;
         Ok(Followed { consumer })
     }
 
@@ -250,8 +251,8 @@ async fn run(args: &Args) -> Result<ExitCode> {
     if args.stable_checks == 0 {
         bail!("--stable-checks must be at least 1");
     }
-    let left = Followed::start(&args.left, 1)?;
-    let right = Followed::start(&args.right, 2)?;
+    let left = Followed::start(&args.left, &args.tls, 1)?;
+    let right = Followed::start(&args.right, &args.tls, 2)?;
     let interval = Duration::from_millis(args.interval_ms.max(1));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(args.timeout_secs);
     let mut agreeing = 0u32;

@@ -74,9 +74,8 @@ impl EtcdDiscoveryConfig {
             return invalid("endpoints", "must name at least one etcd endpoint");
         }
         for endpoint in &self.endpoints {
-            endpoint_uri(endpoint).map_err(|reason| DiscoveryPlaneError::InvalidEtcdEndpoint {
-                endpoint: endpoint.clone(),
-                reason,
+            endpoint_uri(endpoint, self.connect.security.tls.is_some()).map_err(|reason| {
+                DiscoveryPlaneError::InvalidEtcdEndpoint { endpoint: endpoint.clone(), reason }
             })?;
         }
         let connect = &self.connect;

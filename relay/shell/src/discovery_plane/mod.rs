@@ -29,6 +29,7 @@
 
 mod etcd;
 mod etcd_client;
+mod etcd_security;
 mod file;
 mod records;
 
@@ -49,6 +50,10 @@ pub use etcd::{EtcdDiscoveryConfig, run_etcd_discovery};
 pub use etcd_client::{
     EtcdClient, EtcdConnectOptions, EtcdError, PrefixSnapshot, WatchBatch, WatchEvent, WatchStream,
     prefix_range_end, proto,
+};
+pub use etcd_security::{
+    ETCD_AUTH_CA, ETCD_AUTH_CLIENT_CERT, ETCD_AUTH_CLIENT_KEY, ETCD_AUTH_PASSWORD,
+    ETCD_AUTH_USERNAME, EtcdCredentials, EtcdSecurity, EtcdSecurityError, EtcdTls,
 };
 pub use file::{FileDiscovery, FileDiscoveryConfig, FileScanError, is_expired, run_file_discovery};
 pub use records::{
@@ -85,7 +90,7 @@ pub enum DiscoveryPlaneError {
         /// The backend that needs it.
         backend: &'static str,
     },
-    /// An etcd endpoint is not a usable plaintext client URL.
+    /// An etcd endpoint is not a usable client URL (`http://`, or `https://` with TLS).
     #[error("invalid etcd endpoint {endpoint:?}: {reason}")]
     InvalidEtcdEndpoint {
         /// The endpoint as configured.
@@ -101,6 +106,9 @@ pub enum DiscoveryPlaneError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// An `ETCD_AUTH_*` setting is unusable.
+    #[error("etcd security: {0}")]
+    InvalidEtcdSecurity(#[from] EtcdSecurityError),
 }
 
 /// What a transport did so far; published after every step through the optional stats channel
@@ -317,7 +325,8 @@ impl DiscoveryBackend {
                     .filter(|endpoint| !endpoint.is_empty())
                     .map(str::to_owned)
                     .collect();
-                let config = EtcdDiscoveryConfig::new(endpoints);
+                let mut config = EtcdDiscoveryConfig::new(endpoints);
+                config.connect.security = EtcdSecurity::from_lookup(setting)?;
                 config.validate()?;
                 Ok(DiscoveryBackend::Etcd(config))
             }

@@ -23,6 +23,7 @@
 
 mod counters;
 mod nats;
+mod nats_auth;
 mod zmq;
 
 use thiserror::Error;
@@ -31,6 +32,12 @@ pub use counters::{EventPlaneCounters, EventPlaneStats};
 pub use nats::{
     DEFAULT_NATS_SERVER, NATS_RECONNECT_DELAY_MAX, NATS_SUBSCRIPTION_CAPACITY_DEFAULT,
     NatsEventPlaneConfig, NatsNamespaces, nats_wildcard_subject, run_nats_event_plane,
+};
+pub use nats_auth::{
+    NATS_AUTH_CREDENTIALS_FILE, NATS_AUTH_NKEY, NATS_AUTH_PASSWORD, NATS_AUTH_TOKEN,
+    NATS_AUTH_USERNAME, NATS_SECURITY_FILE_BYTES_MAX, NATS_TLS_CA_CERT_PATH,
+    NATS_TLS_CLIENT_CERT_PATH, NATS_TLS_CLIENT_KEY_PATH, NATS_TLS_INSECURE, NatsAuth, NatsSecurity,
+    NatsSecurityError, NatsTls, Secret,
 };
 pub use zmq::{
     ChannelChange, ZMQ_CHANNELS_MAX, ZMQ_CONNECT_TIMEOUT_DEFAULT, ZMQ_RECONNECT_BACKOFF_INITIAL,
@@ -70,6 +77,18 @@ pub enum EventPlaneError {
     /// The NATS client closed every subscription (the client shut down for good).
     #[error("the NATS client closed its subscriptions")]
     SubscriptionsClosed,
+    /// The NATS security settings cannot be applied.
+    #[error("NATS security: {0}")]
+    NatsSecurity(#[from] NatsSecurityError),
+    /// The server refused the credentials or the TLS handshake failed before the first
+    /// connection succeeded.
+    #[error("NATS at {server} refused the connection: {reason} (check NATS_AUTH_* and NATS_TLS_*)")]
+    NatsRefused {
+        /// The server URL.
+        server: String,
+        /// The client's reason.
+        reason: String,
+    },
     /// The relay dropped the receiving end of the sink.
     #[error("the relay's input sink is closed")]
     SinkClosed,

@@ -13,6 +13,15 @@
 //! `nats-server`). Core NATS has no replay: messages published while disconnected are lost and
 //! show up downstream as `sequence` gaps.
 //!
+//! Security comes from [`NatsSecurity`] (the `NATS_AUTH_*` / `NATS_TLS_*` variables, validated
+//! at start-up by [`super::nats_auth`]). Until the first connection succeeds, a server that
+//! refuses the credentials (authorization violation, a nonce that cannot be signed) or a TLS
+//! setup the client cannot build ends the plane with [`EventPlaneError::NatsRefused`] instead of
+//! retrying forever; after it, such failures are the client's to retry (a credential rotation in
+//! progress). A TLS handshake the peer fails (an untrusted certificate either way) reaches the
+//! client as an I/O error, like a server that is down: it is retried and counted as a connect
+//! failure, and nothing is delivered.
+//!
 //! Bounds: each subscription buffers at most
 //! [`subscription_capacity`](NatsEventPlaneConfig::subscription_capacity) messages inside the
 //! client; beyond that the client drops messages (counted as
@@ -20,9 +29,11 @@
 //! one message at its `max_payload` (1 MiB by default).
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use async_nats::{ConnectOptions, Event};
+use async_nats::{ClientError, ConnectOptions, Event};
 use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -30,6 +41,7 @@ use tracing::{debug, info, warn};
 
 use super::EventPlaneError;
 use super::counters::{EventPlaneCounters, increment};
+use super::nats_auth::NatsSecurity;
 use kvrelay_core::inputs::{
     DcInput, InputError, KV_EVENTS_TOPIC, KV_METRICS_TOPIC, decode_kv_events_message,
     decode_kv_metrics_message, event_subject_prefix, parse_event_subject,
@@ -73,6 +85,8 @@ pub struct NatsEventPlaneConfig {
     pub client_name: String,
     /// Timeout of one connection attempt.
     pub connection_timeout: Duration,
+    /// Credentials and TLS (`NATS_AUTH_*`, `NATS_TLS_*`); the default is anonymous plaintext.
+    pub security: NatsSecurity,
 }
 
 impl NatsEventPlaneConfig {
@@ -85,6 +99,7 @@ impl NatsEventPlaneConfig {
             subscription_capacity: NATS_SUBSCRIPTION_CAPACITY_DEFAULT,
             client_name: "kvrelay-event-plane".to_owned(),
             connection_timeout: Duration::from_secs(5),
+            security: NatsSecurity::default(),
         }
     }
 
@@ -192,6 +207,9 @@ pub async fn run_nats_event_plane(
     }
     let subjects = config.subjects()?;
     let event_counters = counters.clone();
+    // The first refusal before any connection succeeded; later ones are the client's to retry.
+    let (refused_tx, mut refused) = mpsc::channel::<String>(1);
+    let connected_once = Arc::new(AtomicBool::new(false));
     let options = ConnectOptions::new()
         .name(&config.client_name)
         .retry_on_initial_connect()
@@ -200,8 +218,21 @@ pub async fn run_nats_event_plane(
         .reconnect_delay_callback(reconnect_delay)
         .event_callback(move |event| {
             let counters = event_counters.clone();
-            async move { note_client_event(&counters, &event) }
+            let refused_tx = refused_tx.clone();
+            let connected_once = Arc::clone(&connected_once);
+            async move {
+                if matches!(event, Event::Connected) {
+                    connected_once.store(true, Ordering::Relaxed);
+                }
+                if let Some(reason) = refusal(&event)
+                    && !connected_once.load(Ordering::Relaxed)
+                {
+                    let _ = refused_tx.try_send(reason);
+                }
+                note_client_event(&counters, &event);
+            }
         });
+    let options = config.security.apply(options)?;
     let connected = tokio::select! {
         biased;
         () = cancel.cancelled() => return Ok(()),
@@ -218,13 +249,20 @@ pub async fn run_nats_event_plane(
         })?;
         subscriptions.push(subscriber);
     }
-    info!(server = %config.server_url, ?subjects, "NATS event plane subscribed");
+    info!(server = %config.server_url, ?subjects, auth = config.security.auth.method(),
+        tls = config.security.tls.is_some() || config.server_url.starts_with("tls://"),
+        "NATS event plane subscribed");
     // Fair across subjects: a busy kv-events stream cannot starve kv_metrics.
     let mut messages = futures::stream::select_all(subscriptions);
     loop {
         let message = tokio::select! {
             biased;
             () = cancel.cancelled() => return Ok(()),
+            Some(reason) = refused.recv() => {
+                warn!(server = %config.server_url, %reason, auth = config.security.auth.method(),
+                    "NATS refused the connection");
+                return Err(EventPlaneError::NatsRefused { server: config.server_url.clone(), reason });
+            }
             message = messages.next() => message,
         };
         let Some(message) = message else {
@@ -251,6 +289,22 @@ pub async fn run_nats_event_plane(
             }
         }
     }
+}
+
+/// The reason of a client event that means the server will not take these credentials or this
+/// TLS setup (as opposed to a server that is down).
+fn refusal(event: &Event) -> Option<String> {
+    let text = match event {
+        Event::ClientError(ClientError::Other(text)) => text.as_str(),
+        Event::ServerError(async_nats::ServerError::AuthorizationViolation) => {
+            "authorization violation"
+        }
+        _ => return None,
+    };
+    let refused = ["authorization violation", "failed signing nonce", "TLS error"]
+        .iter()
+        .any(|kind| text.contains(kind));
+    refused.then(|| text.chars().take(256).collect())
 }
 
 fn note_client_event(counters: &EventPlaneCounters, event: &Event) {

@@ -95,6 +95,9 @@ pub enum ServeError {
     /// The WAN listener failed.
     #[error("WAN listener")]
     Wan(#[from] WanServeError),
+    /// The WAN listener's TLS configuration cannot be built.
+    #[error("WAN TLS")]
+    WanTls(#[from] crate::wan::WanTlsError),
 }
 
 /// What `serve` needs besides its configuration.
@@ -262,13 +265,16 @@ pub fn start_input_planes(
     }));
     let events = EventPlaneCounters::new();
     let event_task = match &config.event_plane {
-        EventPlane::Nats { url } => {
+        EventPlane::Nats { url, security } => {
             let namespaces = match config.scope.namespace_selection() {
                 NamespaceSelection::All => NatsNamespaces::All,
                 NamespaceSelection::Namespaces(names) => NatsNamespaces::Only(names.clone()),
             };
             let plane = event_plane::run_nats_event_plane(
-                NatsEventPlaneConfig::new(url.clone(), namespaces),
+                NatsEventPlaneConfig {
+                    security: security.clone(),
+                    ..NatsEventPlaneConfig::new(url.clone(), namespaces)
+                },
                 inputs,
                 events.clone(),
                 cancel.clone(),
@@ -357,6 +363,7 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
         )
         .await?,
     );
+    let wan_tls = config.wan_tls.clone().map(crate::wan::WanTls::load).transpose()?;
     let wan_listener = match config.bind {
         Some(address) => Some(bind("--bind", address).await?),
         None => None,
@@ -425,14 +432,24 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
         wan_state_tx.send_replace(WanState { serving: true, last_error: None });
         let state = wan_state_tx.clone();
         tokio::spawn(async move {
-            let result = crate::wan::serve_with_health(
-                service,
-                TcpListenerStream::new(listener),
-                &tuning,
-                ready,
-                wan_stop.cancelled_owned(),
-            )
-            .await;
+            let result = match wan_tls {
+                None => {
+                    crate::wan::serve_with_health(
+                        service,
+                        TcpListenerStream::new(listener),
+                        &tuning,
+                        ready,
+                        wan_stop.cancelled_owned(),
+                    )
+                    .await
+                }
+                Some(tls) => {
+                    let incoming = crate::wan::tls_incoming(listener, tls, wan_stop.clone());
+                    let shutdown = wan_stop.cancelled_owned();
+                    crate::wan::serve_with_health(service, incoming, &tuning, ready, shutdown)
+                        .await
+                }
+            };
             state.send_replace(WanState {
                 serving: false,
                 last_error: result.as_ref().err().map(ToString::to_string),

@@ -12,9 +12,15 @@ mod health;
 mod server;
 mod service;
 pub mod status;
+mod tls;
 
 pub use channels::{WanPublisher, WanViews, wan_channels};
 pub use counters::{LimitScope, StreamType, WanStats};
 pub use health::{HealthService, ReadinessProbe, WATCH_POLL_INTERVAL, WatchStream};
 pub use server::{ServeError, serve, serve_with_health};
 pub use service::{OpenStreams, RelayService};
+pub use tls::{
+    TLS_CERT_ENV, TLS_CLIENT_CA_ENV, TLS_HANDSHAKE_TIMEOUT, TLS_HANDSHAKES_MAX, TLS_KEY_ENV,
+    TLS_RELOAD_INTERVAL_DEFAULT, TLS_RELOAD_INTERVAL_ENV, WanTls, WanTlsError, WanTlsSettings,
+    WanTlsStats, WanTlsValues, resolve_wan_tls, tls_incoming, validate_wan_tls,
+};

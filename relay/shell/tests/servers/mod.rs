@@ -101,29 +101,67 @@ pub struct EtcdProcess {
     /// The port etcd serves clients on (after [`EtcdProcess::start`]).
     pub client_port: u16,
     child: Option<Child>,
+    /// `http`, or `https` for [`EtcdProcess::start_tls`].
+    scheme: &'static str,
+    /// Arguments added to every start (TLS files).
+    extra_args: Vec<String>,
+    /// How the readiness probe connects.
+    probe: EtcdConnectOptions,
 }
 
 impl EtcdProcess {
     pub async fn start() -> Self {
+        Self::start_with("http", Vec::new(), etcd_options()).await
+    }
+
+    /// Serve clients over TLS with `cert`/`key`, requiring client certificates signed by `ca`
+    /// (`--client-cert-auth`); `probe` must carry a client certificate.
+    pub async fn start_tls(
+        ca: &std::path::Path,
+        cert: &std::path::Path,
+        key: &std::path::Path,
+        probe: EtcdConnectOptions,
+    ) -> Self {
+        let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+        let args = vec![
+            "--client-cert-auth".to_owned(),
+            "--trusted-ca-file".to_owned(),
+            path(ca),
+            "--cert-file".to_owned(),
+            path(cert),
+            "--key-file".to_owned(),
+            path(key),
+        ];
+        Self::start_with("https", args, probe).await
+    }
+
+    async fn start_with(
+        scheme: &'static str,
+        extra_args: Vec<String>,
+        probe: EtcdConnectOptions,
+    ) -> Self {
         let mut etcd = EtcdProcess {
             binary: etcd_binary(),
             dir: tempfile::tempdir().unwrap(),
             peer_port: free_port(),
             client_port: free_port(),
             child: None,
+            scheme,
+            extra_args,
+            probe,
         };
         etcd.spawn(etcd.client_port).await;
         etcd
     }
 
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        format!("{}://127.0.0.1:{}", self.scheme, self.client_port)
     }
 
     /// Start etcd on the same data dir, serving clients on `client_port`; wait until it answers.
     pub async fn spawn(&mut self, client_port: u16) {
         assert!(self.child.is_none(), "etcd is already running");
-        let client = format!("http://127.0.0.1:{client_port}");
+        let client = format!("{}://127.0.0.1:{client_port}", self.scheme);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let log = std::fs::File::options()
             .create(true)
@@ -137,6 +175,7 @@ impl EtcdProcess {
             .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &format!("kvrelay-test={peer}")])
+            .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone().unwrap()))
             .stderr(Stdio::from(log))
@@ -145,7 +184,7 @@ impl EtcdProcess {
         self.child = Some(child);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
-            if let Ok(mut probe) = EtcdClient::connect(&client, &etcd_options()).await
+            if let Ok(mut probe) = EtcdClient::connect(&client, &self.probe).await
                 && probe.range_prefix(b"v1/", 1, 1 << 16).await.is_ok()
             {
                 return;

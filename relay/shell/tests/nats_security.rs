@@ -1,0 +1,305 @@
+//! The NATS event plane against a real `nats-server` configured per case with a generated
+//! config file: user/password, token, NKEY and TLS with a client certificate (certificates made
+//! by `rcgen`, the NKEY pair by `nkeys`). Each case shows a published `kv-events` envelope
+//! arriving through the relay's plane with the right credentials, and the plane ending with
+//! [`EventPlaneError::NatsRefused`] with wrong ones (a failed TLS handshake is retried like a
+//! server that is down: the plane never connects nor delivers).
+//!
+//! The relay's settings are read with [`NatsSecurity::from_lookup`] from the same variable names
+//! the relay reads from its environment. Credentials files (user JWTs) need a server in operator
+//! mode and are validated by unit tests only.
+
+mod pki;
+mod servers;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use kvrelay::event_plane::{
+    EventPlaneCounters, EventPlaneError, NatsEventPlaneConfig, NatsNamespaces, NatsSecurity,
+    run_nats_event_plane,
+};
+use kvrelay_core::model::hashing::{ExternalBlockHash, LocalBlockHash};
+use kvrelay_core::model::identity::EndpointPath;
+use kvrelay_core::inputs::{
+    DcInput, EventEnvelope, KV_EVENTS_TOPIC, encode_event_envelope, encode_kv_events_payload,
+};
+use kvrelay_core::model::kv_events::{
+    KvCacheEvent, KvCacheEventData, RouterEvent, StorageTier, StoreData, StoredBlock,
+};
+use pki::{TestCa, text};
+use servers::free_port;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+const TEST_TIMEOUT: Duration = Duration::from_secs(60);
+const SUBJECT: &str = "namespace.dynamo.component.backend.endpoint.generate.kv-events";
+const WORKER: u64 = 77;
+
+/// A `nats-server` started with a generated config file; killed by PID when dropped.
+struct ConfiguredNats {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl ConfiguredNats {
+    /// Start with `body` (the config text after the `listen` line).
+    async fn start(body: &str) -> ConfiguredNats {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let config = dir.path().join("nats.conf");
+        std::fs::write(&config, format!("listen: 127.0.0.1:{port}\n{body}\n")).unwrap();
+        let mut spawned = Err(std::io::Error::other("no candidate"));
+        for program in ["nats-server", "/usr/sbin/nats-server", "/usr/bin/nats-server"] {
+            spawned = Command::new(program)
+                .arg("-c")
+                .arg(&config)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn();
+            if spawned.is_ok() {
+                break;
+            }
+        }
+        let child = spawned.unwrap_or_else(|error| {
+            panic!("cannot start `nats-server` ({error}): apt-get install -y nats-server")
+        });
+        let server = ConfiguredNats { child, port, _dir: dir };
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+                return server;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("nats-server did not listen on 127.0.0.1:{port} within 10 s");
+    }
+
+    fn url(&self, scheme: &str) -> String {
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for ConfiguredNats {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn security(pairs: &[(&str, &str)]) -> NatsSecurity {
+    let map: BTreeMap<String, String> =
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+    NatsSecurity::from_lookup(|name| map.get(name).cloned()).expect("valid NATS settings")
+}
+
+/// A one-block `kv-events` envelope of publisher 1, message `sequence`.
+fn envelope(sequence: u64) -> Vec<u8> {
+    let events = vec![RouterEvent {
+        worker_id: WORKER,
+        storage_tier: StorageTier::Device,
+        residency_domain: None,
+        event: KvCacheEvent {
+            event_id: sequence,
+            dp_rank: 0,
+            data: KvCacheEventData::Stored(StoreData {
+                parent_hash: None,
+                start_position: None,
+                blocks: vec![StoredBlock {
+                    block_hash: ExternalBlockHash(0xabcd),
+                    tokens_hash: LocalBlockHash(0x1234),
+                }],
+            }),
+        },
+    }];
+    let payload = encode_kv_events_payload(&events).unwrap();
+    encode_event_envelope(&EventEnvelope {
+        publisher_id: 1,
+        sequence,
+        published_at_ms: 1_796_040_159_861,
+        topic: KV_EVENTS_TOPIC,
+        payload: &payload,
+    })
+    .unwrap()
+}
+
+/// The relay's plane with `security`, feeding a channel.
+struct Plane {
+    inputs: mpsc::Receiver<DcInput>,
+    counters: EventPlaneCounters,
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), EventPlaneError>>,
+}
+
+fn start_plane(url: String, security: NatsSecurity) -> Plane {
+    let (sink, inputs) = mpsc::channel(64);
+    let counters = EventPlaneCounters::new();
+    let cancel = CancellationToken::new();
+    let config = NatsEventPlaneConfig {
+        security,
+        connection_timeout: Duration::from_secs(2),
+        ..NatsEventPlaneConfig::new(url, NatsNamespaces::Only(["dynamo".to_owned()].into()))
+    };
+    let task = tokio::spawn(run_nats_event_plane(config, sink, counters.clone(), cancel.clone()));
+    Plane { inputs, counters, cancel, task }
+}
+
+/// Publish envelopes with `publisher` until the plane delivers one, and check it.
+async fn assert_delivered(plane: &mut Plane, publisher: &async_nats::Client) {
+    let delivered = tokio::time::timeout(TEST_TIMEOUT, async {
+        for sequence in 0.. {
+            publisher.publish(SUBJECT, envelope(sequence).into()).await.unwrap();
+            publisher.flush().await.unwrap();
+            if let Ok(Some(input)) =
+                tokio::time::timeout(Duration::from_millis(200), plane.inputs.recv()).await
+            {
+                return input;
+            }
+        }
+        unreachable!()
+    })
+    .await
+    .expect("no envelope arrived through the relay's NATS plane");
+    let DcInput::KvEvents(batch) = delivered else { panic!("not kv-events: {delivered:?}") };
+    assert_eq!(batch.endpoint, EndpointPath::new("dynamo", "backend", "generate").unwrap());
+    assert_eq!(batch.publisher_id, 1);
+    assert_eq!(batch.events[0].worker_id, WORKER);
+    assert!(plane.counters.snapshot().connects >= 1);
+}
+
+/// The plane ends with a refusal whose text names `expected`.
+async fn assert_refused(plane: Plane, expected: &str) {
+    let result = tokio::time::timeout(TEST_TIMEOUT, plane.task)
+        .await
+        .expect("a refused plane must end, not retry forever")
+        .unwrap();
+    match result {
+        Err(EventPlaneError::NatsRefused { reason, .. }) => {
+            assert!(reason.contains(expected), "reason {reason:?} lacks {expected:?}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+async fn stop(plane: Plane) {
+    plane.cancel.cancel();
+    assert!(matches!(plane.task.await.unwrap(), Ok(())));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_and_password_deliver_and_a_wrong_password_is_refused() {
+    let server = ConfiguredNats::start(
+        r#"authorization { users: [ { user: "relay", password: "right-pw" } ] }"#,
+    )
+    .await;
+    let good = security(&[("NATS_AUTH_USERNAME", "relay"), ("NATS_AUTH_PASSWORD", "right-pw")]);
+    let publisher = good.apply(async_nats::ConnectOptions::new()).unwrap();
+    let publisher = publisher.connect(server.url("nats")).await.unwrap();
+    let mut plane = start_plane(server.url("nats"), good);
+    assert_delivered(&mut plane, &publisher).await;
+    stop(plane).await;
+    let wrong = security(&[("NATS_AUTH_USERNAME", "relay"), ("NATS_AUTH_PASSWORD", "wrong")]);
+    assert_refused(start_plane(server.url("nats"), wrong), "authorization violation").await;
+    // No credentials at all is refused the same way.
+    assert_refused(start_plane(server.url("nats"), security(&[])), "authorization violation").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_delivers_and_a_wrong_token_is_refused() {
+    let server = ConfiguredNats::start(r#"authorization { token: "s3cret-token" }"#).await;
+    let good = security(&[("NATS_AUTH_TOKEN", "s3cret-token")]);
+    let publisher =
+        good.apply(async_nats::ConnectOptions::new()).unwrap().connect(server.url("nats"));
+    let publisher = publisher.await.unwrap();
+    let mut plane = start_plane(server.url("nats"), good);
+    assert_delivered(&mut plane, &publisher).await;
+    stop(plane).await;
+    let wrong = security(&[("NATS_AUTH_TOKEN", "not-the-token")]);
+    assert_refused(start_plane(server.url("nats"), wrong), "authorization violation").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_nkey_seed_delivers_and_an_unknown_key_is_refused() {
+    let user = nkeys::KeyPair::new_user();
+    let server = ConfiguredNats::start(&format!(
+        r#"authorization {{ users: [ {{ nkey: "{}" }} ] }}"#,
+        user.public_key()
+    ))
+    .await;
+    let seed = user.seed().unwrap();
+    let good = security(&[("NATS_AUTH_NKEY", &seed)]);
+    let publisher =
+        good.apply(async_nats::ConnectOptions::new()).unwrap().connect(server.url("nats"));
+    let publisher = publisher.await.unwrap();
+    let mut plane = start_plane(server.url("nats"), good);
+    assert_delivered(&mut plane, &publisher).await;
+    stop(plane).await;
+    let stranger = nkeys::KeyPair::new_user().seed().unwrap();
+    let wrong = security(&[("NATS_AUTH_NKEY", &stranger)]);
+    assert_refused(start_plane(server.url("nats"), wrong), "authorization violation").await;
+}
+
+fn tls_block(ca: &TestCa, server: &pki::Leaf, verify: bool) -> String {
+    format!(
+        "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n  ca_file: \"{}\"\n  verify: {verify}\n  timeout: 2\n}}",
+        text(&server.cert_path),
+        text(&server.key_path),
+        text(&ca.cert_path),
+    )
+}
+
+fn client_tls<'a>(ca: &'a Path, client: Option<&'a pki::Leaf>) -> Vec<(&'static str, &'a str)> {
+    let mut pairs = vec![("NATS_TLS_CA_CERT_PATH", text(ca))];
+    if let Some(client) = client {
+        pairs.push(("NATS_TLS_CLIENT_CERT_PATH", text(&client.cert_path)));
+        pairs.push(("NATS_TLS_CLIENT_KEY_PATH", text(&client.key_path)));
+    }
+    pairs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_client_certificate_delivers_and_untrusted_or_missing_certificates_fail() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(dir.path(), "nats");
+    let server_leaf = ca.server(dir.path(), "nats-server");
+    let client = ca.client(dir.path(), "relay-client");
+    let server = ConfiguredNats::start(&tls_block(&ca, &server_leaf, true)).await;
+    let good = security(&client_tls(&ca.cert_path, Some(&client)));
+    let publisher =
+        good.apply(async_nats::ConnectOptions::new()).unwrap().connect(server.url("tls"));
+    let publisher = publisher.await.unwrap();
+    let mut plane = start_plane(server.url("tls"), good.clone());
+    assert_delivered(&mut plane, &publisher).await;
+    stop(plane).await;
+    // A nats:// URL with the TLS variables set still upgrades (TLS is required, not optional).
+    let mut plane = start_plane(server.url("nats"), good);
+    assert_delivered(&mut plane, &publisher).await;
+    stop(plane).await;
+
+    // A CA that did not sign the server's certificate: the client refuses the server. The
+    // client reports a failed handshake as an I/O error, like a server that is down, so the
+    // plane keeps retrying; it never connects nor delivers.
+    let other_ca = TestCa::new(dir.path(), "other");
+    let untrusted = security(&client_tls(&other_ca.cert_path, Some(&client)));
+    assert_never_connects(start_plane(server.url("tls"), untrusted), &publisher).await;
+    // No client certificate against `verify: true`: the server drops the connection.
+    let anonymous = security(&client_tls(&ca.cert_path, None));
+    assert_never_connects(start_plane(server.url("tls"), anonymous), &publisher).await;
+}
+
+/// While `publisher` publishes for 2 s, `plane` neither connects nor delivers, and counts
+/// failed attempts.
+async fn assert_never_connects(mut plane: Plane, publisher: &async_nats::Client) {
+    for sequence in 0..10 {
+        publisher.publish(SUBJECT, envelope(sequence).into()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(plane.inputs.try_recv().is_err(), "delivered over a TLS setup the peer refuses");
+    assert_eq!(plane.counters.snapshot().connects, 0);
+    assert!(plane.counters.snapshot().connect_failures >= 1);
+    assert!(!plane.task.is_finished(), "the plane retries a failed handshake");
+    stop(plane).await;
+}
