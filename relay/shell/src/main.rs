@@ -35,7 +35,8 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run beside a real deployment: discovery, event plane and recovery from the environment
-    /// (DYN_DISCOVERY_BACKEND, DYN_FILE_KV, ETCD_ENDPOINTS, DYN_EVENT_PLANE, NATS_SERVER).
+    /// (DYN_DISCOVERY_BACKEND, DYN_FILE_KV, ETCD_ENDPOINTS, ETCD_AUTH_*, DYN_EVENT_PLANE,
+    /// NATS_SERVER, NATS_AUTH_*, NATS_TLS_*).
     /// SIGTERM or Ctrl-C ends every WAN stream with UNAVAILABLE, withdraws the pools and
     /// exits 0.
     Serve(ServeArgs),

@@ -167,7 +167,12 @@ async fn assert_delivered(plane: &mut Plane, publisher: &async_nats::Client) {
     assert_eq!(batch.endpoint, EndpointPath::new("dynamo", "backend", "generate").unwrap());
     assert_eq!(batch.publisher_id, 1);
     assert_eq!(batch.events[0].worker_id, WORKER);
-    assert!(plane.counters.snapshot().connects >= 1);
+    // The client reports the connection through its event callback, possibly after delivery.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while plane.counters.snapshot().connects == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the connection was never counted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// The plane ends with a refusal whose text names `expected`.

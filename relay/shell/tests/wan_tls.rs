@@ -121,7 +121,7 @@ async fn a_consumer_over_tls_receives_the_catalog_and_plaintext_gets_nothing() {
     let other = TestCa::new(dir.path(), "other");
     let untrusted = client_args(&other, None).connect_lazy(&relay.address).unwrap();
     assert!(tokio::time::timeout(WAIT, first_catalog_update(untrusted)).await.unwrap().is_err());
-    assert!(relay.tls.stats().handshake_failures >= 2, "{:?}", relay.tls.stats());
+    wait_for_handshake_failures(&relay.tls, 2).await;
     relay.stop().await;
 }
 
@@ -145,8 +145,18 @@ async fn mtls_refuses_a_client_without_a_certificate_and_serves_one_with_it() {
     let trusted = client_args(&ca, Some(&client)).connect_lazy(&relay.address).unwrap();
     let update = tokio::time::timeout(WAIT, first_catalog_update(trusted)).await.unwrap();
     assert!(update.is_ok(), "a client with a certificate was refused: {update:?}");
-    assert!(relay.tls.stats().handshake_failures >= 2, "{:?}", relay.tls.stats());
+    wait_for_handshake_failures(&relay.tls, 2).await;
     relay.stop().await;
+}
+
+/// Wait until the listener counted `count` failed handshakes (the server side counts after the
+/// client already saw its error).
+async fn wait_for_handshake_failures(tls: &WanTls, count: u64) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while tls.stats().handshake_failures < count {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", tls.stats());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// The leaf certificate a fresh TLS handshake with `address` presents.
