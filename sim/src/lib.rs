@@ -31,6 +31,7 @@
 
 pub mod incident;
 pub mod net;
+mod observed;
 pub mod oracles;
 pub mod planes;
 pub mod replay;
@@ -38,6 +39,7 @@ pub mod scenario;
 pub mod settled;
 pub mod timeline;
 pub mod trace;
+pub mod truth;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -66,6 +68,7 @@ use kvrelay::workload::SimulatedDc;
 use serde::Serialize;
 use tokio::sync::watch;
 
+use crate::observed::{TruthWatch, observe_truth};
 use crate::planes::client::PlanesClient;
 use crate::planes::publisher::{Link, Publisher};
 use crate::planes::{PLANES_HOST, Planes};
@@ -299,6 +302,10 @@ struct World {
     settling: Arc<Mutex<Vec<Settling>>>,
     /// The current relay boot's publications (the pools' own filters).
     publications: Arc<Mutex<Option<Arc<PoolPublications>>>>,
+    /// Bumped whenever the DC's state may have changed (a tick, a fault, a lease expiry).
+    dc_version: Arc<AtomicU64>,
+    /// The truth oracles' view of every pool and the in-run staleness samples.
+    truth: Arc<Mutex<TruthWatch>>,
     trace: Trace,
     done: watch::Sender<bool>,
     result: Arc<Mutex<Option<Verdict>>>,
@@ -353,13 +360,15 @@ impl Sim {
     ///   sequence and filter words of the relay's own pool (read from its pool actors);
     /// - **no-false-negatives**: every canonical block the truth model says a pool's listed
     ///   workers hold is in every long-lived consumer's replica (with expected capacity
-    ///   omissions: at most the blocks the filter's occupancy cannot account for are absent);
+    ///   omissions: at most the distinct blocks beyond what the filter's format must hold);
     /// - **load-converges**: at every long-lived consumer, every catalogued pool's load is
     ///   complete and sums the truth model's occupancy of its listed workers (workers report
     ///   once more when traffic stops);
     /// - **converges-within-bound**: the consumers' catalog and readiness settled within
     ///   [`settled::CONVERGENCE_BOUND_MS`] of the last fault, their load within it of the later
     ///   of the last fault and traffic-off;
+    /// - **no-stale-blocks**, **bounded-staleness** and **registrations-equal-truth**: the
+    ///   replicas and registrations against the workload model's exact state (see [`truth`]);
     /// - **no-phantom-pools**: every catalogued `(endpoint, pool id)` is in the truth catalog;
     /// - **consumer-followed**: the scenario's expectation of each consumer's streams.
     #[must_use]
@@ -376,10 +385,11 @@ impl Sim {
             &mut dc_rng,
         ))));
         let (done, _) = watch::channel(false);
+        let script = Arc::new(scenario.script(self.seed, deployment.workers.len()));
         let world = World {
             seed: self.seed,
             scenario: Arc::new(scenario.clone()),
-            script: Arc::new(scenario.script(self.seed, deployment.workers.len())),
+            script: Arc::clone(&script),
             dc,
             plane: Arc::new(Mutex::new(Planes::new(rng_from_seed(derive_seed(
                 self.seed,
@@ -394,6 +404,19 @@ impl Sim {
             consumers: Arc::new(Mutex::new(vec![None; scenario.topology.consumers])),
             settling: Arc::new(Mutex::new(vec![Settling::default(); scenario.topology.consumers])),
             publications: Arc::default(),
+            dc_version: Arc::default(),
+            truth: Arc::new(Mutex::new(TruthWatch::new(
+                truth::Health::of_script(
+                    &script,
+                    scenario.topology.consumers,
+                    &deployment
+                        .workers
+                        .iter()
+                        .map(|worker| worker.endpoint.to_string())
+                        .collect::<Vec<_>>(),
+                ),
+                !scenario.expect.capacity_omissions,
+            ))),
             trace: Trace::default(),
             done,
             result: Arc::default(),
@@ -622,6 +645,7 @@ async fn run_dc(world: World, mut rng: RelayRng) -> HostResult {
             }
             facts
         });
+        world.dc_version.fetch_add(1, Ordering::Relaxed);
         publish(&world, facts);
         link.flush(&world.publisher).await;
     }
@@ -662,6 +686,7 @@ async fn run_planes(world: World) -> HostResult {
                 });
                 index.map(|index| dc.expire_lease(index))
             });
+            world.dc_version.fetch_add(1, Ordering::Relaxed);
             register(&world);
             record_truth(&world);
         }
@@ -823,6 +848,7 @@ fn apply(world: &World, fault: &Fault, rng: &mut RelayRng) {
     {
         lock(&world.plane).grant(lease);
     }
+    world.dc_version.fetch_add(1, Ordering::Relaxed);
     publish(world, facts);
 }
 
@@ -917,6 +943,7 @@ async fn run_checker(world: World) -> HostResult {
     let mut rng = rng_from_seed(derive_seed(world.seed, "sim/checker"));
     record_truth(&world);
     tokio::spawn(observe_consumers(world.clone()));
+    tokio::spawn(observe_truth(world.clone()));
     for scripted in world.script.iter() {
         tokio::time::sleep_until(start + Duration::from_millis(scripted.at_ms)).await;
         apply(&world, &scripted.fault, &mut rng);
@@ -1041,7 +1068,10 @@ fn no_false_negatives(
         .iter()
         .map(|pool| {
             let endpoint = pool.descriptor.serving_endpoint.to_string();
-            let hashes = world.dc.with(|dc| truth_hashes(dc, &endpoint));
+            let mut hashes = world.dc.with(|dc| truth_hashes(dc, &endpoint));
+            // A block cached by several ranks is one block of the pool's filter.
+            hashes.sort_unstable();
+            hashes.dedup();
             let addressing = Addressing::new(&pool.producer.format());
             let absent = consumer.filter_copy(&pool.producer.pool_id()).map(|copy| {
                 hashes
@@ -1056,7 +1086,9 @@ fn no_false_negatives(
                     })
                     .count()
             });
-            Probed { endpoint, cached: hashes.len(), absent, resident_slots: pool.resident_slots }
+            let slots =
+                pool.producer.format().bucket_count * u64::from(kvrelay::ckf::SLOTS_PER_BUCKET);
+            Probed { endpoint, cached: hashes.len(), absent, slots }
         })
         .collect();
     settled::no_false_negatives(&probed, world.scenario.expect.capacity_omissions)
@@ -1299,8 +1331,24 @@ async fn evaluate(world: &World) -> Verdict {
         })
     })
     .await;
+    let stale = within_convergence(async || {
+        let catalogued = reference.snapshot();
+        at_every_consumer(&consumers, |_, consumer| {
+            observed::no_stale_blocks(world, consumer, &catalogued)
+        })
+    })
+    .await;
+    let registrations = within_convergence(async || {
+        at_every_consumer(&consumers, |_, consumer| {
+            observed::registrations_equal_truth(world, &consumer.snapshot())
+        })
+    })
+    .await;
     checks.push(equal);
     checks.push(complete);
+    checks.push(stale);
+    checks.push(observed::bounded_staleness(world));
+    checks.push(registrations);
     let load = within_convergence(async || {
         let catalogued = reference.snapshot();
         at_every_consumer(&consumers, |_, consumer| {
