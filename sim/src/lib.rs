@@ -532,6 +532,7 @@ async fn serve_node(
     crashing: net::Crashing,
 ) -> HostResult {
     crashing.clear();
+    tokio::spawn(watch_node_status(trace.clone(), boot, node.status.clone()));
     tokio::spawn(observe_relay(trace, boot, node.views.clone(), Arc::clone(&node.publications)));
     let tuning = WanTuning::default();
     let service = node.relay_service(clock, tuning);
@@ -540,6 +541,43 @@ async fn serve_node(
         .await?;
     node.shutdown().await;
     Ok(())
+}
+
+/// What `status` shows that no run may show: an invariant failure of the control plane or the
+/// endpoint host, or `healthy == false` with neither a fenced endpoint nor a shutdown behind it.
+fn node_fault(status: &kvrelay::node::NodeStatus) -> Option<String> {
+    let control = status.control.as_ref()?;
+    if let Some(error) = &control.control_last_error {
+        return Some(format!("control invariant failed: {error}"));
+    }
+    if let Some(error) = &control.host.host_last_error {
+        return Some(format!("host invariant failed: {error}"));
+    }
+    let healthy = status.healthy && control.healthy;
+    let explained = control.host.fenced_endpoint_count > 0 || control.host.shutting_down;
+    (!healthy && !explained).then(|| "unhealthy without a fenced endpoint or a shutdown".to_owned())
+}
+
+/// Read boot `boot`'s status after every node step; record a node fault when one starts or
+/// changes.
+async fn watch_node_status(
+    trace: Trace,
+    boot: u64,
+    mut status: watch::Receiver<kvrelay::node::NodeStatus>,
+) {
+    let mut last: Option<String> = None;
+    loop {
+        let fault = node_fault(&status.borrow_and_update());
+        if fault != last {
+            if let Some(detail) = &fault {
+                trace.record(TraceEvent::NodeFault { boot, detail: detail.clone() });
+            }
+            last = fault;
+        }
+        if status.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// A recorder journaling one relay boot under `root`, as `kvrelay serve --record` does.
@@ -580,29 +618,41 @@ async fn observe_relay(
     loop {
         let catalog = views.current_catalog();
         if last_catalog.as_ref().is_none_or(|last| !Arc::ptr_eq(last, &catalog)) {
-            if let Ok(update) = validate_catalog_update(&catalog) {
-                catalogued = update
-                    .pools
-                    .iter()
-                    .map(|d| (d.serving_endpoint.to_string(), d.producer))
-                    .collect();
-                live.retain(|p| catalogued.iter().any(|(_, c)| c == p));
-                trace.record(TraceEvent::RelayCatalog {
+            match validate_catalog_update(&catalog) {
+                Err(error) => trace.record(TraceEvent::InvalidUpdate {
                     boot,
-                    revision: update.revision,
-                    pools: update.pools.iter().map(ProducerTrace::of).collect(),
-                });
+                    plane: "catalog",
+                    error: error.to_string(),
+                }),
+                Ok(update) => {
+                    catalogued = update
+                        .pools
+                        .iter()
+                        .map(|d| (d.serving_endpoint.to_string(), d.producer))
+                        .collect();
+                    live.retain(|p| catalogued.iter().any(|(_, c)| c == p));
+                    trace.record(TraceEvent::RelayCatalog {
+                        boot,
+                        revision: update.revision,
+                        pools: update.pools.iter().map(ProducerTrace::of).collect(),
+                    });
+                }
             }
             last_catalog = Some(catalog);
         }
         let readiness = views.current_readiness();
         if last_readiness.as_ref().is_none_or(|last| !Arc::ptr_eq(last, &readiness)) {
-            if let Ok(update) = validate_readiness_update(&readiness) {
-                trace.record(TraceEvent::RelayReadiness {
+            match validate_readiness_update(&readiness) {
+                Err(error) => trace.record(TraceEvent::InvalidUpdate {
+                    boot,
+                    plane: "readiness",
+                    error: error.to_string(),
+                }),
+                Ok(update) => trace.record(TraceEvent::RelayReadiness {
                     boot,
                     revision: update.revision,
                     entries: update.entries.iter().map(EntryTrace::of).collect(),
-                });
+                }),
             }
             last_readiness = Some(readiness);
         }
@@ -1401,4 +1451,46 @@ fn digest(snapshots: &[&ConsumerSnapshot], consumers: &[&RelayConsumer]) -> Stri
         }
     }
     hasher.finalize().to_hex()[..16].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use kvrelay::control::ControlHealth;
+    use kvrelay::node::NodeStatus;
+    use kvrelay::registry::HostHealth;
+
+    use super::node_fault;
+
+    fn status(healthy: bool, control_error: Option<&str>, fenced: usize) -> NodeStatus {
+        let host = HostHealth {
+            healthy: fenced == 0,
+            shutting_down: false,
+            host_last_error: None,
+            endpoint_count: 2,
+            active_endpoint_count: 2 - fenced,
+            fenced_endpoint_count: fenced,
+        };
+        let control = ControlHealth {
+            healthy,
+            host,
+            control_last_error: control_error.map(str::to_owned),
+            catalog_revision: 1,
+            topology_revision: 1,
+            pool_count: 2 - fenced,
+            degraded_load_coverage_pool_count: 0,
+            counters: Default::default(),
+        };
+        NodeStatus { healthy, control: Some(control), ..NodeStatus::default() }
+    }
+
+    #[test]
+    fn an_invariant_failure_or_an_unexplained_unhealthy_node_is_a_fault() {
+        assert_eq!(node_fault(&status(true, None, 0)), None);
+        assert_eq!(node_fault(&NodeStatus::default()), None, "before the first step");
+        // A fenced endpoint explains an unhealthy node.
+        assert_eq!(node_fault(&status(false, None, 1)), None);
+        let failed = node_fault(&status(false, Some("a tracker without a pool"), 0));
+        assert_eq!(failed.as_deref(), Some("control invariant failed: a tracker without a pool"));
+        assert!(node_fault(&status(false, None, 0)).unwrap().contains("unhealthy"));
+    }
 }
