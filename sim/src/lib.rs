@@ -37,6 +37,7 @@ pub mod planes;
 pub mod replay;
 pub mod scenario;
 pub mod settled;
+pub mod shrink;
 pub mod timeline;
 pub mod trace;
 pub mod truth;
@@ -1005,6 +1006,7 @@ async fn run_checker(world: World) -> HostResult {
     let planes = planes::counters(&world.plane, &world.publisher);
     world.trace.record(TraceEvent::TrafficOff { planes });
     tokio::time::sleep(QUIESCENCE).await;
+    lock(&world.truth).stop();
     let result = evaluate(&world).await;
     *lock(&world.result) = Some(result);
     world.done.send_replace(true);

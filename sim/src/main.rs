@@ -108,6 +108,20 @@ enum Command {
         #[arg(long, value_name = "DIR/NAME")]
         out: PathBuf,
     },
+    /// Shrink a failing run: search for the smallest fault list (drawn faults materialized as
+    /// scripted ones) and the shortest `run_ms` that still fail with the same oracle at the
+    /// seed, and write them as a scenario file.
+    Shrink {
+        /// The failing scenario file.
+        file: PathBuf,
+        /// The seed it fails at.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Where to write the reduced scenario (default: `shrunk-<name>-seed<N>.toml` in the
+        /// current directory, outside `scenarios/` so sweeps do not pick it up).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Run a seed twice and compare the trace digests.
     Determinism {
         /// The scenario file.
@@ -465,6 +479,31 @@ fn main() -> anyhow::Result<ExitCode> {
             println!(
                 "  run it:   cargo run --profile test -p kvrelay-sim -- run {}",
                 cut.incident.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Shrink { file, seed, out } => {
+            let scenario = Scenario::load(&file)?;
+            let out = out.unwrap_or_else(|| {
+                PathBuf::from(format!("shrunk-{}-seed{seed}.toml", scenario.name))
+            });
+            let mut progress = |line: &str| {
+                println!("  {line}");
+                let _ = std::io::stdout().flush();
+            };
+            let shrunk = kvrelay_sim::shrink::shrink(&scenario, seed, &mut progress)?;
+            let text = shrunk.to_file(&file.display().to_string(), &out.display().to_string())?;
+            std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
+            println!(
+                "shrunk {} seed {seed} ({}): {} of {} faults, run_ms {} of {}, {} runs; wrote {}",
+                scenario.name,
+                shrunk.oracle,
+                shrunk.scenario.faults.len(),
+                shrunk.faults_before,
+                shrunk.scenario.run_ms,
+                shrunk.run_ms_before,
+                shrunk.runs,
+                out.display()
             );
             Ok(ExitCode::SUCCESS)
         }

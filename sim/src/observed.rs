@@ -39,6 +39,8 @@ pub(crate) struct TruthWatch {
     catalog: BTreeSet<PoolKey>,
     staleness: Staleness,
     copies: Copies,
+    /// Set when the final evaluation begins: sampling ends there.
+    stopped: bool,
 }
 
 impl TruthWatch {
@@ -54,7 +56,13 @@ impl TruthWatch {
             catalog: BTreeSet::new(),
             staleness: Staleness::default(),
             copies: BTreeMap::new(),
+            stopped: false,
         }
+    }
+
+    /// End the in-run sampling (the final evaluation begins).
+    pub(crate) fn stop(&mut self) {
+        self.stopped = true;
     }
 
     /// Bring every pool's truth to `dc`'s state at `now`, unless `version` was seen already.
@@ -169,8 +177,8 @@ impl TruthWatch {
     }
 }
 
-/// Follow the truth model and sample every long-lived consumer at the observer's cadence, until
-/// the checker is done.
+/// Follow the truth model and sample every long-lived consumer at the observer's cadence, from
+/// the start through quiescence until the final evaluation begins.
 pub(crate) async fn observe_truth(world: World) {
     let mut done = world.done.subscribe();
     let hosts: Vec<String> =
@@ -181,6 +189,9 @@ pub(crate) async fn observe_truth(world: World) {
         let consumers = lock(&world.consumers).clone();
         {
             let mut watch = lock(&world.truth);
+            if watch.stopped {
+                return;
+            }
             world.dc.with(|dc| watch.update(now, version, dc));
             for (index, consumer) in consumers.iter().enumerate() {
                 if let Some(consumer) = consumer {
