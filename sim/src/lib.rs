@@ -69,7 +69,7 @@ use kvrelay::workload::SimulatedDc;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::observed::{TruthWatch, observe_truth};
+use crate::observed::TruthWatch;
 use crate::planes::client::PlanesClient;
 use crate::planes::publisher::{Link, Publisher};
 use crate::planes::{PLANES_HOST, Planes};
@@ -533,8 +533,13 @@ async fn serve_node(
     crashing: net::Crashing,
 ) -> HostResult {
     crashing.clear();
-    tokio::spawn(watch_node_status(trace.clone(), boot, node.status.clone()));
-    tokio::spawn(observe_relay(trace, boot, node.views.clone(), Arc::clone(&node.publications)));
+    tokio::spawn(observe_relay(
+        trace,
+        boot,
+        node.views.clone(),
+        Arc::clone(&node.publications),
+        node.status.clone(),
+    ));
     let tuning = WanTuning::default();
     let service = node.relay_service(clock, tuning);
     let listener = turmoil::net::TcpListener::bind(("0.0.0.0", RELAY_PORT)).await?;
@@ -557,28 +562,6 @@ fn node_fault(status: &kvrelay::node::NodeStatus) -> Option<String> {
     let healthy = status.healthy && control.healthy;
     let explained = control.host.fenced_endpoint_count > 0 || control.host.shutting_down;
     (!healthy && !explained).then(|| "unhealthy without a fenced endpoint or a shutdown".to_owned())
-}
-
-/// Read boot `boot`'s status after every node step; record a node fault when one starts or
-/// changes.
-async fn watch_node_status(
-    trace: Trace,
-    boot: u64,
-    mut status: watch::Receiver<kvrelay::node::NodeStatus>,
-) {
-    let mut last: Option<String> = None;
-    loop {
-        let fault = node_fault(&status.borrow_and_update());
-        if fault != last {
-            if let Some(detail) = &fault {
-                trace.record(TraceEvent::NodeFault { boot, detail: detail.clone() });
-            }
-            last = fault;
-        }
-        if status.changed().await.is_err() {
-            return;
-        }
-    }
 }
 
 /// A recorder journaling one relay boot under `root`, as `kvrelay serve --record` does.
@@ -604,14 +587,18 @@ fn start_sim_recorder(
     )
 }
 
-/// Record every catalog and readiness the relay publishes, and any catalogued producer whose
-/// live publication went away while it was still catalogued.
+/// Record every catalog and readiness the relay publishes (an invalid one as such), any
+/// catalogued producer whose live publication went away while it was still catalogued, and a
+/// node fault when one starts or changes ([`node_fault`] of the status, read every turmoil
+/// step: the sample period is one step).
 async fn observe_relay(
     trace: Trace,
     boot: u64,
     views: WanViews,
     publications: Arc<PoolPublications>,
+    status: watch::Receiver<kvrelay::node::NodeStatus>,
 ) {
+    let mut last_fault: Option<String> = None;
     let mut last_catalog = None;
     let mut last_readiness = None;
     let mut catalogued: Vec<(String, ProducerIdentity)> = Vec::new();
@@ -666,6 +653,13 @@ async fn observe_relay(
                     producer: ProducerTrace::new(endpoint.clone(), producer),
                 });
             }
+        }
+        let fault = node_fault(&status.borrow());
+        if fault != last_fault {
+            if let Some(detail) = &fault {
+                trace.record(TraceEvent::NodeFault { boot, detail: detail.clone() });
+            }
+            last_fault = fault;
         }
         tokio::time::sleep(RELAY_SAMPLE).await;
     }
@@ -926,12 +920,14 @@ fn wan_links(
 async fn observe_consumers(world: World) {
     let hosts: Vec<String> =
         (0..world.scenario.topology.consumers).map(scenario::consumer_host).collect();
+    let truth = world.clone();
     follow_consumers_settling(
         world.trace.clone(),
         hosts,
         Arc::clone(&world.consumers),
         world.done.subscribe(),
         Some(Arc::clone(&world.settling)),
+        move || observed::sample_truth(&truth),
     )
     .await;
 }
@@ -944,16 +940,18 @@ async fn follow_consumers(
     slots: ConsumerSlots,
     done: watch::Receiver<bool>,
 ) {
-    follow_consumers_settling(trace, hosts, slots, done, None).await;
+    follow_consumers_settling(trace, hosts, slots, done, None, || {}).await;
 }
 
-/// [`follow_consumers`], also noting each view in `settling` (by the same index).
+/// [`follow_consumers`], also noting each view in `settling` (by the same index) and calling
+/// `each` once per sample.
 async fn follow_consumers_settling(
     trace: Trace,
     hosts: Vec<String>,
     slots: ConsumerSlots,
     mut done: watch::Receiver<bool>,
     settling: Option<Arc<Mutex<Vec<Settling>>>>,
+    mut each: impl FnMut(),
 ) {
     let mut last: Vec<Option<(ConsumerSnapshot, ConsumerTrace)>> = vec![None; hosts.len()];
     loop {
@@ -980,6 +978,7 @@ async fn follow_consumers_settling(
             }
             *last = Some((snapshot, view));
         }
+        each();
         tokio::select! {
             biased;
             _ = done.wait_for(|done| *done) => return,
@@ -994,7 +993,6 @@ async fn run_checker(world: World) -> HostResult {
     let mut rng = rng_from_seed(derive_seed(world.seed, "sim/checker"));
     record_truth(&world);
     tokio::spawn(observe_consumers(world.clone()));
-    tokio::spawn(observe_truth(world.clone()));
     for scripted in world.script.iter() {
         tokio::time::sleep_until(start + Duration::from_millis(scripted.at_ms)).await;
         apply(&world, &scripted.fault, &mut rng);

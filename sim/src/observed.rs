@@ -15,7 +15,7 @@ use rand_core::Rng as _;
 
 use crate::settled::{self, PoolKey};
 use crate::truth::{self, Health, PoolTruth, Sample, Staleness};
-use crate::{CONSUMER_SAMPLE, Check, World, lock, sim_dc_id, sim_ms};
+use crate::{Check, World, lock, sim_dc_id, sim_ms};
 
 /// Each listed rank's held blocks with since when it holds them, by `(worker index, rank,
 /// publisher incarnation)`.
@@ -177,32 +177,21 @@ impl TruthWatch {
     }
 }
 
-/// Follow the truth model and sample every long-lived consumer at the observer's cadence, from
-/// the start through quiescence until the final evaluation begins.
-pub(crate) async fn observe_truth(world: World) {
-    let mut done = world.done.subscribe();
-    let hosts: Vec<String> =
-        (0..world.scenario.topology.consumers).map(crate::scenario::consumer_host).collect();
-    loop {
-        let now = sim_ms();
-        let version = world.dc_version.load(Ordering::Relaxed);
-        let consumers = lock(&world.consumers).clone();
-        {
-            let mut watch = lock(&world.truth);
-            if watch.stopped {
-                return;
-            }
-            world.dc.with(|dc| watch.update(now, version, dc));
-            for (index, consumer) in consumers.iter().enumerate() {
-                if let Some(consumer) = consumer {
-                    watch.sample(now, index, &hosts[index], consumer);
-                }
-            }
-        }
-        tokio::select! {
-            biased;
-            _ = done.wait_for(|done| *done) => return,
-            () = tokio::time::sleep(CONSUMER_SAMPLE) => {}
+/// Bring the truth model up to date and sample every long-lived consumer (called by the
+/// consumer observer at its cadence), from the start through quiescence until the final
+/// evaluation begins.
+pub(crate) fn sample_truth(world: &World) {
+    let mut watch = lock(&world.truth);
+    if watch.stopped {
+        return;
+    }
+    let now = sim_ms();
+    let version = world.dc_version.load(Ordering::Relaxed);
+    world.dc.with(|dc| watch.update(now, version, dc));
+    let consumers = lock(&world.consumers).clone();
+    for (index, consumer) in consumers.iter().enumerate() {
+        if let Some(consumer) = consumer {
+            watch.sample(now, index, &crate::scenario::consumer_host(index), consumer);
         }
     }
 }
