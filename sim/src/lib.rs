@@ -872,7 +872,11 @@ fn apply(world: &World, fault: &Fault, rng: &mut RelayRng) {
         Fault::WanRelease { consumer } => {
             wan_links(world, *consumer, |host| turmoil::release(RELAY_HOST, host))
         }
-        Fault::DcPartition { .. } | Fault::DcRepair | Fault::EventNoise(_) => {
+        Fault::DcPartition { .. }
+        | Fault::DcRepair
+        | Fault::EventNoise(_)
+        | Fault::EventPlaneRestart
+        | Fault::DiscoveryRestart => {
             planes::apply_fault(&world.plane, RELAY_HOST, fault);
             Vec::new()
         }

@@ -226,7 +226,8 @@ impl PoolTruth {
 /// When the links of each consumer and pool were outside a fault window, from the script.
 ///
 /// A window touches every consumer's links for a DC-plane partition (to its repair), event
-/// noise (to the noise being turned off) and a relay restart (an instant); one consumer's for
+/// noise (to the noise being turned off), a relay restart and a planes-host restart (instants);
+/// one consumer's for
 /// a WAN partition or hold on it (to its repair or release); one pool's for an overlapping
 /// incarnation of one of its workers (to the overlap's end). A window never closed lasts to the
 /// end of the run.
@@ -277,6 +278,9 @@ impl Health {
                     noise.get_or_insert(at);
                 }
                 Fault::RelayRestart => wan_close(&mut Some(at), at, &mut health.all),
+                Fault::EventPlaneRestart | Fault::DiscoveryRestart => {
+                    dc_close(&mut Some(at), at, &mut health.all);
+                }
                 Fault::WanPartition { consumer }
                 | Fault::WanRepair { consumer }
                 | Fault::WanHold { consumer }
