@@ -34,6 +34,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kvrelay::ckf::{Addressing, FINGERPRINT_BITS, Probe, SLOTS_PER_BUCKET, word_contains};
 use kvrelay::discovery::{ModelRegistration, ModelTarget};
+use kvrelay::sources::{RECOVERY_ATTEMPT_TIMEOUT, RECOVERY_BACKOFF_MAX};
 use kvrelay::workload::SimulatedDc;
 
 use crate::Check;
@@ -62,11 +63,15 @@ pub const NEVER_STORED_PROBES: usize = 4096;
 /// (HTTP/2 keepalive), reconnect, resubscribe and recover.
 pub const WAN_RECOVERY_MARGIN_MS: u64 = CONVERGENCE_BOUND_MS;
 
-/// After a fault window on the DC side ends (a DC-plane partition, event noise, an overlap),
-/// how long its pools stay outside the check: [`RECONNECT_MARGIN_MS`], which covers the relay's
-/// DC-plane probe and relist, a lease's TTL, and recovery queries timing out and retrying (the
-/// consumers' connections are untouched).
-pub const DC_RECOVERY_MARGIN_MS: u64 = RECONNECT_MARGIN_MS;
+/// After a fault window on the DC side ends (a DC-plane partition, event noise, an overlap, a
+/// planes-host restart), how long its pools stay outside the check: a recovery query in flight
+/// on a planes connection the fault cut is answered by nobody, and the relay retries it only
+/// after its attempt timeout ([`RECOVERY_ATTEMPT_TIMEOUT`], 30 s) and a backoff (at most
+/// [`RECOVERY_BACKOFF_MAX`], 5 s); [`RECONNECT_MARGIN_MS`] covers the DC-plane probe, the
+/// relist and the recovery itself (the consumers' connections are untouched).
+pub const DC_RECOVERY_MARGIN_MS: u64 =
+    (RECOVERY_ATTEMPT_TIMEOUT.as_secs() + RECOVERY_BACKOFF_MAX.as_secs()) * 1000
+        + RECONNECT_MARGIN_MS;
 
 /// Upper bound of one probe's false-positive probability with `occupied` of `slots` filter
 /// slots in use (see the module doc): `2·4·α / (2^16 − 1)`.
@@ -534,8 +539,8 @@ pub fn probe_stale(
 ) -> StaleProbed {
     let mut probes = 0u64;
     let mut present = 0u64;
-    let removed = truth.removed.iter().filter(|entry| !truth.holds(entry.hash));
-    for hash in removed.map(|entry| entry.hash).chain(never_stored.iter().copied()) {
+    let removed = truth.removed.iter().map(|entry| entry.hash);
+    for hash in removed.chain(never_stored.iter().copied()) {
         if truth.holds(hash) {
             continue;
         }
