@@ -31,13 +31,16 @@
 
 pub mod incident;
 pub mod net;
+mod observed;
 pub mod oracles;
 pub mod planes;
 pub mod replay;
 pub mod scenario;
 pub mod settled;
+pub mod shrink;
 pub mod timeline;
 pub mod trace;
+pub mod truth;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -66,6 +69,7 @@ use kvrelay_dc::SimulatedDc;
 use serde::Serialize;
 use tokio::sync::watch;
 
+use crate::observed::TruthWatch;
 use crate::planes::client::PlanesClient;
 use crate::planes::publisher::{Link, Publisher};
 use crate::planes::{PLANES_HOST, Planes};
@@ -299,6 +303,10 @@ struct World {
     settling: Arc<Mutex<Vec<Settling>>>,
     /// The current relay boot's publications (the pools' own filters).
     publications: Arc<Mutex<Option<Arc<PoolPublications>>>>,
+    /// Bumped whenever the DC's state may have changed (a tick, a fault, a lease expiry).
+    dc_version: Arc<AtomicU64>,
+    /// The truth oracles' view of every pool and the in-run staleness samples.
+    truth: Arc<Mutex<TruthWatch>>,
     trace: Trace,
     done: watch::Sender<bool>,
     result: Arc<Mutex<Option<Verdict>>>,
@@ -353,13 +361,15 @@ impl Sim {
     ///   sequence and filter words of the relay's own pool (read from its pool actors);
     /// - **no-false-negatives**: every canonical block the truth model says a pool's listed
     ///   workers hold is in every long-lived consumer's replica (with expected capacity
-    ///   omissions: at most the blocks the filter's occupancy cannot account for are absent);
+    ///   omissions: at most the distinct blocks beyond what the filter's format must hold);
     /// - **load-converges**: at every long-lived consumer, every catalogued pool's load is
     ///   complete and sums the truth model's occupancy of its listed workers (workers report
     ///   once more when traffic stops);
     /// - **converges-within-bound**: the consumers' catalog and readiness settled within
     ///   [`settled::CONVERGENCE_BOUND_MS`] of the last fault, their load within it of the later
     ///   of the last fault and traffic-off;
+    /// - **no-stale-blocks**, **bounded-staleness** and **registrations-equal-truth**: the
+    ///   replicas and registrations against the workload model's exact state (see [`truth`]);
     /// - **no-phantom-pools**: every catalogued `(endpoint, pool id)` is in the truth catalog;
     /// - **consumer-followed**: the scenario's expectation of each consumer's streams.
     #[must_use]
@@ -376,10 +386,11 @@ impl Sim {
             &mut dc_rng,
         ))));
         let (done, _) = watch::channel(false);
+        let script = Arc::new(scenario.script(self.seed, deployment.workers.len()));
         let world = World {
             seed: self.seed,
             scenario: Arc::new(scenario.clone()),
-            script: Arc::new(scenario.script(self.seed, deployment.workers.len())),
+            script: Arc::clone(&script),
             dc,
             plane: Arc::new(Mutex::new(Planes::new(rng_from_seed(derive_seed(
                 self.seed,
@@ -394,6 +405,19 @@ impl Sim {
             consumers: Arc::new(Mutex::new(vec![None; scenario.topology.consumers])),
             settling: Arc::new(Mutex::new(vec![Settling::default(); scenario.topology.consumers])),
             publications: Arc::default(),
+            dc_version: Arc::default(),
+            truth: Arc::new(Mutex::new(TruthWatch::new(
+                truth::Health::of_script(
+                    &script,
+                    scenario.topology.consumers,
+                    &deployment
+                        .workers
+                        .iter()
+                        .map(|worker| worker.endpoint.to_string())
+                        .collect::<Vec<_>>(),
+                ),
+                !scenario.expect.capacity_omissions,
+            ))),
             trace: Trace::default(),
             done,
             result: Arc::default(),
@@ -509,7 +533,13 @@ async fn serve_node(
     crashing: net::Crashing,
 ) -> HostResult {
     crashing.clear();
-    tokio::spawn(observe_relay(trace, boot, node.views.clone(), Arc::clone(&node.publications)));
+    tokio::spawn(observe_relay(
+        trace,
+        boot,
+        node.views.clone(),
+        Arc::clone(&node.publications),
+        node.status.clone(),
+    ));
     let tuning = WanTuning::default();
     let service = node.relay_service(clock, tuning);
     let listener = turmoil::net::TcpListener::bind(("0.0.0.0", RELAY_PORT)).await?;
@@ -517,6 +547,21 @@ async fn serve_node(
         .await?;
     node.shutdown().await;
     Ok(())
+}
+
+/// What `status` shows that no run may show: an invariant failure of the control plane or the
+/// endpoint host, or `healthy == false` with neither a fenced endpoint nor a shutdown behind it.
+fn node_fault(status: &kvrelay::node::NodeStatus) -> Option<String> {
+    let control = status.control.as_ref()?;
+    if let Some(error) = &control.control_last_error {
+        return Some(format!("control invariant failed: {error}"));
+    }
+    if let Some(error) = &control.host.host_last_error {
+        return Some(format!("host invariant failed: {error}"));
+    }
+    let healthy = status.healthy && control.healthy;
+    let explained = control.host.fenced_endpoint_count > 0 || control.host.shutting_down;
+    (!healthy && !explained).then(|| "unhealthy without a fenced endpoint or a shutdown".to_owned())
 }
 
 /// A recorder journaling one relay boot under `root`, as `kvrelay serve --record` does.
@@ -542,14 +587,18 @@ fn start_sim_recorder(
     )
 }
 
-/// Record every catalog and readiness the relay publishes, and any catalogued producer whose
-/// live publication went away while it was still catalogued.
+/// Record every catalog and readiness the relay publishes (an invalid one as such), any
+/// catalogued producer whose live publication went away while it was still catalogued, and a
+/// node fault when one starts or changes ([`node_fault`] of the status, read every turmoil
+/// step: the sample period is one step).
 async fn observe_relay(
     trace: Trace,
     boot: u64,
     views: WanViews,
     publications: Arc<PoolPublications>,
+    status: watch::Receiver<kvrelay::node::NodeStatus>,
 ) {
+    let mut last_fault: Option<String> = None;
     let mut last_catalog = None;
     let mut last_readiness = None;
     let mut catalogued: Vec<(String, ProducerIdentity)> = Vec::new();
@@ -557,29 +606,41 @@ async fn observe_relay(
     loop {
         let catalog = views.current_catalog();
         if last_catalog.as_ref().is_none_or(|last| !Arc::ptr_eq(last, &catalog)) {
-            if let Ok(update) = validate_catalog_update(&catalog) {
-                catalogued = update
-                    .pools
-                    .iter()
-                    .map(|d| (d.serving_endpoint.to_string(), d.producer))
-                    .collect();
-                live.retain(|p| catalogued.iter().any(|(_, c)| c == p));
-                trace.record(TraceEvent::RelayCatalog {
+            match validate_catalog_update(&catalog) {
+                Err(error) => trace.record(TraceEvent::InvalidUpdate {
                     boot,
-                    revision: update.revision,
-                    pools: update.pools.iter().map(ProducerTrace::of).collect(),
-                });
+                    plane: "catalog",
+                    error: error.to_string(),
+                }),
+                Ok(update) => {
+                    catalogued = update
+                        .pools
+                        .iter()
+                        .map(|d| (d.serving_endpoint.to_string(), d.producer))
+                        .collect();
+                    live.retain(|p| catalogued.iter().any(|(_, c)| c == p));
+                    trace.record(TraceEvent::RelayCatalog {
+                        boot,
+                        revision: update.revision,
+                        pools: update.pools.iter().map(ProducerTrace::of).collect(),
+                    });
+                }
             }
             last_catalog = Some(catalog);
         }
         let readiness = views.current_readiness();
         if last_readiness.as_ref().is_none_or(|last| !Arc::ptr_eq(last, &readiness)) {
-            if let Ok(update) = validate_readiness_update(&readiness) {
-                trace.record(TraceEvent::RelayReadiness {
+            match validate_readiness_update(&readiness) {
+                Err(error) => trace.record(TraceEvent::InvalidUpdate {
+                    boot,
+                    plane: "readiness",
+                    error: error.to_string(),
+                }),
+                Ok(update) => trace.record(TraceEvent::RelayReadiness {
                     boot,
                     revision: update.revision,
                     entries: update.entries.iter().map(EntryTrace::of).collect(),
-                });
+                }),
             }
             last_readiness = Some(readiness);
         }
@@ -592,6 +653,13 @@ async fn observe_relay(
                     producer: ProducerTrace::new(endpoint.clone(), producer),
                 });
             }
+        }
+        let fault = node_fault(&status.borrow());
+        if fault != last_fault {
+            if let Some(detail) = &fault {
+                trace.record(TraceEvent::NodeFault { boot, detail: detail.clone() });
+            }
+            last_fault = fault;
         }
         tokio::time::sleep(RELAY_SAMPLE).await;
     }
@@ -622,6 +690,7 @@ async fn run_dc(world: World, mut rng: RelayRng) -> HostResult {
             }
             facts
         });
+        world.dc_version.fetch_add(1, Ordering::Relaxed);
         publish(&world, facts);
         link.flush(&world.publisher).await;
     }
@@ -662,6 +731,7 @@ async fn run_planes(world: World) -> HostResult {
                 });
                 index.map(|index| dc.expire_lease(index))
             });
+            world.dc_version.fetch_add(1, Ordering::Relaxed);
             register(&world);
             record_truth(&world);
         }
@@ -802,7 +872,11 @@ fn apply(world: &World, fault: &Fault, rng: &mut RelayRng) {
         Fault::WanRelease { consumer } => {
             wan_links(world, *consumer, |host| turmoil::release(RELAY_HOST, host))
         }
-        Fault::DcPartition { .. } | Fault::DcRepair | Fault::EventNoise(_) => {
+        Fault::DcPartition { .. }
+        | Fault::DcRepair
+        | Fault::EventNoise(_)
+        | Fault::EventPlaneRestart
+        | Fault::DiscoveryRestart => {
             planes::apply_fault(&world.plane, RELAY_HOST, fault);
             Vec::new()
         }
@@ -823,6 +897,7 @@ fn apply(world: &World, fault: &Fault, rng: &mut RelayRng) {
     {
         lock(&world.plane).grant(lease);
     }
+    world.dc_version.fetch_add(1, Ordering::Relaxed);
     publish(world, facts);
 }
 
@@ -849,12 +924,14 @@ fn wan_links(
 async fn observe_consumers(world: World) {
     let hosts: Vec<String> =
         (0..world.scenario.topology.consumers).map(scenario::consumer_host).collect();
+    let truth = world.clone();
     follow_consumers_settling(
         world.trace.clone(),
         hosts,
         Arc::clone(&world.consumers),
         world.done.subscribe(),
         Some(Arc::clone(&world.settling)),
+        move || observed::sample_truth(&truth),
     )
     .await;
 }
@@ -867,16 +944,18 @@ async fn follow_consumers(
     slots: ConsumerSlots,
     done: watch::Receiver<bool>,
 ) {
-    follow_consumers_settling(trace, hosts, slots, done, None).await;
+    follow_consumers_settling(trace, hosts, slots, done, None, || {}).await;
 }
 
-/// [`follow_consumers`], also noting each view in `settling` (by the same index).
+/// [`follow_consumers`], also noting each view in `settling` (by the same index) and calling
+/// `each` once per sample.
 async fn follow_consumers_settling(
     trace: Trace,
     hosts: Vec<String>,
     slots: ConsumerSlots,
     mut done: watch::Receiver<bool>,
     settling: Option<Arc<Mutex<Vec<Settling>>>>,
+    mut each: impl FnMut(),
 ) {
     let mut last: Vec<Option<(ConsumerSnapshot, ConsumerTrace)>> = vec![None; hosts.len()];
     loop {
@@ -903,6 +982,7 @@ async fn follow_consumers_settling(
             }
             *last = Some((snapshot, view));
         }
+        each();
         tokio::select! {
             biased;
             _ = done.wait_for(|done| *done) => return,
@@ -928,6 +1008,7 @@ async fn run_checker(world: World) -> HostResult {
     let planes = planes::counters(&world.plane, &world.publisher);
     world.trace.record(TraceEvent::TrafficOff { planes });
     tokio::time::sleep(QUIESCENCE).await;
+    lock(&world.truth).stop();
     let result = evaluate(&world).await;
     *lock(&world.result) = Some(result);
     world.done.send_replace(true);
@@ -1041,7 +1122,10 @@ fn no_false_negatives(
         .iter()
         .map(|pool| {
             let endpoint = pool.descriptor.serving_endpoint.to_string();
-            let hashes = world.dc.with(|dc| truth_hashes(dc, &endpoint));
+            let mut hashes = world.dc.with(|dc| truth_hashes(dc, &endpoint));
+            // A block cached by several ranks is one block of the pool's filter.
+            hashes.sort_unstable();
+            hashes.dedup();
             let addressing = Addressing::new(&pool.producer.format());
             let absent = consumer.filter_copy(&pool.producer.pool_id()).map(|copy| {
                 hashes
@@ -1056,7 +1140,9 @@ fn no_false_negatives(
                     })
                     .count()
             });
-            Probed { endpoint, cached: hashes.len(), absent, resident_slots: pool.resident_slots }
+            let slots =
+                pool.producer.format().bucket_count * u64::from(kvrelay_core::filter::ckf::SLOTS_PER_BUCKET);
+            Probed { endpoint, cached: hashes.len(), absent, slots }
         })
         .collect();
     settled::no_false_negatives(&probed, world.scenario.expect.capacity_omissions)
@@ -1299,8 +1385,24 @@ async fn evaluate(world: &World) -> Verdict {
         })
     })
     .await;
+    let stale = within_convergence(async || {
+        let catalogued = reference.snapshot();
+        at_every_consumer(&consumers, |_, consumer| {
+            observed::no_stale_blocks(world, consumer, &catalogued)
+        })
+    })
+    .await;
+    let registrations = within_convergence(async || {
+        at_every_consumer(&consumers, |_, consumer| {
+            observed::registrations_equal_truth(world, &consumer.snapshot())
+        })
+    })
+    .await;
     checks.push(equal);
     checks.push(complete);
+    checks.push(stale);
+    checks.push(observed::bounded_staleness(world));
+    checks.push(registrations);
     let load = within_convergence(async || {
         let catalogued = reference.snapshot();
         at_every_consumer(&consumers, |_, consumer| {
@@ -1353,4 +1455,46 @@ fn digest(snapshots: &[&ConsumerSnapshot], consumers: &[&RelayConsumer]) -> Stri
         }
     }
     hasher.finalize().to_hex()[..16].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use kvrelay_core::control::ControlHealth;
+    use kvrelay::node::NodeStatus;
+    use kvrelay_core::host::HostHealth;
+
+    use super::node_fault;
+
+    fn status(healthy: bool, control_error: Option<&str>, fenced: usize) -> NodeStatus {
+        let host = HostHealth {
+            healthy: fenced == 0,
+            shutting_down: false,
+            host_last_error: None,
+            endpoint_count: 2,
+            active_endpoint_count: 2 - fenced,
+            fenced_endpoint_count: fenced,
+        };
+        let control = ControlHealth {
+            healthy,
+            host,
+            control_last_error: control_error.map(str::to_owned),
+            catalog_revision: 1,
+            topology_revision: 1,
+            pool_count: 2 - fenced,
+            degraded_load_coverage_pool_count: 0,
+            counters: Default::default(),
+        };
+        NodeStatus { healthy, control: Some(control), ..NodeStatus::default() }
+    }
+
+    #[test]
+    fn an_invariant_failure_or_an_unexplained_unhealthy_node_is_a_fault() {
+        assert_eq!(node_fault(&status(true, None, 0)), None);
+        assert_eq!(node_fault(&NodeStatus::default()), None, "before the first step");
+        // A fenced endpoint explains an unhealthy node.
+        assert_eq!(node_fault(&status(false, None, 1)), None);
+        let failed = node_fault(&status(false, Some("a tracker without a pool"), 0));
+        assert_eq!(failed.as_deref(), Some("control invariant failed: a tracker without a pool"));
+        assert!(node_fault(&status(false, None, 0)).unwrap().contains("unhealthy"));
+    }
 }

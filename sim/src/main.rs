@@ -60,6 +60,10 @@ enum Command {
         /// The seed range, `A..B`.
         #[arg(long)]
         seeds: String,
+        /// Also check determinism: every scenario run twice at this seed (its sweep run and one
+        /// more) must give identical traces and digests, or the sweep fails.
+        #[arg(long, value_name = "SEED")]
+        determinism_seed: Option<u64>,
     },
     /// Replay a journal recorded by `kvrelay serve --record` (or a simulated run) in the
     /// simulator: the relay node on a turmoil host with the recorded configuration and seed, fed
@@ -108,6 +112,20 @@ enum Command {
         #[arg(long, value_name = "DIR/NAME")]
         out: PathBuf,
     },
+    /// Shrink a failing run: search for the smallest fault list (drawn faults materialized as
+    /// scripted ones) and the shortest `run_ms` that still fail with the same oracle at the
+    /// seed, and write them as a scenario file.
+    Shrink {
+        /// The failing scenario file.
+        file: PathBuf,
+        /// The seed it fails at.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Where to write the reduced scenario (default: `shrunk-<name>-seed<N>.toml` in the
+        /// current directory, outside `scenarios/` so sweeps do not pick it up).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Run a seed twice and compare the trace digests.
     Determinism {
         /// The scenario file.
@@ -143,7 +161,28 @@ fn progress(name: &str, seed: u64, passed: bool, wall: std::time::Duration, extr
     let _ = std::io::stdout().flush();
 }
 
-fn sweep(dir: &std::path::Path, seeds: std::ops::Range<u64>) -> anyhow::Result<ExitCode> {
+/// Whether `second` (a run of `first`'s scenario file `file` at its seed) gave the same trace
+/// and digest: the line to print, `Err` when they differ.
+fn same_run(first: &kvrelay_sim::Outcome, second: &kvrelay_sim::Outcome) -> Result<String, String> {
+    let seed = first.seed;
+    if first.digest == second.digest && first.trace == second.trace {
+        Ok(format!("deterministic: {} seed {seed} digest {}", first.scenario, first.digest))
+    } else {
+        let diverged = first_difference(&first.trace, &second.trace);
+        Err(format!(
+            "NOT deterministic: {} seed {seed}: digests {} and {}, traces diverge at event \
+             {diverged}; reproduce: cargo run --profile test -p kvrelay-sim -- determinism {} \
+             --seed {seed}",
+            first.scenario, first.digest, second.digest, first.file
+        ))
+    }
+}
+
+fn sweep(
+    dir: &std::path::Path,
+    seeds: std::ops::Range<u64>,
+    determinism_seed: Option<u64>,
+) -> anyhow::Result<ExitCode> {
     let scenarios = Scenario::load_dir(dir)?;
     anyhow::ensure!(!scenarios.is_empty(), "no *.toml scenario in {}", dir.display());
     let incidents = Incident::load_dir(&dir.join("incidents"))?;
@@ -151,11 +190,16 @@ fn sweep(dir: &std::path::Path, seeds: std::ops::Range<u64>) -> anyhow::Result<E
     let mut rows: BTreeMap<String, Row> = BTreeMap::new();
     let mut failures = Vec::new();
     let mut done = 0u64;
+    let (mut deterministic, mut nondeterministic) = (0u64, 0u64);
     for scenario in &scenarios {
+        let mut witness = None;
         for seed in seeds.clone() {
             #[allow(clippy::disallowed_methods)] // the wall time of a run is a report, not logic
             let started = std::time::Instant::now();
             let outcome = Sim::new(seed).run(scenario);
+            if determinism_seed == Some(seed) {
+                witness = Some(outcome.clone());
+            }
             let row = rows.entry(scenario.name.clone()).or_default();
             let wall = started.elapsed();
             row.wall += wall;
@@ -181,6 +225,24 @@ fn sweep(dir: &std::path::Path, seeds: std::ops::Range<u64>) -> anyhow::Result<E
                     outcome.reproduce_command()
                 );
                 failures.push(outcome.reproduce_command());
+            }
+        }
+        if let Some(seed) = determinism_seed {
+            // Other runs came between the two (tokio task ids and allocator state moved on).
+            let first = witness.take().unwrap_or_else(|| Sim::new(seed).run(scenario));
+            match same_run(&first, &Sim::new(seed).run(scenario)) {
+                Ok(line) => {
+                    deterministic += 1;
+                    println!("  {line}");
+                }
+                Err(line) => {
+                    nondeterministic += 1;
+                    println!("FAIL {line}");
+                    failures.push(format!(
+                        "cargo run --profile test -p kvrelay-sim -- determinism {} --seed {seed}",
+                        first.file
+                    ));
+                }
             }
         }
         println!("[{done}/{total}] {} done", scenario.name);
@@ -229,11 +291,18 @@ fn sweep(dir: &std::path::Path, seeds: std::ops::Range<u64>) -> anyhow::Result<E
             row.converged_ms
         );
     }
+    if let Some(seed) = determinism_seed {
+        println!(
+            "determinism: {deterministic} of {} scenarios replay seed {seed} identically",
+            scenarios.len()
+        );
+    }
     if failures.is_empty() {
         println!("sweep: {total} passed, 0 failed");
         Ok(ExitCode::SUCCESS)
     } else {
-        println!("sweep: {} passed, {} failed", total - failures.len() as u64, failures.len());
+        let failed = failures.len() as u64 - nondeterministic;
+        println!("sweep: {} passed, {failed} failed", total - failed);
         for command in failures {
             println!("  {command}");
         }
@@ -338,7 +407,9 @@ fn main() -> anyhow::Result<ExitCode> {
             }
             Ok(if outcome.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
-        Command::Sweep { dir, seeds } => sweep(&dir, parse_range(&seeds)?),
+        Command::Sweep { dir, seeds, determinism_seed } => {
+            sweep(&dir, parse_range(&seeds)?, determinism_seed)
+        }
         Command::Replay { journal, until, trace, fault, seed, twice, consumer_after_end } => {
             let until = until.map(seconds_arg).transpose()?;
             let faults = fault.as_deref().map(kvrelay_sim::replay::faults::load).transpose()?;
@@ -415,26 +486,73 @@ fn main() -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        Command::Shrink { file, seed, out } => {
+            let scenario = Scenario::load(&file)?;
+            let out = out.unwrap_or_else(|| {
+                PathBuf::from(format!("shrunk-{}-seed{seed}.toml", scenario.name))
+            });
+            let mut progress = |line: &str| {
+                println!("  {line}");
+                let _ = std::io::stdout().flush();
+            };
+            let shrunk = kvrelay_sim::shrink::shrink(&scenario, seed, &mut progress)?;
+            let text = shrunk.to_file(&file.display().to_string(), &out.display().to_string())?;
+            std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
+            println!(
+                "shrunk {} seed {seed} ({}): {} of {} faults, run_ms {} of {}, {} runs; wrote {}",
+                scenario.name,
+                shrunk.oracle,
+                shrunk.scenario.faults.len(),
+                shrunk.faults_before,
+                shrunk.scenario.run_ms,
+                shrunk.run_ms_before,
+                shrunk.runs,
+                out.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Determinism { file, seed } => {
             let scenario = Scenario::load(&file)?;
             let first = Sim::new(seed).run(&scenario);
             let second = Sim::new(seed).run(&scenario);
-            if first.digest == second.digest && first.trace == second.trace {
-                println!("deterministic: {} seed {seed} digest {}", scenario.name, first.digest);
-                Ok(ExitCode::SUCCESS)
-            } else {
-                let diverged = first_difference(&first.trace, &second.trace);
-                println!(
-                    "NOT deterministic: {} seed {seed}: digests {} and {}, traces diverge at \
-                     event {diverged}; reproduce: cargo run --profile test -p kvrelay-sim -- determinism {} \
-                     --seed {seed}",
-                    scenario.name,
-                    first.digest,
-                    second.digest,
-                    file.display()
-                );
-                Ok(ExitCode::FAILURE)
-            }
+            let verdict = same_run(&first, &second);
+            println!("{}", verdict.as_ref().unwrap_or_else(|line| line));
+            Ok(exit(verdict.is_ok()))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kvrelay_sim::trace::{Stamped, TraceEvent};
+
+    use super::*;
+
+    fn outcome(digest: &str, trace: Vec<Stamped>) -> kvrelay_sim::Outcome {
+        kvrelay_sim::Outcome {
+            seed: 3,
+            scenario: "s".into(),
+            file: "scenarios/s.toml".into(),
+            checks: Vec::new(),
+            digest: digest.into(),
+            trace,
+            view: kvrelay_sim::FinalView::default(),
+            error: None,
+            simulated: std::time::Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn runs_that_differ_fail_the_determinism_check() {
+        let boot = |ms| Stamped { ms, event: TraceEvent::RelayBoot { boot: 0, incarnation: 1 } };
+        let first = outcome("aa", vec![boot(0), boot(5)]);
+        assert!(same_run(&first, &first.clone()).is_ok());
+        let other_digest = outcome("bb", first.trace.clone());
+        let line = same_run(&first, &other_digest).unwrap_err();
+        assert!(line.contains("digests aa and bb"), "{line}");
+        let other_trace = outcome("aa", vec![boot(0), boot(10)]);
+        let line = same_run(&first, &other_trace).unwrap_err();
+        assert!(line.contains("diverge at event 1"), "{line}");
+        assert!(line.contains("determinism scenarios/s.toml --seed 3"), "{line}");
     }
 }

@@ -10,7 +10,12 @@
 //! - **no-ready-without-roles**: the relay never published READY for a model the truth model had
 //!   called unservable for longer than [`SETTLE_MS`] (while the relay could see the DC);
 //! - **unknown-only-before-authority**: the relay published UNKNOWN only within [`SETTLE_MS`]
-//!   of a boot or of the end of a DC-plane partition (before authoritative availability).
+//!   of a boot or of the end of a DC-plane partition (before authoritative availability);
+//! - **node-healthy**: the node's status, read after every step of every boot, never showed a
+//!   control-plane or host invariant failure (`control_last_error`, `host_last_error`), nor
+//!   `healthy == false` without a fenced endpoint or a shutdown to explain it;
+//! - **updates-valid**: every catalog and readiness update the relay published passes the wire
+//!   validation, and no consumer counted an invalid message or a contract mismatch.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -29,7 +34,57 @@ pub fn trace_checks(events: &[Stamped]) -> Vec<Check> {
         withdrawal_precedes_teardown(events),
         no_ready_without_roles(events),
         unknown_only_before_authority(events),
+        node_healthy(events),
+        updates_valid(events),
     ]
+}
+
+/// No node-fault event: the node's status never showed an invariant failure or an
+/// unexplained unhealthy state.
+#[must_use]
+pub fn node_healthy(events: &[Stamped]) -> Check {
+    let violations: Vec<String> = events
+        .iter()
+        .filter_map(|stamped| match &stamped.event {
+            TraceEvent::NodeFault { boot, detail } => {
+                Some(format!("boot {boot} at {} ms: {detail}", stamped.ms))
+            }
+            _ => None,
+        })
+        .collect();
+    let boots =
+        events.iter().filter(|stamped| matches!(stamped.event, TraceEvent::RelayBoot { .. }));
+    let fine = format!("{} boots, status healthy after every step", boots.count());
+    verdict("node-healthy", &violations, fine)
+}
+
+/// No invalid update published, none counted invalid or mismatched at a consumer.
+#[must_use]
+pub fn updates_valid(events: &[Stamped]) -> Check {
+    let mut violations = Vec::new();
+    let mut updates = 0usize;
+    let mut faults: BTreeMap<&str, &BTreeMap<String, u64>> = BTreeMap::new();
+    for stamped in events {
+        match &stamped.event {
+            TraceEvent::InvalidUpdate { boot, plane, error } => violations.push(format!(
+                "boot {boot} published an invalid {plane} update at {} ms: {error}",
+                stamped.ms
+            )),
+            TraceEvent::RelayCatalog { .. } | TraceEvent::RelayReadiness { .. } => updates += 1,
+            TraceEvent::Consumer(view) => {
+                faults.insert(view.consumer.as_str(), &view.faults);
+            }
+            _ => {}
+        }
+    }
+    for (consumer, counts) in &faults {
+        for (kind, count) in counts.iter() {
+            if kind.ends_with("/invalid-message") || kind.ends_with("/contract-mismatch") {
+                violations.push(format!("{consumer}: {count} {kind} fault(s)"));
+            }
+        }
+    }
+    verdict("updates-valid", &violations, format!("{updates} published updates valid"))
 }
 
 /// The check `name`: passed with `fine` as its detail when there are no `violations`, else
@@ -327,6 +382,33 @@ mod tests {
             [boot.clone(), readiness(10, "unknown"), at(SETTLE_MS + 5, truth(0, true).event)];
         assert!(!unknown_only_before_authority(&lingering).passed);
         assert!(!unknown_only_before_authority(&[boot, readiness(SETTLE_MS, "unknown")]).passed);
+    }
+
+    #[test]
+    fn a_node_fault_or_an_invalid_update_fails_the_run() {
+        let boot = at(0, TraceEvent::RelayBoot { boot: 0, incarnation: 1 });
+        assert!(node_healthy(std::slice::from_ref(&boot)).passed);
+        let fault =
+            at(40, TraceEvent::NodeFault { boot: 0, detail: "control invariant: x".into() });
+        let check = node_healthy(&[boot.clone(), fault]);
+        assert!(!check.passed);
+        assert!(check.detail.contains("boot 0 at 40 ms: control invariant: x"), "{}", check.detail);
+        assert!(updates_valid(&[boot.clone(), catalog(1, vec![producer(1)])]).passed);
+        let invalid =
+            at(50, TraceEvent::InvalidUpdate { boot: 0, plane: "catalog", error: "bad".into() });
+        assert!(!updates_valid(&[boot.clone(), invalid]).passed);
+        let view = TraceEvent::Consumer(crate::trace::ConsumerTrace {
+            consumer: "consumer-a".into(),
+            catalog_revision: None,
+            pools: Vec::new(),
+            readiness: Vec::new(),
+            subscriptions: 0,
+            replicas_dropped: 0,
+            faults: [("readiness/invalid-message".to_owned(), 1)].into(),
+        });
+        let check = updates_valid(&[boot, at(60, view)]);
+        assert!(!check.passed);
+        assert!(check.detail.contains("1 readiness/invalid-message"), "{}", check.detail);
     }
 
     #[test]

@@ -446,6 +446,12 @@ pub enum Fault {
     EventNoise(Noise),
     /// Crash the relay host and boot it again (new incarnation, every state rebuilt).
     RelayRestart,
+    /// The event-plane server restarts: every relay connection to the planes host drops,
+    /// messages published until the relay subscribes again are lost.
+    EventPlaneRestart,
+    /// The discovery store restarts with its watch history compacted: every relay connection
+    /// drops, and a relay behind the current revision must relist.
+    DiscoveryRestart,
     /// Skew the relay's wall clock by `ms` (from the true simulated time).
     ClockSkew {
         /// Milliseconds, positive ahead, negative behind.
@@ -524,6 +530,12 @@ pub enum RandomKind {
     DcPartition,
     /// A relay crash and restart.
     RelayRestart,
+    /// The event-plane server restarts: the relay's connection to the planes host drops and
+    /// the messages published until it subscribes again are lost.
+    EventPlaneRestart,
+    /// The discovery store restarts with its watch history compacted: the relay's connection
+    /// drops and it must relist unless it was already at the current revision.
+    DiscoveryRestart,
     /// A skew of the relay's wall clock.
     ClockSkew,
     /// A worker crash, and its start (same or new id) at the window's end.
@@ -905,6 +917,8 @@ fn draw(random: &RandomFaults, seed: u64, workers: usize, consumers: usize) -> V
                 at(end, Fault::DcRepair);
             }
             RandomKind::RelayRestart => at(start, Fault::RelayRestart),
+            RandomKind::EventPlaneRestart => at(start, Fault::EventPlaneRestart),
+            RandomKind::DiscoveryRestart => at(start, Fault::DiscoveryRestart),
             RandomKind::ClockSkew => {
                 let ms = i64::try_from(below(20_000)).unwrap_or(0) - 10_000;
                 at(start, Fault::ClockSkew { ms });

@@ -211,6 +211,23 @@ pub enum TraceEvent {
         /// What the DC planes did.
         planes: PlaneCounters,
     },
+    /// The node's status showed an invariant failure or an unexplained unhealthy state
+    /// (recorded when it starts or changes).
+    NodeFault {
+        /// Boot.
+        boot: u64,
+        /// What the status showed.
+        detail: String,
+    },
+    /// The relay published a catalog or readiness update that fails the wire validation.
+    InvalidUpdate {
+        /// Boot.
+        boot: u64,
+        /// `catalog` or `readiness`.
+        plane: &'static str,
+        /// The validation error.
+        error: String,
+    },
 }
 
 impl TraceEvent {
@@ -226,6 +243,8 @@ impl TraceEvent {
             TraceEvent::Truth { .. } => "truth",
             TraceEvent::Consumer(_) => "consumer",
             TraceEvent::TrafficOff { .. } => "traffic-off",
+            TraceEvent::NodeFault { .. } => "node-fault",
+            TraceEvent::InvalidUpdate { .. } => "invalid-update",
         }
     }
 }

@@ -99,6 +99,8 @@ pub struct Planes {
     held: Option<EventMessage>,
     rng: RelayRng,
     next_connection: u64,
+    /// Server restarts so far: a relay connection accepted before the latest one is closed.
+    epoch: u64,
     /// What happened so far.
     pub counters: PlaneCounters,
 }
@@ -115,6 +117,7 @@ impl Planes {
             held: None,
             rng,
             next_connection: 0,
+            epoch: 0,
             counters: PlaneCounters::default(),
         }
     }
@@ -123,6 +126,24 @@ impl Planes {
     #[must_use]
     pub fn revision(&self) -> u64 {
         self.store.revision()
+    }
+
+    /// Server restarts so far.
+    #[must_use]
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The servers restart: every relay connection accepted before drops (the subscription
+    /// with it: what is published until the relay subscribes again is lost), and with
+    /// `compact` the discovery store forgets its watch history. Keys and leases persist.
+    pub fn restart(&mut self, compact: bool) {
+        self.epoch += 1;
+        self.subscriber = None;
+        self.held = None;
+        if compact {
+            self.store.compact();
+        }
     }
 
     /// A fresh connection id.
@@ -307,7 +328,8 @@ pub fn is_event_plane(fact: &DcInput) -> bool {
 
 /// Apply a DC-plane fault between host `relay` and the planes host: `dc-partition` cuts
 /// (turmoil partition) or stalls (turmoil hold) the link, `dc-repair` restores it,
-/// `event-noise` sets the noise. Returns whether `fault` was one of these.
+/// `event-noise` sets the noise, `event-plane-restart` and `discovery-restart` restart the
+/// planes host's servers ([`Planes::restart`]). Returns whether `fault` was one of these.
 pub fn apply_fault(planes: &Mutex<Planes>, relay: &str, fault: &Fault) -> bool {
     let mut planes = planes.lock().unwrap_or_else(PoisonError::into_inner);
     match fault {
@@ -324,6 +346,8 @@ pub fn apply_fault(planes: &Mutex<Planes>, relay: &str, fault: &Fault) -> bool {
             planes.set_link(None);
         }
         Fault::EventNoise(noise) => planes.set_noise(*noise),
+        Fault::EventPlaneRestart => planes.restart(false),
+        Fault::DiscoveryRestart => planes.restart(true),
         _ => return false,
     }
     true

@@ -68,7 +68,13 @@ async fn connection_task(
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
     let mut wrote = false;
     let mut buffer = BytesMut::new();
+    let epoch = lock(&planes).epoch();
+    // Set once the peer spoke as a relay: a server restart closes relay connections only.
+    let mut relay_side = false;
     loop {
+        if relay_side && lock(&planes).epoch() != epoch {
+            break;
+        }
         let ready = async {
             match &notify {
                 Some(notify) => notify.notified().await,
@@ -80,6 +86,7 @@ async fn connection_task(
             incoming = frames.next() => {
                 let Some(Ok(body)) = incoming else { break };
                 let Ok(request) = frame::decode::<ToPlanes>(&body) else { break };
+                relay_side |= !matches!(request, ToPlanes::Publish(_));
                 match request {
                     ToPlanes::Subscribe { after } => {
                         let (first, wake) = lock(&planes).subscribe(connection, after);

@@ -75,6 +75,12 @@ impl Store {
         self.entries.iter().map(|(key, entry)| (key.clone(), entry.value.clone())).collect()
     }
 
+    /// Forget the whole watch history (a restart with compaction at the current revision): a
+    /// watch from an older revision is then compacted.
+    pub fn compact(&mut self) {
+        self.history.clear();
+    }
+
     /// The changes after `revision`, or [`Resume::Compacted`] if some were forgotten.
     #[must_use]
     pub fn since(&self, revision: u64) -> Resume {
@@ -272,5 +278,19 @@ mod tests {
         }
         assert_eq!(store.since(0), Resume::Compacted);
         assert!(matches!(store.since(store.revision() - 1), Resume::Changes(c) if c.len() == 1));
+    }
+
+    #[test]
+    fn a_restart_with_compaction_compacts_every_older_watch_and_keeps_the_keys() {
+        let mut store = Store::default();
+        store.sync(&desired(&[("a", "1", 1)]), 0, TTL);
+        store.sync(&desired(&[("a", "2", 1), ("b", "1", 2)]), 0, TTL);
+        let behind = store.revision() - 1;
+        assert!(matches!(store.since(behind), Resume::Changes(c) if c.len() == 1));
+        store.compact();
+        assert_eq!(store.since(behind), Resume::Compacted);
+        // A watch already at the current revision resumes; the keys are all still there.
+        assert_eq!(store.since(store.revision()), Resume::Changes(Vec::new()));
+        assert_eq!(store.listing().len(), 2);
     }
 }

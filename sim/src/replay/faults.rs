@@ -34,6 +34,10 @@ pub fn unsupported(fault: &Fault) -> Option<String> {
         | Fault::DcRepair
         | Fault::RelayRestart
         | Fault::ClockSkew { .. } => None,
+        Fault::EventPlaneRestart | Fault::DiscoveryRestart => Some(format!(
+            "{} acts on the simulated planes host, which a replay does not have",
+            fault.action()
+        )),
         Fault::EventNoise(noise) => noise.validate().err(),
         worker_level => Some(format!(
             "`{}` acts on a simulated worker, and a replay has no worker model: its inputs are \

@@ -1,0 +1,254 @@
+//! The truth oracles' side of a run: the truth model's pools sampled as the DC changes, every
+//! long-lived consumer's replicas sampled at the observer's cadence for bounded staleness, and
+//! the final no-stale-blocks and registrations checks (see [`crate::truth`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use kvrelay_core::filter::ckf::Addressing;
+use kvrelay_consumer::{ConsumerSnapshot, RelayConsumer};
+use kvrelay_core::model::identity::{PoolId, ProducerIdentity};
+use kvrelay_core::rng::{derive_seed, rng_from_seed};
+use kvrelay_dc::SimulatedDc;
+use rand_core::Rng as _;
+
+use crate::settled::{self, PoolKey};
+use crate::truth::{self, Health, PoolTruth, Sample, Staleness};
+use crate::{Check, World, lock, sim_dc_id, sim_ms};
+
+/// Each listed rank's held blocks with since when it holds them, by `(worker index, rank,
+/// publisher incarnation)`.
+type Holders = BTreeMap<(usize, usize, u64), Vec<(u64, u64)>>;
+
+/// A replica's words as last copied, by consumer index and pool.
+type Copies = BTreeMap<(usize, PoolId), (ProducerIdentity, u64, Arc<Vec<u64>>)>;
+
+/// The truth model's pools over the run and what the staleness samples found.
+#[derive(Debug)]
+pub(crate) struct TruthWatch {
+    health: Health,
+    presence: bool,
+    /// The DC version the pools were last updated at.
+    version: Option<u64>,
+    /// Each KV-publishing endpoint's pool truth.
+    pools: BTreeMap<String, PoolTruth>,
+    /// Each KV-publishing endpoint's holders at the last update.
+    holders: BTreeMap<String, Holders>,
+    /// The pools the truth model says are catalogued, at the last update.
+    catalog: BTreeSet<PoolKey>,
+    staleness: Staleness,
+    copies: Copies,
+    /// Set when the final evaluation begins: sampling ends there.
+    stopped: bool,
+}
+
+impl TruthWatch {
+    /// A watch judging links by `health`; held blocks must be present unless `presence` is
+    /// off (expected capacity omissions).
+    pub(crate) fn new(health: Health, presence: bool) -> Self {
+        TruthWatch {
+            health,
+            presence,
+            version: None,
+            pools: BTreeMap::new(),
+            holders: BTreeMap::new(),
+            catalog: BTreeSet::new(),
+            staleness: Staleness::default(),
+            copies: BTreeMap::new(),
+            stopped: false,
+        }
+    }
+
+    /// End the in-run sampling (the final evaluation begins).
+    pub(crate) fn stop(&mut self) {
+        self.stopped = true;
+    }
+
+    /// Bring every pool's truth to `dc`'s state at `now`, unless `version` was seen already.
+    fn update(&mut self, now: u64, version: u64, dc: &SimulatedDc) {
+        if self.version == Some(version) {
+            return;
+        }
+        self.version = Some(version);
+        // Every listed rank's blocks, each with since when that publisher incarnation holds it.
+        let mut sources: BTreeMap<String, Holders> = BTreeMap::new();
+        let mut unknown: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        for (index, worker) in dc.workers().iter().enumerate() {
+            if !worker.spec().publishes_kv {
+                continue;
+            }
+            let endpoint = worker.spec().endpoint.to_string();
+            let pool = sources.entry(endpoint.clone()).or_default();
+            let unknown = unknown.entry(endpoint.clone()).or_default();
+            if !dc.is_listed(index) {
+                continue;
+            }
+            for (rank_index, rank) in worker.ranks().iter().enumerate() {
+                let mut hashes: Vec<u64> = rank.canonical_hashes().collect();
+                if dc.in_overlap(index) {
+                    unknown.extend(hashes);
+                    continue;
+                }
+                hashes.sort_unstable();
+                let key = (index, rank_index, rank.publisher_id());
+                let before = self.holders.get(&endpoint).and_then(|holders| holders.get(&key));
+                let held = hashes
+                    .into_iter()
+                    .map(|hash| {
+                        let since = before
+                            .and_then(|before| {
+                                before.binary_search_by_key(&hash, |held| held.0).ok()
+                            })
+                            .map_or(now, |found| before.map_or(now, |before| before[found].1));
+                        (hash, since)
+                    })
+                    .collect();
+                pool.insert(key, held);
+            }
+        }
+        for (endpoint, holders) in &sources {
+            let mut held: Vec<(u64, u64)> = holders.values().flatten().copied().collect();
+            // By hash, the earliest since first; keep that one.
+            held.sort_unstable();
+            held.dedup_by_key(|held| held.0);
+            let mut unknown = unknown.remove(endpoint).unwrap_or_default();
+            unknown.sort_unstable();
+            unknown.dedup();
+            self.pools.entry(endpoint.clone()).or_default().update(now, &held, unknown);
+        }
+        self.holders = sources;
+        self.catalog = settled::truth_catalog(dc, sim_dc_id());
+    }
+
+    /// The words of `consumer`'s replica of `pool` (copied again only when its sequence moved).
+    fn words(
+        copies: &mut Copies,
+        index: usize,
+        consumer: &RelayConsumer,
+        pool: &kvrelay_consumer::PoolReplicaState,
+    ) -> Option<Arc<Vec<u64>>> {
+        let pool_id = pool.producer.pool_id();
+        let key = (index, pool_id);
+        let sequence = pool.sequence?;
+        if let Some((producer, seen, words)) = copies.get(&key)
+            && *producer == pool.producer
+            && *seen == sequence
+        {
+            return Some(Arc::clone(words));
+        }
+        let copy = consumer.filter_copy(&key.1)?;
+        if copy.producer != pool.producer {
+            return None;
+        }
+        let words = Arc::new(copy.words);
+        copies.insert(key, (copy.producer, copy.sequence, Arc::clone(&words)));
+        Some(words)
+    }
+
+    /// One bounded-staleness sample of consumer `index` (host `host`) at `now`.
+    fn sample(&mut self, now: u64, index: usize, host: &str, consumer: &RelayConsumer) {
+        let snapshot = consumer.snapshot();
+        for key in &self.catalog {
+            let Some(healthy_since) = self.health.healthy_since(now, index, &key.endpoint) else {
+                continue;
+            };
+            let Some(pool_truth) = self.pools.get_mut(&key.endpoint) else { continue };
+            let pool = snapshot.pools.iter().find(|pool| {
+                pool.descriptor.serving_endpoint.to_string() == key.endpoint
+                    && pool.producer.pool_id().to_string() == key.pool
+            });
+            let words = pool.and_then(|pool| {
+                pool_truth.address(Addressing::new(&pool.producer.format()));
+                Self::words(&mut self.copies, index, consumer, pool)
+            });
+            self.staleness.observe(
+                pool_truth,
+                Sample {
+                    now,
+                    consumer: host,
+                    endpoint: &key.endpoint,
+                    healthy_since,
+                    words: words.as_deref().map(Vec::as_slice),
+                    presence: self.presence,
+                },
+            );
+        }
+    }
+}
+
+/// Bring the truth model up to date and sample every long-lived consumer (called by the
+/// consumer observer at its cadence), from the start through quiescence until the final
+/// evaluation begins.
+pub(crate) fn sample_truth(world: &World) {
+    let mut watch = lock(&world.truth);
+    if watch.stopped {
+        return;
+    }
+    let now = sim_ms();
+    let version = world.dc_version.load(Ordering::Relaxed);
+    world.dc.with(|dc| watch.update(now, version, dc));
+    let consumers = lock(&world.consumers).clone();
+    for (index, consumer) in consumers.iter().enumerate() {
+        if let Some(consumer) = consumer {
+            watch.sample(now, index, &crate::scenario::consumer_host(index), consumer);
+        }
+    }
+}
+
+/// The bounded-staleness verdict over every sample so far.
+pub(crate) fn bounded_staleness(world: &World) -> Check {
+    lock(&world.truth).staleness.check()
+}
+
+/// Hashes no worker holds or held, drawn from the seed: the never-stored probes.
+fn never_stored(seed: u64, watch: &TruthWatch, endpoint: &str) -> Vec<u64> {
+    let mut rng = rng_from_seed(derive_seed(seed, &format!("sim/never-stored/{endpoint}")));
+    let pool = watch.pools.get(endpoint);
+    (0..truth::NEVER_STORED_PROBES)
+        .map(|_| rng.next_u64())
+        .filter(|hash| pool.is_none_or(|pool| !pool.holds(*hash)))
+        .collect()
+}
+
+/// No stale blocks in `consumer`'s replicas of the pools `catalogued` shows (the truth brought
+/// up to date first).
+pub(crate) fn no_stale_blocks(
+    world: &World,
+    consumer: &RelayConsumer,
+    catalogued: &ConsumerSnapshot,
+) -> Check {
+    let mut watch = lock(&world.truth);
+    let version = world.dc_version.load(Ordering::Relaxed);
+    world.dc.with(|dc| watch.update(sim_ms(), version, dc));
+    let mut probed = Vec::new();
+    for pool in &catalogued.pools {
+        let endpoint = pool.descriptor.serving_endpoint.to_string();
+        let never = never_stored(world.seed, &watch, &endpoint);
+        let addressing = Addressing::new(&pool.producer.format());
+        let empty = PoolTruth::default();
+        let pool_truth = watch.pools.get(&endpoint).unwrap_or(&empty);
+        let Some(copy) = consumer.filter_copy(&pool.producer.pool_id()) else {
+            // No replica holds nothing stale; no-false-negatives reports the missing replica.
+            continue;
+        };
+        probed.push(truth::probe_stale(&endpoint, pool_truth, &addressing, &never, &copy.words));
+    }
+    truth::no_stale_blocks(&probed)
+}
+
+/// The registrations `snapshot` shows for each pool against the truth model's.
+pub(crate) fn registrations_equal_truth(world: &World, snapshot: &ConsumerSnapshot) -> Check {
+    let truth = world.dc.with(|dc| truth::truth_registrations(dc));
+    let seen: Vec<(String, BTreeSet<truth::RegistrationKey>)> = snapshot
+        .pools
+        .iter()
+        .map(|pool| {
+            (
+                pool.descriptor.serving_endpoint.to_string(),
+                truth::registration_keys(&pool.descriptor.registrations),
+            )
+        })
+        .collect();
+    truth::registrations_equal_truth(&truth, &seen)
+}

@@ -1,0 +1,860 @@
+//! Truth oracles: each long-lived consumer's replicas against the workload model's exact state
+//! (the blocks the simulated workers hold), never against the relay's own state.
+//!
+//! - **no-stale-blocks** (after quiescence): every block the truth model knows is not held by a
+//!   listed worker of a pool — every block some listed worker held at a sample and no listed
+//!   worker holds now, and [`NEVER_STORED_PROBES`] hashes drawn from the seed that no worker
+//!   ever held — is probed in the consumer's replica; the present ones must stay within
+//!   [`false_positive_allowance`] of the probes at the replica's occupancy;
+//! - **bounded-staleness** (during the run, sampled at the consumer observer's cadence): while
+//!   the DC and WAN links of a pool are healthy ([`Health`]), a block held continuously for
+//!   longer than [`STALENESS_BOUND_MS`] is present in every subscribed replica, and the blocks
+//!   removed longer than the bound ago are absent but for the false-positive allowance;
+//! - **registrations-equal-truth**: each catalogued pool's registrations (models, adapters and
+//!   their aliases) equal the ones its listed workers' cards declare ([`truth_registrations`]).
+//!
+//! # The false-positive bound
+//!
+//! A CKF v1 bucket holds [`SLOTS_PER_BUCKET`] = 4 fingerprints of [`FINGERPRINT_BITS`] = 16
+//! bits, never zero, and a probe looks at 2 candidate buckets. For a hash independent of the
+//! filter's contents, each of the 2·4 slots it compares against is occupied with probability
+//! at most the occupancy fraction `α` (occupied slots / all slots) and, when occupied, holds
+//! its fingerprint with probability 1/(2^16 − 1). By the union bound one probe is a false
+//! positive with probability `p ≤ 2·4·α / (2^16 − 1)` ([`false_positive_rate`]). A removed
+//! block is such a hash once its fingerprint is gone (another block sharing its fingerprint and
+//! a bucket is exactly the collision counted). Over `n` probes the false positives are at most a
+//! sum of `n` Bernoulli(p) trials, mean `μ = n·p`; the Chernoff bound
+//! `P(X ≥ k) ≤ e^(−μ)·(e·μ/k)^k` (for `k > μ`) gives the allowance: the largest count whose
+//! excess has probability above [`FALSE_POSITIVE_CONFIDENCE`] = 10⁻⁹ per check
+//! ([`false_positive_allowance`]). At the suite's occupancies (α below 0.1) `p` is about
+//! 1.2·10⁻⁵, so a few thousand probes allow 4–5 present blocks (Chernoff is loose for a tiny
+//! mean), and a relay that keeps removed blocks shows hundreds.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kvrelay_core::filter::ckf::{Addressing, FINGERPRINT_BITS, Probe, SLOTS_PER_BUCKET, word_contains};
+use kvrelay_core::discovery::{ModelRegistration, ModelTarget};
+use kvrelay_core::sources::{RECOVERY_ATTEMPT_TIMEOUT, RECOVERY_BACKOFF_MAX};
+use kvrelay_dc::SimulatedDc;
+
+use crate::Check;
+use crate::oracles::verdict;
+use crate::scenario::{Fault, ScriptedFault};
+use crate::settled::{CONVERGENCE_BOUND_MS, RECONNECT_MARGIN_MS};
+
+/// How long (simulated ms) a block may be held, or gone, before every healthy subscribed replica
+/// must show it. A block a worker stores or evicts at a DC tick reaches the planes host in the
+/// DC's next frame, the relay in the planes host's next frame (one per tick of the planes
+/// link), the pool publishes it one turmoil step later and the consumer applies the delta one
+/// WAN crossing after that: a few 5 ms steps plus at most two 50 ms DC ticks. The observer
+/// samples every 20 ms. One second leaves a margin of several times that path; the check's
+/// detail reports the slowest lag seen.
+pub const STALENESS_BOUND_MS: u64 = 1_000;
+
+/// Per-check probability that honest false positives exceed [`false_positive_allowance`].
+pub const FALSE_POSITIVE_CONFIDENCE: f64 = 1e-9;
+
+/// Hashes no worker ever held probed per pool by no-stale-blocks, drawn from the seed.
+pub const NEVER_STORED_PROBES: usize = 4096;
+
+/// After a fault window touching a consumer's connection ends (a WAN partition or hold, a
+/// relay restart), how long (simulated ms) its pools stay outside the bounded-staleness check:
+/// [`CONVERGENCE_BOUND_MS`], the suite's bound for a consumer to notice a dead connection
+/// (HTTP/2 keepalive), reconnect, resubscribe and recover.
+pub const WAN_RECOVERY_MARGIN_MS: u64 = CONVERGENCE_BOUND_MS;
+
+/// After a fault window on the DC side ends (a DC-plane partition, event noise, an overlap, a
+/// planes-host restart), how long its pools stay outside the check: a recovery query in flight
+/// on a planes connection the fault cut is answered by nobody, and the relay retries it only
+/// after its attempt timeout ([`RECOVERY_ATTEMPT_TIMEOUT`], 30 s) and a backoff (at most
+/// [`RECOVERY_BACKOFF_MAX`], 5 s); [`RECONNECT_MARGIN_MS`] covers the DC-plane probe, the
+/// relist and the recovery itself (the consumers' connections are untouched).
+pub const DC_RECOVERY_MARGIN_MS: u64 =
+    (RECOVERY_ATTEMPT_TIMEOUT.as_secs() + RECOVERY_BACKOFF_MAX.as_secs()) * 1000
+        + RECONNECT_MARGIN_MS;
+
+/// Upper bound of one probe's false-positive probability with `occupied` of `slots` filter
+/// slots in use (see the module doc): `2·4·α / (2^16 − 1)`.
+#[must_use]
+pub fn false_positive_rate(occupied: u64, slots: u64) -> f64 {
+    if slots == 0 {
+        return 0.0;
+    }
+    let alpha = (occupied as f64 / slots as f64).min(1.0);
+    f64::from(2 * SLOTS_PER_BUCKET) * alpha / ((1u64 << FINGERPRINT_BITS) - 1) as f64
+}
+
+/// The most false positives `probes` probes at rate `rate` may honestly show: the largest `k`
+/// such that the Chernoff bound of `P(X ≥ k + 1)` still exceeds [`FALSE_POSITIVE_CONFIDENCE`]
+/// (0 when `rate` is 0).
+#[must_use]
+pub fn false_positive_allowance(probes: u64, rate: f64) -> u64 {
+    let mean = probes as f64 * rate;
+    if mean <= 0.0 {
+        return 0;
+    }
+    let ln_delta = FALSE_POSITIVE_CONFIDENCE.ln();
+    // The bound holds for k > μ; below it nothing is excluded.
+    let mut k = mean.floor() as u64 + 1;
+    while k <= probes {
+        let kf = k as f64;
+        let ln_tail = -mean + kf * (1.0 + mean.ln() - kf.ln());
+        if ln_tail <= ln_delta {
+            return k - 1;
+        }
+        k += 1;
+    }
+    probes
+}
+
+/// Occupied slots of a replica's bucket words (a slot is occupied when its fingerprint is not
+/// zero).
+#[must_use]
+pub fn occupied_slots(words: &[u64]) -> u64 {
+    let lanes = u64::from(SLOTS_PER_BUCKET);
+    words
+        .iter()
+        .map(|word| (0..lanes).filter(|lane| (word >> (lane * 16)) & 0xffff != 0).count() as u64)
+        .sum()
+}
+
+/// Whether the replica `words` holds the fingerprint of `probe` in one of its buckets.
+#[must_use]
+pub fn contains(words: &[u64], probe: &Probe) -> bool {
+    let holds = |bucket: u32| {
+        words.get(bucket as usize).is_some_and(|word| word_contains(*word, probe.fingerprint))
+    };
+    holds(probe.bucket_a) || holds(probe.bucket_b)
+}
+
+/// One tracked block of a pool: its hash, since when it is held (or when it went) and its
+/// probe under the tracker's addressing.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    hash: u64,
+    at_ms: u64,
+    probe: Probe,
+}
+
+/// The exact state of one pool as the truth model showed it at every sample: which blocks its
+/// listed workers hold and since when, and which they held once and no longer do.
+///
+/// A block's `since` is the earliest time one of its current holders (a rank's publisher
+/// incarnation) has held it continuously: when a worker leaves, the blocks another rank also
+/// holds count from when that rank got them, since the relay learns of that copy only from that
+/// rank's events.
+#[derive(Debug, Clone, Default)]
+pub struct PoolTruth {
+    addressing: Option<Addressing>,
+    /// Held by a listed worker of the pool (overlapping ranks excluded), by hash.
+    held: Vec<Entry>,
+    /// Held at an earlier sample, held by none now, by hash.
+    removed: Vec<Entry>,
+    /// Held by ranks of an overlapping incarnation (neither required nor forbidden), sorted.
+    unknown: Vec<u64>,
+}
+
+fn probe_with(addressing: Option<&Addressing>, hash: u64) -> Probe {
+    addressing.map_or(Probe { fingerprint: 0, bucket_a: 0, bucket_b: 0 }, |a| a.probe(hash))
+}
+
+impl PoolTruth {
+    /// Note the pool's held blocks at `now`: `held` as `(hash, since)` and `unknown`, both
+    /// sorted by hash and deduplicated.
+    pub fn update(&mut self, now: u64, held: &[(u64, u64)], unknown: Vec<u64>) {
+        let addressing = self.addressing;
+        let mut next_held = Vec::with_capacity(held.len());
+        let mut old = self.held.iter().peekable();
+        let mut gone = Vec::new();
+        for &(hash, since) in held {
+            while let Some(entry) = old.next_if(|entry| entry.hash < hash) {
+                gone.push(Entry { at_ms: now, ..*entry });
+            }
+            let probe = match old.next_if(|entry| entry.hash == hash) {
+                Some(entry) => entry.probe,
+                None => probe_with(addressing.as_ref(), hash),
+            };
+            next_held.push(Entry { hash, at_ms: since, probe });
+        }
+        gone.extend(old.map(|entry| Entry { at_ms: now, ..*entry }));
+        // Removed: the earlier removed ones not held again, and the ones just gone.
+        let mut removed: Vec<Entry> = self
+            .removed
+            .iter()
+            .filter(|entry| held.binary_search_by_key(&entry.hash, |held| held.0).is_err())
+            .copied()
+            .collect();
+        removed.extend(gone);
+        removed.sort_unstable_by_key(|entry| entry.hash);
+        self.held = next_held;
+        self.removed = removed;
+        self.unknown = unknown;
+    }
+
+    /// Re-probe every tracked block when `addressing` is not the one the probes were made with.
+    pub fn address(&mut self, addressing: Addressing) {
+        if self.addressing == Some(addressing) {
+            return;
+        }
+        for entry in self.held.iter_mut().chain(self.removed.iter_mut()) {
+            entry.probe = addressing.probe(entry.hash);
+        }
+        self.addressing = Some(addressing);
+    }
+
+    /// Whether `hash` is held now (or by an overlapping rank).
+    #[must_use]
+    pub fn holds(&self, hash: u64) -> bool {
+        self.held.binary_search_by_key(&hash, |entry| entry.hash).is_ok()
+            || self.unknown.binary_search(&hash).is_ok()
+    }
+
+    /// Blocks held now.
+    #[must_use]
+    pub fn held_count(&self) -> usize {
+        self.held.len()
+    }
+
+    /// The blocks removed at or before `until` (not held by an overlapping rank).
+    fn removed_until(&self, until: u64) -> impl Iterator<Item = &Entry> + '_ {
+        self.removed.iter().filter(move |entry| {
+            entry.at_ms <= until && self.unknown.binary_search(&entry.hash).is_err()
+        })
+    }
+
+    /// The held blocks held since at or before `until`, with their `since`.
+    fn held_until(&self, until: u64) -> impl Iterator<Item = &Entry> + '_ {
+        self.held.iter().filter(move |entry| entry.at_ms <= until)
+    }
+}
+
+/// When the links of each consumer and pool were outside a fault window, from the script.
+///
+/// A window touches every consumer's links for a DC-plane partition (to its repair), event
+/// noise (to the noise being turned off), a relay restart and a planes-host restart (instants);
+/// one consumer's for
+/// a WAN partition or hold on it (to its repair or release); one pool's for an overlapping
+/// incarnation of one of its workers (to the overlap's end). A window never closed lasts to the
+/// end of the run.
+/// Worker restarts, crashes, lease expiries, cache clears, adapter churn and clock skew change
+/// the truth, not a link: the relay must follow them within the bound. A window extends
+/// [`WAN_RECOVERY_MARGIN_MS`] (WAN faults, relay restarts) or [`DC_RECOVERY_MARGIN_MS`] (the
+/// rest) past its end.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Health {
+    /// Windows touching every link.
+    all: Vec<(u64, u64)>,
+    /// Windows touching one consumer's WAN link, by consumer index.
+    consumers: Vec<Vec<(u64, u64)>>,
+    /// Windows touching one pool, by serving endpoint.
+    pools: BTreeMap<String, Vec<(u64, u64)>>,
+}
+
+impl Health {
+    /// The windows of `script` for `consumers` consumers, worker `i` serving `endpoints[i]`.
+    #[must_use]
+    pub fn of_script(script: &[ScriptedFault], consumers: usize, endpoints: &[String]) -> Self {
+        let mut health = Health { consumers: vec![Vec::new(); consumers], ..Health::default() };
+        let dc_close = |start: &mut Option<u64>, at: u64, windows: &mut Vec<(u64, u64)>| {
+            if let Some(from) = start.take() {
+                windows.push((from, at.saturating_add(DC_RECOVERY_MARGIN_MS)));
+            }
+        };
+        let wan_close = |start: &mut Option<u64>, at: u64, windows: &mut Vec<(u64, u64)>| {
+            if let Some(from) = start.take() {
+                windows.push((from, at.saturating_add(WAN_RECOVERY_MARGIN_MS)));
+            }
+        };
+        let mut dc: Option<u64> = None;
+        let mut noise: Option<u64> = None;
+        let mut wan: Vec<[Option<u64>; 2]> = vec![[None, None]; consumers];
+        let mut overlap: BTreeMap<usize, u64> = BTreeMap::new();
+        for ScriptedFault { at_ms, fault } in script {
+            let at = *at_ms;
+            match fault {
+                Fault::DcPartition { .. } => {
+                    dc.get_or_insert(at);
+                }
+                Fault::DcRepair => dc_close(&mut dc, at, &mut health.all),
+                Fault::EventNoise(noise_now) if noise_now.is_quiet() => {
+                    dc_close(&mut noise, at, &mut health.all);
+                }
+                Fault::EventNoise(_) => {
+                    noise.get_or_insert(at);
+                }
+                Fault::RelayRestart => wan_close(&mut Some(at), at, &mut health.all),
+                Fault::EventPlaneRestart | Fault::DiscoveryRestart => {
+                    dc_close(&mut Some(at), at, &mut health.all);
+                }
+                Fault::WanPartition { consumer }
+                | Fault::WanRepair { consumer }
+                | Fault::WanHold { consumer }
+                | Fault::WanRelease { consumer } => {
+                    let kind = usize::from(matches!(
+                        fault,
+                        Fault::WanHold { .. } | Fault::WanRelease { .. }
+                    ));
+                    let opens = matches!(fault, Fault::WanPartition { .. } | Fault::WanHold { .. });
+                    let target = consumer.unwrap_or(crate::scenario::ConsumerTarget::One(0));
+                    for index in target.indices(consumers) {
+                        let Some(slots) = wan.get_mut(index) else { continue };
+                        if opens {
+                            slots[kind].get_or_insert(at);
+                        } else {
+                            wan_close(&mut slots[kind], at, &mut health.consumers[index]);
+                        }
+                    }
+                }
+                Fault::BeginOverlap { worker } => {
+                    overlap.entry(*worker).or_insert(at);
+                }
+                Fault::EndOverlap { worker } => {
+                    if let (Some(from), Some(endpoint)) =
+                        (overlap.remove(worker), endpoints.get(*worker))
+                    {
+                        let window = (from, at.saturating_add(DC_RECOVERY_MARGIN_MS));
+                        health.pools.entry(endpoint.clone()).or_default().push(window);
+                    }
+                }
+                _ => {}
+            }
+        }
+        for start in [dc, noise].into_iter().flatten() {
+            health.all.push((start, u64::MAX));
+        }
+        for (index, slots) in wan.iter().enumerate() {
+            for start in slots.iter().flatten() {
+                health.consumers[index].push((*start, u64::MAX));
+            }
+        }
+        for (worker, from) in overlap {
+            if let Some(endpoint) = endpoints.get(worker) {
+                health.pools.entry(endpoint.clone()).or_default().push((from, u64::MAX));
+            }
+        }
+        health
+    }
+
+    /// Since when consumer `consumer`'s links to the pool of `endpoint` have been healthy at
+    /// `now` (0: since the start), or `None` while a window touching them is open.
+    #[must_use]
+    pub fn healthy_since(&self, now: u64, consumer: usize, endpoint: &str) -> Option<u64> {
+        let windows = self
+            .all
+            .iter()
+            .chain(self.consumers.get(consumer).into_iter().flatten())
+            .chain(self.pools.get(endpoint).into_iter().flatten());
+        let mut since = 0;
+        for &(from, until) in windows {
+            if from <= now && now < until {
+                return None;
+            }
+            if until <= now {
+                since = since.max(until);
+            }
+        }
+        Some(since)
+    }
+}
+
+/// How long (simulated ms) a due block may stay wrong (absent though held, present though
+/// removed) in a replica before it counts: a rank can store and evict a block (or evict and
+/// store it again) within one 50 ms DC tick, between two truth samples, and the relay then
+/// shows the intermediate state until the pair's second event is published, one planes frame
+/// later. A relay that never applies an event keeps the block wrong for good.
+pub const TRANSIENT_MS: u64 = 200;
+
+/// What the bounded-staleness samples found, over the whole run.
+#[derive(Debug, Clone, Default)]
+pub struct Staleness {
+    /// Samples of a (consumer, pool) pair with healthy links.
+    pub samples: u64,
+    /// Held blocks probed for presence.
+    pub presence_probes: u64,
+    /// Removed blocks probed for absence.
+    pub absence_probes: u64,
+    /// The oldest age (ms past the later of its `since` and the links' health) of a held block
+    /// found absent, the lag the bound must cover.
+    pub slowest_ms: u64,
+    /// Violations (the first few).
+    pub violations: Vec<String>,
+    /// How many violations in all.
+    pub violation_count: u64,
+    /// Per consumer and pool, the due blocks wrong at the last sample and since when.
+    streaks: BTreeMap<(String, String), Streaks>,
+}
+
+/// The wrong blocks of one replica: absent though held, present though removed, by hash, with
+/// the first sample of their current streak.
+#[derive(Debug, Clone, Default)]
+struct Streaks {
+    absent: BTreeMap<u64, u64>,
+    present: BTreeMap<u64, u64>,
+}
+
+/// Keep the streaks of `wrong` (hashes wrong now), starting new ones at `now`; returns how many
+/// have lasted [`TRANSIENT_MS`] and the longest.
+fn extend_streaks(streaks: &mut BTreeMap<u64, u64>, wrong: &[u64], now: u64) -> (u64, u64) {
+    let next: BTreeMap<u64, u64> =
+        wrong.iter().map(|hash| (*hash, streaks.get(hash).copied().unwrap_or(now))).collect();
+    *streaks = next;
+    let lasting = streaks.values().filter(|first| now - **first >= TRANSIENT_MS);
+    lasting.fold((0, 0), |(count, longest), first| (count + 1, longest.max(now - first)))
+}
+
+/// Violations kept in full; the rest are counted.
+const VIOLATIONS_KEPT: usize = 4;
+
+/// One sample of one consumer's replica of one pool.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample<'a> {
+    /// Simulated ms.
+    pub now: u64,
+    /// The consumer's host.
+    pub consumer: &'a str,
+    /// The pool's serving endpoint.
+    pub endpoint: &'a str,
+    /// Since when its links have been healthy.
+    pub healthy_since: u64,
+    /// The replica's words (`None`: no replica installed).
+    pub words: Option<&'a [u64]>,
+    /// Whether held blocks must be present (not with expected capacity omissions).
+    pub presence: bool,
+}
+
+impl Staleness {
+    fn violation(&mut self, text: impl FnOnce() -> String) {
+        self.violation_count += 1;
+        if self.violations.len() < VIOLATIONS_KEPT {
+            self.violations.push(text());
+        }
+    }
+
+    /// Judge one sample against `truth` (whose probes follow the replica's addressing): a held
+    /// block due for presence ([`STALENESS_BOUND_MS`] past the later of its `since` and the
+    /// links' health) absent for [`TRANSIENT_MS`], or more removed blocks due for absence
+    /// present for that long than the false-positive allowance of the due probes, is a
+    /// violation.
+    pub fn observe(&mut self, truth: &PoolTruth, sample: Sample<'_>) {
+        let Sample { now, consumer, endpoint, healthy_since, words, presence } = sample;
+        let streaks = self.streaks.entry((consumer.to_owned(), endpoint.to_owned())).or_default();
+        let Some(due) = now.checked_sub(STALENESS_BOUND_MS).filter(|due| healthy_since <= *due)
+        else {
+            *streaks = Streaks::default();
+            return;
+        };
+        self.samples += 1;
+        let found = |entry: &Entry| words.is_some_and(|words| contains(words, &entry.probe));
+        let mut absent = Vec::new();
+        if presence {
+            for entry in truth.held.iter().filter(|entry| !found(entry)) {
+                let age = now.saturating_sub(entry.at_ms.max(healthy_since));
+                self.slowest_ms = self.slowest_ms.max(age);
+            }
+            for entry in truth.held_until(due) {
+                self.presence_probes += 1;
+                if !found(entry) {
+                    absent.push(entry.hash);
+                }
+            }
+        }
+        let (lasting, longest) = extend_streaks(&mut streaks.absent, &absent, now);
+        let mut probes = 0u64;
+        let mut present = Vec::new();
+        if let Some(words) = words {
+            for entry in truth.removed_until(due) {
+                probes += 1;
+                if contains(words, &entry.probe) {
+                    present.push(entry.hash);
+                }
+            }
+        }
+        self.absence_probes += probes;
+        let (stale, stale_longest) = extend_streaks(&mut streaks.present, &present, now);
+        if lasting > 0 {
+            self.violation(|| {
+                format!(
+                    "{consumer} at {now} ms: {lasting} blocks of {endpoint} held past the bound \
+                     are absent (for {longest} ms)"
+                )
+            });
+        }
+        if stale > 0 {
+            let words = words.unwrap_or_default();
+            let rate = false_positive_rate(occupied_slots(words), words.len() as u64 * 4);
+            let allowance = false_positive_allowance(probes, rate);
+            if stale > allowance {
+                self.violation(|| {
+                    format!(
+                        "{consumer} at {now} ms: {stale} of {probes} blocks of {endpoint} removed \
+                         past the bound are present (for {stale_longest} ms; false-positive \
+                         allowance {allowance})"
+                    )
+                });
+            }
+        }
+    }
+
+    /// The bounded-staleness check over every sample.
+    #[must_use]
+    pub fn check(&self) -> Check {
+        let fine = format!(
+            "{} healthy samples: {} held blocks present, {} removed blocks absent (but for \
+             false positives) within {STALENESS_BOUND_MS} ms; slowest lag {} ms",
+            self.samples, self.presence_probes, self.absence_probes, self.slowest_ms
+        );
+        let mut check = verdict("bounded-staleness", &self.violations, fine);
+        if !check.passed {
+            check.detail =
+                format!("{} violation(s), first: {}", self.violation_count, self.violations[0]);
+        }
+        check
+    }
+}
+
+/// One pool's stale-block probes in one consumer's replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaleProbed {
+    /// Serving endpoint.
+    pub endpoint: String,
+    /// Hashes probed that no listed worker holds (removed ones and never-stored ones).
+    pub probes: u64,
+    /// How many of them the replica contains.
+    pub present: u64,
+    /// Occupied slots of the replica.
+    pub occupied: u64,
+    /// All slots of the replica.
+    pub slots: u64,
+}
+
+/// Probe every removed block `truth` knows and every `never_stored` hash (none of them held)
+/// in `words`.
+#[must_use]
+pub fn probe_stale(
+    endpoint: &str,
+    truth: &PoolTruth,
+    addressing: &Addressing,
+    never_stored: &[u64],
+    words: &[u64],
+) -> StaleProbed {
+    let mut probes = 0u64;
+    let mut present = 0u64;
+    let removed = truth.removed.iter().map(|entry| entry.hash);
+    for hash in removed.chain(never_stored.iter().copied()) {
+        if truth.holds(hash) {
+            continue;
+        }
+        probes += 1;
+        present += u64::from(contains(words, &addressing.probe(hash)));
+    }
+    StaleProbed {
+        endpoint: endpoint.to_owned(),
+        probes,
+        present,
+        occupied: occupied_slots(words),
+        slots: words.len() as u64 * u64::from(SLOTS_PER_BUCKET),
+    }
+}
+
+/// No pool's replica holds more blocks that no listed worker holds than the false-positive
+/// allowance of its probes at its occupancy.
+#[must_use]
+pub fn no_stale_blocks(pools: &[StaleProbed]) -> Check {
+    let mut violations = Vec::new();
+    let (mut probes, mut present, mut allowed) = (0u64, 0u64, 0u64);
+    for pool in pools {
+        let allowance =
+            false_positive_allowance(pool.probes, false_positive_rate(pool.occupied, pool.slots));
+        probes += pool.probes;
+        present += pool.present;
+        allowed += allowance;
+        if pool.present > allowance {
+            violations.push(format!(
+                "{}: {} of {} blocks no listed worker holds are present (allowance {allowance} \
+                 at {} of {} slots)",
+                pool.endpoint, pool.present, pool.probes, pool.occupied, pool.slots
+            ));
+        }
+    }
+    let fine = format!(
+        "{probes} removed or never-stored blocks probed, {present} present (allowance {allowed})"
+    );
+    verdict("no-stale-blocks", &violations, fine)
+}
+
+/// A registration as the oracle compares it: canonical name, target, aliases.
+pub type RegistrationKey = (String, ModelTarget, BTreeSet<String>);
+
+/// The registrations each endpoint's listed workers declare: per base card its model (target
+/// the base model) with the card's aliases, per loaded adapter the adapter on that base model;
+/// bindings of one name merge their aliases. A name (model or alias) that binds more than one
+/// target anywhere in the DC is dropped (the projection refuses ambiguous request names).
+#[must_use]
+pub fn truth_registrations(dc: &SimulatedDc) -> BTreeMap<String, BTreeSet<RegistrationKey>> {
+    let mut bindings: BTreeMap<String, BTreeMap<(String, ModelTarget), BTreeSet<String>>> =
+        BTreeMap::new();
+    for worker in dc.listed_workers() {
+        let spec = worker.spec();
+        let card = worker.card();
+        let base = card.display_name.clone();
+        let endpoint = bindings.entry(spec.endpoint.to_string()).or_default();
+        let target = ModelTarget::Base { base_model: base.clone() };
+        endpoint.entry((base.clone(), target)).or_default().extend(card.aliases.iter().cloned());
+        for adapter in &spec.adapters {
+            let target = ModelTarget::Lora { base_model: base.clone(), adapter: adapter.clone() };
+            endpoint.entry((adapter.clone(), target)).or_default();
+        }
+    }
+    let mut targets: BTreeMap<&str, BTreeSet<&ModelTarget>> = BTreeMap::new();
+    for ((model, target), aliases) in bindings.values().flatten() {
+        targets.entry(model).or_default().insert(target);
+        for alias in aliases {
+            targets.entry(alias).or_default().insert(target);
+        }
+    }
+    let ambiguous: BTreeSet<&str> =
+        targets.into_iter().filter(|(_, t)| t.len() > 1).map(|(name, _)| name).collect();
+    bindings
+        .iter()
+        .map(|(endpoint, bindings)| {
+            let keys = bindings
+                .iter()
+                .filter(|((model, _), _)| !ambiguous.contains(model.as_str()))
+                .map(|((model, target), aliases)| {
+                    let aliases = aliases
+                        .iter()
+                        .filter(|alias| !ambiguous.contains(alias.as_str()))
+                        .cloned()
+                        .collect();
+                    (model.clone(), target.clone(), aliases)
+                })
+                .collect();
+            (endpoint.clone(), keys)
+        })
+        .collect()
+}
+
+/// The comparable keys of a catalogued pool's registrations.
+#[must_use]
+pub fn registration_keys(registrations: &[ModelRegistration]) -> BTreeSet<RegistrationKey> {
+    registrations
+        .iter()
+        .map(|r| (r.canonical_model_id.clone(), r.target.clone(), r.aliases.clone()))
+        .collect()
+}
+
+/// Every catalogued pool (`endpoint`, its registrations) registers exactly what the truth
+/// model's listed workers declare for its endpoint.
+#[must_use]
+pub fn registrations_equal_truth(
+    truth: &BTreeMap<String, BTreeSet<RegistrationKey>>,
+    catalogued: &[(String, BTreeSet<RegistrationKey>)],
+) -> Check {
+    let empty = BTreeSet::new();
+    let names = |keys: &BTreeSet<RegistrationKey>| {
+        keys.iter()
+            .map(|(model, _, aliases)| {
+                let aliases: Vec<&str> = aliases.iter().map(String::as_str).collect();
+                format!("{model}[{}]", aliases.join(","))
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let wrong: Vec<String> = catalogued
+        .iter()
+        .filter_map(|(endpoint, seen)| {
+            let expected = truth.get(endpoint).unwrap_or(&empty);
+            (seen != expected).then(|| {
+                format!("{endpoint}: registers {{{}}}, truth {{{}}}", names(seen), names(expected))
+            })
+        })
+        .collect();
+    let count: usize = catalogued.iter().map(|(_, keys)| keys.len()).sum();
+    verdict(
+        "registrations-equal-truth",
+        &wrong,
+        format!(
+            "{} pools, {count} registrations with their aliases as the cards declare",
+            catalogued.len()
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvrelay_core::filter::ckf::CkfFormat;
+
+    fn addressing() -> Addressing {
+        Addressing::new(&CkfFormat::v1(kvrelay_core::filter::ckf::DEFAULT_SEED, 1024))
+    }
+
+    /// A replica of 1024 buckets holding `hashes`, each in its home bucket's first free slot.
+    fn replica(hashes: &[u64]) -> Vec<u64> {
+        let addressing = addressing();
+        let mut words = vec![0u64; 1024];
+        for &hash in hashes {
+            let probe = addressing.probe(hash);
+            let word = &mut words[probe.bucket_a as usize];
+            let lane = (0..4).find(|lane| (*word >> (lane * 16)) & 0xffff == 0).unwrap();
+            *word |= u64::from(probe.fingerprint) << (lane * 16);
+        }
+        words
+    }
+
+    fn truth_of(steps: &[(u64, &[u64])]) -> PoolTruth {
+        let mut truth = PoolTruth::default();
+        truth.address(addressing());
+        let mut since: BTreeMap<u64, u64> = BTreeMap::new();
+        for (now, held) in steps {
+            since.retain(|hash, _| held.contains(hash));
+            let held: Vec<(u64, u64)> =
+                held.iter().map(|hash| (*hash, *since.entry(*hash).or_insert(*now))).collect();
+            let mut held = held;
+            held.sort_unstable();
+            truth.update(*now, &held, Vec::new());
+        }
+        truth
+    }
+
+    #[test]
+    fn the_allowance_grows_with_probes_and_occupancy() {
+        assert_eq!(false_positive_allowance(10_000, 0.0), 0);
+        let rate = false_positive_rate(400, 4096);
+        assert!((rate - 8.0 * (400.0 / 4096.0) / 65_535.0).abs() < 1e-12);
+        let few = false_positive_allowance(1_000, rate);
+        let many = false_positive_allowance(1_000_000, rate);
+        // Chernoff is loose for a tiny mean: 4 at μ ≈ 0.012 (the exact binomial tail gives 3).
+        assert_eq!(few, 4);
+        assert!(many > few && many < 100, "{many}");
+        // A mean of 1 allows single digits at 10^-9, never a hundred.
+        let one = false_positive_allowance(1_000, 0.001);
+        assert!((5..=20).contains(&one), "{one}");
+    }
+
+    #[test]
+    fn removed_blocks_left_in_a_replica_are_stale() {
+        let held: Vec<u64> = (1..=200).collect();
+        let later: Vec<u64> = (101..=200).collect();
+        let truth = truth_of(&[(0, &held), (500, &later)]);
+        assert_eq!(truth.held_count(), 100);
+        let never: Vec<u64> = (1_000_000..1_004_096).collect();
+        // The relay dropped the removed blocks: nothing stale.
+        let clean = replica(&later);
+        let probed = probe_stale("e", &truth, &addressing(), &never, &clean);
+        assert_eq!(probed.probes, 100 + 4096);
+        let check = no_stale_blocks(&[probed]);
+        assert!(check.passed, "{}", check.detail);
+        // A relay that ignored the removals keeps all 200.
+        let kept = replica(&held);
+        let check = no_stale_blocks(&[probe_stale("e", &truth, &addressing(), &never, &kept)]);
+        assert!(!check.passed);
+        assert!(check.detail.contains("100 of 4196"), "{}", check.detail);
+    }
+
+    #[test]
+    fn staleness_requires_presence_and_absence_after_the_bound() {
+        let held: Vec<u64> = (1..=50).collect();
+        let later: Vec<u64> = (26..=60).collect();
+        let truth = truth_of(&[(0, &held), (2_000, &later)]);
+        // Samples of one replica from `from` on, every 20 ms for `for_ms`.
+        let samples = |from: u64, for_ms: u64, words: &[u64]| {
+            let mut staleness = Staleness::default();
+            let words = words.to_vec();
+            for now in (from..=from + for_ms).step_by(20) {
+                let sample = Sample {
+                    now,
+                    consumer: "c",
+                    endpoint: "e",
+                    healthy_since: 0,
+                    words: Some(&words),
+                    presence: true,
+                };
+                staleness.observe(&truth, sample);
+            }
+            staleness.check()
+        };
+        let due = 2_000 + STALENESS_BOUND_MS;
+        // Before the bound the replica may lag: still the old state.
+        assert!(samples(due - 400, 380, &replica(&held)).passed);
+        // Past it the new blocks must be there and the removed ones gone.
+        assert!(samples(due, 2 * TRANSIENT_MS, &replica(&later)).passed);
+        // A wrong state shorter than the transient allowance is no violation, a longer one is.
+        assert!(samples(due, TRANSIENT_MS - 20, &replica(&held)).passed);
+        let lagging = samples(due, TRANSIENT_MS, &replica(&held));
+        assert!(!lagging.passed);
+        assert!(
+            lagging.detail.contains("10 blocks of e held past the bound"),
+            "{}",
+            lagging.detail
+        );
+        let mut both: Vec<u64> = held.clone();
+        both.extend(51..=60);
+        let stale = samples(due, TRANSIENT_MS, &replica(&both));
+        assert!(!stale.passed);
+        assert!(stale.detail.contains("25 of 25"), "{}", stale.detail);
+    }
+
+    #[test]
+    fn an_unhealthy_link_suspends_the_staleness_check() {
+        let truth = truth_of(&[(0, &[1, 2, 3])]);
+        let mut staleness = Staleness::default();
+        // Healthy only since 1500 ms: at 2000 ms the blocks are not yet due.
+        staleness.observe(
+            &truth,
+            Sample {
+                now: 2_000,
+                consumer: "c",
+                endpoint: "e",
+                healthy_since: 1_500,
+                words: None,
+                presence: true,
+            },
+        );
+        assert!(staleness.check().passed);
+        let script = crate::scenario::Scenario::parse(
+            "run_ms = 9000\n[topology]\npreset = \"demo\"\n[[faults]]\nat_ms = 100\naction = \
+             \"wan-partition\"\nconsumer = \"b\"\n[[faults]]\nat_ms = 300\naction = \
+             \"wan-repair\"\nconsumer = \"b\"\n[[faults]]\nat_ms = 500\naction = \
+             \"dc-partition\"\nmode = \"drop\"\n[expect]\npools = 0\nreadiness = {}\n",
+            "t",
+        )
+        .unwrap()
+        .script(0, 5);
+        let health = Health::of_script(&script, 2, &[]);
+        assert_eq!(health.healthy_since(50, 1, "e"), Some(0));
+        assert_eq!(health.healthy_since(200, 1, "e"), None);
+        assert_eq!(health.healthy_since(200, 0, "e"), Some(0));
+        assert_eq!(health.healthy_since(400, 1, "e"), None, "within the recovery margin");
+        // The DC partition is never repaired: unhealthy for everyone from 500 ms on.
+        assert_eq!(health.healthy_since(600, 0, "e"), None);
+    }
+
+    #[test]
+    fn registrations_other_than_the_cards_fail() {
+        let base = ModelTarget::Base { base_model: "m".into() };
+        let lora = ModelTarget::Lora { base_model: "m".into(), adapter: "a".into() };
+        let truth: BTreeMap<String, BTreeSet<RegistrationKey>> = [(
+            "e".to_owned(),
+            [
+                ("m".to_owned(), base.clone(), BTreeSet::from(["alias".to_owned()])),
+                ("a".to_owned(), lora.clone(), BTreeSet::new()),
+            ]
+            .into(),
+        )]
+        .into();
+        let same = vec![("e".to_owned(), truth["e"].clone())];
+        assert!(registrations_equal_truth(&truth, &same).passed);
+        let without_alias: BTreeSet<RegistrationKey> = [
+            ("m".to_owned(), base.clone(), BTreeSet::new()),
+            ("a".to_owned(), lora, BTreeSet::new()),
+        ]
+        .into();
+        let check = registrations_equal_truth(&truth, &[("e".to_owned(), without_alias)]);
+        assert!(!check.passed);
+        assert!(check.detail.contains("truth {a[] m[alias]}"), "{}", check.detail);
+        let lingering_adapter: BTreeSet<RegistrationKey> =
+            [("m".to_owned(), base, BTreeSet::from(["alias".to_owned()]))].into();
+        assert!(!registrations_equal_truth(&truth, &[("e".to_owned(), lingering_adapter)]).passed);
+    }
+}
