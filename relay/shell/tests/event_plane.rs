@@ -531,3 +531,199 @@ async fn zmq_plane_waits_for_a_late_publisher_and_stops_on_removal() {
     })
     .await;
 }
+
+/// What a hostile publisher does once a subscriber has completed the handshake.
+#[derive(Debug, Clone, Copy)]
+enum Attack {
+    /// Declare one frame of 2^40 bytes and send 64 KiB of its body.
+    HugeFrame,
+    /// Send small frames flagged MORE without end.
+    EndlessMultipart,
+}
+
+/// One connection the hostile publisher accepted.
+#[derive(Debug, Clone)]
+struct HostileSession {
+    accepted_at: tokio::time::Instant,
+    /// The subscription bytes the relay sent after the handshake.
+    subscription: Vec<u8>,
+    /// Bytes of the attack written before the relay dropped the connection.
+    attack_bytes: u64,
+    /// Whether the relay dropped the connection (rather than the attack running out of time).
+    dropped: bool,
+}
+
+/// Most attack bytes one session writes before giving up (the relay never read that far).
+const ATTACK_BYTES_MAX: u64 = 256 << 20;
+
+/// A raw ZMTP 3.1 PUB on 127.0.0.1 that completes the handshake, reads the subscription, then
+/// runs `attack`; each session is recorded when it ends (bounded to 10 s).
+async fn hostile_publisher(
+    attack: Attack,
+) -> (String, std::sync::Arc<std::sync::Mutex<Vec<HostileSession>>>, JoinHandle<()>) {
+    use kvrelay::event_plane::{encode_greeting, encode_message_frame, encode_ready};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("tcp://{}", listener.local_addr().unwrap());
+    let sessions = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = sessions.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else { return };
+            let accepted_at = tokio::time::Instant::now();
+            let record = record.clone();
+            tokio::spawn(async move {
+                let session = tokio::time::timeout(Duration::from_secs(10), async {
+                    // The relay's greeting (64 B) and READY (27 B), then ours.
+                    let mut hello = [0u8; 91];
+                    stream.read_exact(&mut hello).await.ok()?;
+                    let mut ours = encode_greeting().to_vec();
+                    ours.extend(encode_ready(b"PUB"));
+                    stream.write_all(&ours).await.ok()?;
+                    // The 3.1 SUBSCRIBE command for `kv-events` is 21 bytes.
+                    let mut subscription = vec![0u8; 21];
+                    stream.read_exact(&mut subscription).await.ok()?;
+                    let mut attack_bytes = 0u64;
+                    let dropped = match attack {
+                        Attack::HugeFrame => {
+                            let mut frame = vec![0x02];
+                            frame.extend((1u64 << 40).to_be_bytes());
+                            frame.extend(vec![0u8; 64 << 10]);
+                            // The relay may already have closed before the body is written.
+                            if stream.write_all(&frame).await.is_ok() {
+                                attack_bytes = frame.len() as u64;
+                            }
+                            let mut rest = [0u8; 64];
+                            !matches!(stream.read(&mut rest).await, Ok(n) if n > 0)
+                        }
+                        Attack::EndlessMultipart => {
+                            let chunk: Vec<u8> = (0..256)
+                                .flat_map(|_| encode_message_frame(&[7u8; 255], true))
+                                .collect();
+                            loop {
+                                if stream.write_all(&chunk).await.is_err() {
+                                    break true;
+                                }
+                                attack_bytes += chunk.len() as u64;
+                                if attack_bytes >= ATTACK_BYTES_MAX {
+                                    break false;
+                                }
+                            }
+                        }
+                    };
+                    Some(HostileSession { accepted_at, subscription, attack_bytes, dropped })
+                })
+                .await;
+                if let Ok(Some(session)) = session {
+                    record.lock().unwrap().push(session);
+                }
+            });
+        }
+    });
+    (endpoint, sessions, task)
+}
+
+/// Resident memory of this test process, in KiB (Linux).
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|line| line.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Run the ZMQ plane against a hostile publisher and a well-behaved one side by side: the hostile
+/// sessions are refused with `kind` (counted, connection dropped, retried with a growing backoff),
+/// memory stays put, and the well-behaved channel keeps delivering throughout.
+async fn hostile_publisher_is_refused(attack: Attack, kind: kvrelay::event_plane::ZmtpErrorKind) {
+    let rss_before = rss_kib();
+    let scope = endpoint("dynamo", "backend", "generate");
+    let hostile_scope = endpoint("dynamo", "hostile", "generate");
+    let (hostile_endpoint, sessions, hostile_task) = hostile_publisher(attack).await;
+    let (mut good_pub, good_endpoint) = bind_publisher(0).await;
+    let (changes_tx, changes) = mpsc::channel(8);
+    let (sink, mut inputs) = mpsc::channel(16);
+    let counters = EventPlaneCounters::new();
+    let cancel = CancellationToken::new();
+    let config = fast_zmq_config();
+    let plane =
+        tokio::spawn(run_zmq_event_plane(config, changes, sink, counters.clone(), cancel.clone()));
+    changes_tx.send(channel(&hostile_scope, KV_EVENTS_TOPIC, 99, &hostile_endpoint)).await.unwrap();
+    changes_tx
+        .send(channel(&scope, KV_EVENTS_TOPIC, BACKEND_PUBLISHER, &good_endpoint))
+        .await
+        .unwrap();
+    let first = publish_until_received(
+        &mut good_pub,
+        &captured_zmq_message(),
+        &mut inputs,
+        Duration::from_secs(20),
+    )
+    .await;
+    assert!(matches!(first, DcInput::KvEvents(ref batch) if batch.endpoint == scope));
+
+    // Five hostile sessions, each refused and dropped.
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while sessions.lock().unwrap().len() < 5 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the relay did not keep retrying the hostile publisher");
+    let sessions = sessions.lock().unwrap().clone();
+    let stats = counters.snapshot();
+    assert!(stats.zmtp_errors.get(kind) >= 5, "{kind:?} not counted: {stats:?}");
+    assert_eq!(stats.zmtp_errors.get(kind), stats.zmtp_errors.total());
+    for session in &sessions {
+        assert_eq!(
+            session.subscription,
+            [&[0x04, 0x13, 0x09][..], b"SUBSCRIBE", b"kv-events"].concat()
+        );
+        assert!(session.dropped, "the relay kept a hostile session open: {session:?}");
+        // The relay stopped reading long before the attack ran out (socket buffers hold the rest).
+        assert!(session.attack_bytes < 64 << 20, "{session:?}");
+    }
+    // No session carried a message, so the backoff keeps doubling up to its maximum.
+    let mut accepted: Vec<_> = sessions.iter().map(|session| session.accepted_at).collect();
+    accepted.sort();
+    let mut wait = config.reconnect_backoff_initial;
+    for pair in accepted.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(gap + Duration::from_millis(5) >= wait, "retried after {gap:?}, backoff {wait:?}");
+        wait = (wait * 2).min(config.reconnect_backoff_max);
+    }
+
+    // The well-behaved publisher is still read.
+    settle_and_drain(&mut inputs).await;
+    let again = publish_until_received(
+        &mut good_pub,
+        &captured_zmq_message(),
+        &mut inputs,
+        Duration::from_secs(20),
+    )
+    .await;
+    assert!(matches!(again, DcInput::KvEvents(ref batch) if batch.endpoint == scope));
+    let grown_mib = rss_kib().saturating_sub(rss_before) / 1024;
+    assert!(grown_mib < 128, "resident memory grew by {grown_mib} MiB");
+
+    cancel.cancel();
+    assert!(matches!(plane.await.unwrap(), Ok(())));
+    hostile_task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zmq_plane_refuses_a_frame_declared_at_2_pow_40_bytes() {
+    bounded(hostile_publisher_is_refused(
+        Attack::HugeFrame,
+        kvrelay::event_plane::ZmtpErrorKind::FrameTooLarge,
+    ))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zmq_plane_refuses_an_endless_multipart_message() {
+    bounded(hostile_publisher_is_refused(
+        Attack::EndlessMultipart,
+        kvrelay::event_plane::ZmtpErrorKind::TooManyFrames,
+    ))
+    .await;
+}

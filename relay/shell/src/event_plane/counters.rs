@@ -5,6 +5,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::zmtp::{ZmtpError, ZmtpErrorKind};
 use kvrelay_core::inputs::{InputCounters, InputError};
 
 /// What one event-plane transport has seen so far.
@@ -31,6 +32,34 @@ pub struct EventPlaneStats {
     pub channels_refused: u64,
     /// Messages dropped by the client library itself (NATS slow-consumer notices).
     pub client_drops: u64,
+    /// ZMTP sessions ended by a protocol violation of the peer, per kind (each also counts as
+    /// a disconnect or a failed connection attempt).
+    pub zmtp_errors: ZmtpErrorCounts,
+}
+
+/// ZMTP protocol violations per [`ZmtpErrorKind`]; counts saturate.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ZmtpErrorCounts {
+    counts: [u64; ZmtpErrorKind::ALL.len()],
+}
+
+impl ZmtpErrorCounts {
+    /// Count one violation.
+    pub fn record(&mut self, error: &ZmtpError) {
+        increment(&mut self.counts[error.kind().index()]);
+    }
+
+    /// Violations of `kind` so far.
+    #[must_use]
+    pub fn get(&self, kind: ZmtpErrorKind) -> u64 {
+        self.counts[kind.index()]
+    }
+
+    /// Violations of every kind so far (saturating).
+    #[must_use]
+    pub fn total(&self) -> u64 {
+        self.counts.iter().fold(0u64, |total, count| total.saturating_add(*count))
+    }
 }
 
 /// A shared, cloneable handle to one transport's [`EventPlaneStats`].

@@ -16,6 +16,9 @@
 //!   high-water mark). Both are detectable downstream as `sequence` gaps.
 //! - **No panic on any input.** Every message that cannot become a fact is counted in
 //!   [`EventPlaneStats`] under its [`InputErrorKind`](kvrelay_core::inputs::InputErrorKind) and dropped.
+//! - **Bounded before allocation.** The ZMQ transport speaks ZMTP itself ([`ZmtpSubDecoder`])
+//!   so that every size a publisher declares is checked against the relay's limits before any
+//!   memory is set aside for it.
 //! - **Bounded retries.** Reconnection waits grow exponentially to a stated maximum and never
 //!   spin; every wait also watches the cancellation token.
 //! - **Prompt shutdown.** Every `tokio::select!` lists the cancellation token first (`biased;`),
@@ -25,10 +28,11 @@ mod counters;
 mod nats;
 mod nats_auth;
 mod zmq;
+mod zmtp;
 
 use thiserror::Error;
 
-pub use counters::{EventPlaneCounters, EventPlaneStats};
+pub use counters::{EventPlaneCounters, EventPlaneStats, ZmtpErrorCounts};
 pub use nats::{
     DEFAULT_NATS_SERVER, NATS_RECONNECT_DELAY_MAX, NATS_SUBSCRIPTION_CAPACITY_DEFAULT,
     NatsEventPlaneConfig, NatsNamespaces, nats_wildcard_subject, run_nats_event_plane,
@@ -42,6 +46,12 @@ pub use nats_auth::{
 pub use zmq::{
     ChannelChange, ZMQ_CHANNELS_MAX, ZMQ_CONNECT_TIMEOUT_DEFAULT, ZMQ_RECONNECT_BACKOFF_INITIAL,
     ZMQ_RECONNECT_BACKOFF_MAX, ZmqEventPlaneConfig, run_zmq_event_plane,
+};
+pub use zmtp::{
+    ZMTP_COMMAND_BYTES_MAX, ZMTP_FRAME_BYTES_MAX, ZMTP_GREETING_BYTES, ZMTP_MESSAGE_BYTES_MAX,
+    ZMTP_MESSAGE_FRAMES_MAX, ZmtpError, ZmtpErrorKind, ZmtpEvent, ZmtpLimits, ZmtpSubDecoder,
+    encode_command, encode_greeting, encode_message_frame, encode_pong, encode_ready,
+    encode_subscribe,
 };
 
 /// Why an event-plane transport stopped or could not start.

@@ -5,37 +5,50 @@
 //! [`ChannelChange`]s; [`run_zmq_event_plane`] keeps exactly one subscription task per
 //! advertised channel:
 //!
-//! - the task connects a SUB socket to the channel's endpoint and subscribes to the channel's
-//!   topic (a byte-prefix filter on frame 0: `kv-events` or `kv_metrics`);
+//! - the task connects to the channel's endpoint (`tcp://host:port`) over TCP and speaks ZMTP
+//!   as a SUB itself ([`super::zmtp`]): greeting, `READY`, then a subscription to the channel's
+//!   topic (a byte-prefix filter on frame 0: `kv-events` or `kv_metrics`), in the `SUBSCRIBE`
+//!   command form for a ZMTP 3.1 peer and the `0x01`+topic message form for a 3.0 peer;
 //! - each 4-frame message `[topic, publisher_id u64 BE, sequence u64 BE, event frame]` is decoded
 //!   with [`decode_zmq_event_message`], and the envelope must name the channel's publisher
 //!   (otherwise it is counted in `publisher_mismatches` and dropped, which keeps a lingering
 //!   record of a dead incarnation from duplicating a new incarnation's events);
 //! - the endpoint of the fact is the channel's scope.
 //!
-//! A publisher that is not up yet (or has gone away) is retried: each connection attempt is
-//! bounded by [`connect_timeout`](ZmqEventPlaneConfig::connect_timeout) (the `zeromq` crate's
-//! `connect` otherwise waits for the peer for 30 s), failed attempts back off exponentially from
-//! [`ZMQ_RECONNECT_BACKOFF_INITIAL`] to [`ZMQ_RECONNECT_BACKOFF_MAX`], and a receive error drops
-//! the socket and starts over. Once connected, the crate itself reconnects a lost TCP connection
-//! and re-sends the subscription. Removing the channel (or cancelling) stops its task.
+//! A publisher that is not up yet (or has gone away) is retried: each connection attempt (TCP
+//! connect, handshake, subscription) is bounded by
+//! [`connect_timeout`](ZmqEventPlaneConfig::connect_timeout), and failed attempts back off
+//! exponentially from [`ZMQ_RECONNECT_BACKOFF_INITIAL`] to [`ZMQ_RECONNECT_BACKOFF_MAX`]. A
+//! session that ends (reset, close, protocol violation) is reopened the same way; the backoff
+//! only restarts from its initial wait after a session that carried at least one message, so a
+//! publisher that breaks the protocol at once is retried ever more slowly. Removing the channel
+//! (or cancelling) stops its task.
 //!
 //! Bounds: at most [`ZMQ_CHANNELS_MAX`] channels at once (further upserts are refused and
-//! counted). PUB/SUB has no replay and the publisher drops at its high-water mark, so loss shows
-//! up downstream as `sequence` gaps. The `zeromq` crate puts no limit on one frame's size: the
-//! relay trusts the publishers of its own data center not to send multi-GiB frames.
+//! counted). Every frame size a publisher declares is checked against
+//! [`limits`](ZmqEventPlaneConfig::limits) before its body is read, and a multipart message is
+//! bounded in frames and bytes as it grows; a violation is counted per kind in
+//! [`zmtp_errors`](super::EventPlaneStats::zmtp_errors) and ends the session. PUB/SUB has no
+//! replay and the publisher drops at its high-water mark, so loss shows up downstream as
+//! `sequence` gaps.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
-use zeromq::{Socket, SocketOptions, SocketRecv, SubSocket, ZmqMessage};
 
 use super::EventPlaneError;
 use super::counters::{EventPlaneCounters, increment};
+use super::zmtp::{
+    ZmtpError, ZmtpEvent, ZmtpLimits, ZmtpSubDecoder, encode_greeting, encode_pong, encode_ready,
+    encode_subscribe,
+};
 use kvrelay_core::inputs::{
     DcInput, EventChannelRecord, EventRecordKey, EventTransport, InputError, KV_EVENTS_TOPIC,
     KV_METRICS_TOPIC, decode_kv_event_batch, decode_load_observation, decode_zmq_event_message,
@@ -74,6 +87,8 @@ pub struct ZmqEventPlaneConfig {
     pub reconnect_backoff_max: Duration,
     /// Most channels at once (at most [`ZMQ_CHANNELS_MAX`]).
     pub channels_max: usize,
+    /// Bounds on what a publisher may declare and send (frames, messages).
+    pub limits: ZmtpLimits,
 }
 
 impl Default for ZmqEventPlaneConfig {
@@ -83,6 +98,7 @@ impl Default for ZmqEventPlaneConfig {
             reconnect_backoff_initial: ZMQ_RECONNECT_BACKOFF_INITIAL,
             reconnect_backoff_max: ZMQ_RECONNECT_BACKOFF_MAX,
             channels_max: ZMQ_CHANNELS_MAX,
+            limits: ZmtpLimits::default(),
         }
     }
 }
@@ -101,6 +117,9 @@ impl ZmqEventPlaneConfig {
         }
         if self.channels_max == 0 || self.channels_max > ZMQ_CHANNELS_MAX {
             return Err(EventPlaneError::InvalidConfig("ZMQ channels_max out of range"));
+        }
+        if self.limits.message_frames_max == 0 || self.limits.message_bytes_max == 0 {
+            return Err(EventPlaneError::InvalidConfig("ZMQ message limits must be non-zero"));
         }
         Ok(())
     }
@@ -216,13 +235,99 @@ async fn stop(subscription: Subscription) {
     }
 }
 
+/// Most bytes asked of the socket per read: the input buffer grows with what the peer actually
+/// sent, never with what it declared.
+const READ_CHUNK_BYTES: usize = 64 << 10;
+
+/// Why a session could not be opened or went on no longer.
+#[derive(Debug)]
+enum SessionError {
+    /// The endpoint is not `tcp://host:port`.
+    Endpoint,
+    /// The connection failed or was reset.
+    Io(std::io::Error),
+    /// The peer closed the connection.
+    Closed,
+    /// The peer broke the protocol or a limit.
+    Protocol(ZmtpError),
+}
+
+impl From<std::io::Error> for SessionError {
+    fn from(error: std::io::Error) -> Self {
+        SessionError::Io(error)
+    }
+}
+
+impl From<ZmtpError> for SessionError {
+    fn from(error: ZmtpError) -> Self {
+        SessionError::Protocol(error)
+    }
+}
+
+impl std::fmt::Display for SessionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SessionError::Endpoint => f.write_str("endpoint is not tcp://host:port"),
+            SessionError::Io(error) => write!(f, "{error}"),
+            SessionError::Closed => f.write_str("peer closed the connection"),
+            SessionError::Protocol(error) => write!(f, "{error}"),
+        }
+    }
+}
+
+/// One TCP connection to a publisher speaking ZMTP, as a SUB.
+struct ZmtpSession {
+    stream: TcpStream,
+    decoder: ZmtpSubDecoder,
+    input: BytesMut,
+}
+
+impl ZmtpSession {
+    /// Connect to `endpoint`, do the handshake and subscribe to `topic`.
+    async fn open(endpoint: &str, topic: &str, limits: ZmtpLimits) -> Result<Self, SessionError> {
+        let address = endpoint.strip_prefix("tcp://").ok_or(SessionError::Endpoint)?;
+        let mut stream = TcpStream::connect(address).await?;
+        let mut hello = encode_greeting().to_vec();
+        hello.extend(encode_ready(b"SUB"));
+        stream.write_all(&hello).await?;
+        let mut session =
+            ZmtpSession { stream, decoder: ZmtpSubDecoder::new(limits), input: BytesMut::new() };
+        // Before its READY the decoder yields nothing else.
+        let ZmtpEvent::Ready { subscribe_command } = session.next_event().await? else {
+            return Err(SessionError::Protocol(ZmtpError::UnexpectedFrame));
+        };
+        let subscription = encode_subscribe(topic.as_bytes(), subscribe_command);
+        session.stream.write_all(&subscription).await?;
+        Ok(session)
+    }
+
+    /// The next event from the peer (cancel-safe: bytes read stay in the input buffer).
+    async fn next_event(&mut self) -> Result<ZmtpEvent, SessionError> {
+        loop {
+            if let Some(event) = self.decoder.decode(&mut self.input)? {
+                return Ok(event);
+            }
+            self.input.reserve(READ_CHUNK_BYTES);
+            if self.stream.read_buf(&mut self.input).await? == 0 {
+                return Err(SessionError::Closed);
+            }
+        }
+    }
+}
+
 /// Why a connected session ended.
 enum SessionEnd {
+    /// The channel was stopped.
     Stopped,
-    ReceiveError,
+    /// The connection failed; `delivered` when it had carried at least one message.
+    Failed { delivered: bool },
 }
 
 /// The life of one channel: connect (bounded, with backoff), subscribe, receive until stopped.
+///
+/// The backoff grows over failed attempts and over sessions that ended before carrying a
+/// message (e.g. a publisher that breaks a limit at once), and restarts from its initial wait
+/// after a session that carried messages.
 async fn subscribe_channel(
     config: ZmqEventPlaneConfig,
     key: EventRecordKey,
@@ -233,41 +338,42 @@ async fn subscribe_channel(
 ) {
     let mut backoff = config.reconnect_backoff_initial;
     loop {
-        let mut options = SocketOptions::default();
-        options.connect_timeout(config.connect_timeout);
-        let mut socket = SubSocket::with_options(options);
-        // Bound the attempt here too, in case the crate's own timeout does not cover a step.
-        let attempt_bound = config.connect_timeout.saturating_mul(2);
-        let connected = tokio::select! {
+        let opened = tokio::select! {
             biased;
             () = stop.cancelled() => return,
-            connected = tokio::time::timeout(attempt_bound, async {
-                socket.connect(&endpoint).await?;
-                socket.subscribe(&key.topic).await
-            }) => connected,
+            opened = tokio::time::timeout(
+                config.connect_timeout,
+                ZmtpSession::open(&endpoint, &key.topic, config.limits),
+            ) => opened,
         };
-        match connected {
-            Ok(Ok(())) => {
+        match opened {
+            Ok(Ok(mut session)) => {
                 counters.bump(|stats| increment(&mut stats.connects));
                 debug!(%endpoint, topic = %key.topic, "ZMQ subscription established");
-                backoff = config.reconnect_backoff_initial;
-                match receive(&mut socket, &key, &sink, &counters, &stop).await {
+                match receive(&mut session, &config, &key, &sink, &counters, &stop).await {
                     Ok(SessionEnd::Stopped) | Err(SinkGone) => return,
-                    Ok(SessionEnd::ReceiveError) => {
+                    Ok(SessionEnd::Failed { delivered }) => {
                         counters.bump(|stats| increment(&mut stats.disconnects));
+                        if delivered {
+                            backoff = config.reconnect_backoff_initial;
+                        }
                     }
                 }
             }
             Ok(Err(error)) => {
                 debug!(%endpoint, %error, "ZMQ connection attempt failed");
-                counters.bump(|stats| increment(&mut stats.connect_failures));
+                counters.bump(|stats| {
+                    increment(&mut stats.connect_failures);
+                    if let SessionError::Protocol(error) = &error {
+                        stats.zmtp_errors.record(error);
+                    }
+                });
             }
             Err(_elapsed) => {
                 debug!(%endpoint, "ZMQ connection attempt timed out");
                 counters.bump(|stats| increment(&mut stats.connect_failures));
             }
         }
-        drop(socket);
         tokio::select! {
             biased;
             () = stop.cancelled() => return,
@@ -280,29 +386,55 @@ async fn subscribe_channel(
 /// The sink's receiver is gone: nothing more to do.
 struct SinkGone;
 
-/// Receive, decode and forward messages until stopped or the socket fails.
+/// Receive, decode and forward messages until stopped or the session fails.
 async fn receive(
-    socket: &mut SubSocket,
+    session: &mut ZmtpSession,
+    config: &ZmqEventPlaneConfig,
     key: &EventRecordKey,
     sink: &mpsc::Sender<DcInput>,
     counters: &EventPlaneCounters,
     stop: &CancellationToken,
 ) -> Result<SessionEnd, SinkGone> {
+    let mut delivered = false;
     loop {
         let received = tokio::select! {
             biased;
             () = stop.cancelled() => return Ok(SessionEnd::Stopped),
-            received = socket.recv() => received,
+            received = session.next_event() => received,
         };
-        let message = match received {
-            Ok(message) => message,
+        let frames = match received {
+            Ok(ZmtpEvent::Message(frames)) => frames,
+            Ok(ZmtpEvent::Ping { context }) => {
+                // A peer that does not read its PONGs is dropped after the connect bound.
+                let pong = encode_pong(&context);
+                let written = tokio::select! {
+                    biased;
+                    () = stop.cancelled() => return Ok(SessionEnd::Stopped),
+                    written = tokio::time::timeout(
+                        config.connect_timeout,
+                        session.stream.write_all(&pong),
+                    ) => written,
+                };
+                if !matches!(written, Ok(Ok(()))) {
+                    counters.bump(|stats| increment(&mut stats.receive_errors));
+                    return Ok(SessionEnd::Failed { delivered });
+                }
+                continue;
+            }
+            Ok(ZmtpEvent::Ready { .. }) => continue,
             Err(error) => {
-                debug!(topic = %key.topic, %error, "ZMQ receive failed; reconnecting");
-                counters.bump(|stats| increment(&mut stats.receive_errors));
-                return Ok(SessionEnd::ReceiveError);
+                debug!(topic = %key.topic, %error, "ZMQ session ended; reconnecting");
+                counters.bump(|stats| {
+                    increment(&mut stats.receive_errors);
+                    if let SessionError::Protocol(error) = &error {
+                        stats.zmtp_errors.record(error);
+                    }
+                });
+                return Ok(SessionEnd::Failed { delivered });
             }
         };
-        let decoded = decode_channel_message(key, &message);
+        delivered = true;
+        let decoded = decode_channel_message(key, &frames);
         let input = match decoded {
             Ok(Some(input)) => {
                 counters.record::<()>(&Ok(()));
@@ -335,13 +467,12 @@ async fn receive(
 /// published by another incarnation than the channel's.
 pub(crate) fn decode_channel_message(
     key: &EventRecordKey,
-    message: &ZmqMessage,
+    message: &[Bytes],
 ) -> Result<Option<DcInput>, InputError> {
-    let frame = |index: usize| message.get(index).map_or(&[][..], |bytes| bytes.as_ref());
-    if message.len() != 4 {
+    let [topic, publisher, sequence, event] = message else {
         return Err(InputError::MalformedEventFrame { reason: "expected 4 frames" });
-    }
-    let frames = [frame(0), frame(1), frame(2), frame(3)];
+    };
+    let frames = [&topic[..], &publisher[..], &sequence[..], &event[..]];
     let envelope = decode_zmq_event_message(&frames)?;
     if envelope.publisher_id != key.publisher_id {
         return Ok(None);
@@ -356,8 +487,6 @@ pub(crate) fn decode_channel_message(
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
-
     use super::*;
     use kvrelay_core::inputs::{
         EventEnvelope, InputErrorKind, encode_active_load, encode_event_envelope,
@@ -373,7 +502,7 @@ mod tests {
         }
     }
 
-    fn metrics_message(publisher_id: u64) -> ZmqMessage {
+    fn metrics_message(publisher_id: u64) -> Vec<Bytes> {
         let observation = kvrelay_core::inputs::LoadObservation {
             source: kvrelay_core::model::kv_events::SourceKey { worker_id: 4, dp_rank: 0 },
             kv_used_blocks: Some(9),
@@ -389,13 +518,12 @@ mod tests {
             payload: &payload,
         })
         .unwrap();
-        let frames = vec![
+        vec![
             Bytes::from_static(b"kv_metrics"),
             Bytes::copy_from_slice(&publisher_id.to_be_bytes()),
             Bytes::copy_from_slice(&3u64.to_be_bytes()),
             Bytes::from(encode_zmq_event_frame(&envelope).unwrap()),
-        ];
-        ZmqMessage::try_from(frames).unwrap()
+        ]
     }
 
     #[test]
@@ -416,8 +544,7 @@ mod tests {
 
     #[test]
     fn malformed_messages_are_typed_errors() {
-        let two =
-            ZmqMessage::try_from(vec![Bytes::from_static(b"kv-events"), Bytes::new()]).unwrap();
+        let two = vec![Bytes::from_static(b"kv-events"), Bytes::new()];
         let error = decode_channel_message(&key(KV_EVENTS_TOPIC, 1), &two).unwrap_err();
         assert_eq!(error.kind(), InputErrorKind::MalformedEventFrame);
         // A kv_metrics message arriving on a kv-events channel is the wrong topic.
