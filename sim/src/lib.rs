@@ -1140,8 +1140,8 @@ fn no_false_negatives(
                     })
                     .count()
             });
-            let slots =
-                pool.producer.format().bucket_count * u64::from(kvrelay_core::filter::ckf::SLOTS_PER_BUCKET);
+            let slots = pool.producer.format().bucket_count
+                * u64::from(kvrelay_core::filter::ckf::SLOTS_PER_BUCKET);
             Probed { endpoint, cached: hashes.len(), absent, slots }
         })
         .collect();
@@ -1459,8 +1459,8 @@ fn digest(snapshots: &[&ConsumerSnapshot], consumers: &[&RelayConsumer]) -> Stri
 
 #[cfg(test)]
 mod tests {
-    use kvrelay_core::control::ControlHealth;
     use kvrelay::node::NodeStatus;
+    use kvrelay_core::control::ControlHealth;
     use kvrelay_core::host::HostHealth;
 
     use super::node_fault;

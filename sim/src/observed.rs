@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use kvrelay_core::filter::ckf::Addressing;
 use kvrelay_consumer::{ConsumerSnapshot, RelayConsumer};
+use kvrelay_core::filter::ckf::Addressing;
 use kvrelay_core::model::identity::{PoolId, ProducerIdentity};
 use kvrelay_core::rng::{derive_seed, rng_from_seed};
 use kvrelay_dc::SimulatedDc;

@@ -32,8 +32,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kvrelay_core::filter::ckf::{Addressing, FINGERPRINT_BITS, Probe, SLOTS_PER_BUCKET, word_contains};
 use kvrelay_core::discovery::{ModelRegistration, ModelTarget};
+use kvrelay_core::filter::ckf::{
+    Addressing, FINGERPRINT_BITS, Probe, SLOTS_PER_BUCKET, word_contains,
+};
 use kvrelay_core::sources::{RECOVERY_ATTEMPT_TIMEOUT, RECOVERY_BACKOFF_MAX};
 use kvrelay_dc::SimulatedDc;
 

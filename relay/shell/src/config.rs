@@ -45,9 +45,9 @@ use kvrelay_core::discovery::{DiscoveryScope, ScopeError};
 use kvrelay_core::filter::ckf::{CkfFormat, bucket_count_for_expected_blocks};
 use kvrelay_core::model::identity::{DcId, stable_dc_id};
 
-pub use describe::describe;
 use crate::event_plane::{NatsSecurity, NatsSecurityError};
 use crate::wan::{WanTlsSettings, WanTlsValues, resolve_wan_tls};
+pub use describe::describe;
 
 /// Default CKF sizing per pool.
 pub const EXPECTED_UNIQUE_BLOCKS_DEFAULT: u64 = 1_048_576;

@@ -67,7 +67,7 @@ fn check_config_names_the_bad_setting_and_exits_two() {
 
 /// `scripts/test.sh --plan` with `path` as the whole PATH and no extra tool directories.
 fn test_script_plan(path: &std::path::Path) -> String {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/test.sh");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/test.sh");
     let output = Command::new("/bin/bash")
         .args([script, "--plan", "-p", "kvrelay"])
         .env_clear()

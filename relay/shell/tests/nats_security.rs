@@ -21,11 +21,11 @@ use kvrelay::event_plane::{
     EventPlaneCounters, EventPlaneError, NatsEventPlaneConfig, NatsNamespaces, NatsSecurity,
     run_nats_event_plane,
 };
-use kvrelay_core::model::hashing::{ExternalBlockHash, LocalBlockHash};
-use kvrelay_core::model::identity::EndpointPath;
 use kvrelay_core::inputs::{
     DcInput, EventEnvelope, KV_EVENTS_TOPIC, encode_event_envelope, encode_kv_events_payload,
 };
+use kvrelay_core::model::hashing::{ExternalBlockHash, LocalBlockHash};
+use kvrelay_core::model::identity::EndpointPath;
 use kvrelay_core::model::kv_events::{
     KvCacheEvent, KvCacheEventData, RouterEvent, StorageTier, StoreData, StoredBlock,
 };

@@ -13,11 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvrelay::config::WanTuning;
-use kvrelay_consumer::{ClientTlsArgs, ClientTlsError, ConsumerConfig, RelayConsumer};
 use kvrelay::demo::{Demo, DemoOptions};
-use kvrelay_core::rng::rng_from_seed;
 use kvrelay::runtime::{SystemWallClock, TokioBlockingExecutor};
 use kvrelay::wan::{WanTls, WanTlsSettings, serve, tls_incoming};
+use kvrelay_consumer::{ClientTlsArgs, ClientTlsError, ConsumerConfig, RelayConsumer};
+use kvrelay_core::rng::rng_from_seed;
 use kvrelay_proto::CONTRACT_MARKER;
 use kvrelay_proto::v1 as proto;
 use kvrelay_proto::v1::kv_event_relay_client::KvEventRelayClient;
@@ -162,7 +162,7 @@ async fn wait_for_handshake_failures(tls: &WanTls, count: u64) {
 /// The leaf certificate a fresh TLS handshake with `address` presents.
 async fn served_certificate(address: &str, ca: &TestCa) -> CertificateDer<'static> {
     let mut roots = rustls::RootCertStore::empty();
-    for certificate in kvrelay::pem_files::read_certificates(&ca.cert_path).unwrap() {
+    for certificate in kvrelay_consumer::pem_files::read_certificates(&ca.cert_path).unwrap() {
         roots.add(certificate).unwrap();
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -178,7 +178,8 @@ async fn served_certificate(address: &str, ca: &TestCa) -> CertificateDer<'stati
 }
 
 fn der(leaf: &Leaf) -> CertificateDer<'static> {
-    kvrelay::pem_files::certificates(&leaf.cert_path, leaf.cert_pem.as_bytes()).unwrap()[0].clone()
+    kvrelay_consumer::pem_files::certificates(&leaf.cert_path, leaf.cert_pem.as_bytes()).unwrap()[0]
+        .clone()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,8 +7,8 @@
 use serde_json::{Value, json};
 
 use super::{EventPlane, RelayConfig};
-use kvrelay_core::discovery::NamespaceSelection;
 use crate::discovery_plane::DiscoveryBackend;
+use kvrelay_core::discovery::NamespaceSelection;
 
 /// `url` without the `user:pass@` part of its authority.
 fn without_userinfo(url: &str) -> String {
@@ -48,7 +48,7 @@ pub fn describe(config: &RelayConfig) -> Value {
         _ => json!({"backend": "other"}),
     };
     let event_plane = match &config.event_plane {
-        EventPlane::Nats { url } => json!({"plane": "nats", "url": without_userinfo(url)}),
+        EventPlane::Nats { url, .. } => json!({"plane": "nats", "url": without_userinfo(url)}),
         EventPlane::Zmq => json!({"plane": "zmq"}),
     };
     let wan = &config.wan;

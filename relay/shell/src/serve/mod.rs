@@ -446,8 +446,7 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
                 Some(tls) => {
                     let incoming = crate::wan::tls_incoming(listener, tls, wan_stop.clone());
                     let shutdown = wan_stop.cancelled_owned();
-                    crate::wan::serve_with_health(service, incoming, &tuning, ready, shutdown)
-                        .await
+                    crate::wan::serve_with_health(service, incoming, &tuning, ready, shutdown).await
                 }
             };
             state.send_replace(WanState {
