@@ -32,7 +32,11 @@ pub use registry::{FenceRequests, HubCounts, PoolPublications};
 pub use stream::{PoolStream, StreamItem};
 
 /// Bounds of publication.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+///
+/// Its `Debug` form is part of a journal's configuration identity (`journal::replay` compares
+/// it): [`HubConfig::encoding_concurrency`] appears in it only when it differs from the
+/// default, so recordings made before that bound existed still match a default configuration.
+#[derive(Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HubConfig {
     /// Frames queued per subscriber.
     pub subscriber_queue_frames: usize,
@@ -53,6 +57,22 @@ pub struct HubConfig {
 
 fn default_encoding_concurrency() -> usize {
     crate::config::PUBLICATION_ENCODING_CONCURRENCY_DEFAULT
+}
+
+impl std::fmt::Debug for HubConfig {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut out = formatter.debug_struct("HubConfig");
+        out.field("subscriber_queue_frames", &self.subscriber_queue_frames)
+            .field("subscriber_queue_bytes", &self.subscriber_queue_bytes)
+            .field("subscribers_per_pool_max", &self.subscribers_per_pool_max)
+            .field("initialized_hubs_max", &self.initialized_hubs_max)
+            .field("max_delta_images", &self.max_delta_images)
+            .field("snapshot_progress_timeout", &self.snapshot_progress_timeout);
+        if self.encoding_concurrency != default_encoding_concurrency() {
+            out.field("encoding_concurrency", &self.encoding_concurrency);
+        }
+        out.finish()
+    }
 }
 
 impl Default for HubConfig {

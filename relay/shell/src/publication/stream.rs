@@ -68,10 +68,15 @@ impl PoolStream {
         tokio::spawn(async move {
             let snapshot = Arc::new(snapshot);
             for index in 0..chunk_count {
-                let permit = tokio::select! {
-                    biased;
-                    () = chunks.closed() => return,
-                    permit = Arc::clone(&encoders).acquire_owned() => permit,
+                // A free encoder is taken without awaiting, so an uncontended bound (always the
+                // case with an inline executor) changes no scheduling.
+                let permit = match Arc::clone(&encoders).try_acquire_owned() {
+                    Ok(permit) => Ok(permit),
+                    Err(_) => tokio::select! {
+                        biased;
+                        () = chunks.closed() => return,
+                        permit = Arc::clone(&encoders).acquire_owned() => permit,
+                    },
                 };
                 let Ok(permit) = permit else {
                     let _ = failure.set(PublicationError::Internal);

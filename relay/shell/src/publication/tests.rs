@@ -306,3 +306,12 @@ async fn snapshot_encodes_are_bounded_by_the_encoding_concurrency() {
     assert_eq!(encodes_in_flight(2).await, vec![2, 2, 1]);
     assert_eq!(encodes_in_flight(3).await, vec![3, 2, 1], "no bound below the demand");
 }
+
+#[test]
+fn the_debug_form_names_the_encoder_bound_only_when_it_is_not_the_default() {
+    let default = format!("{:?}", HubConfig::default());
+    assert!(!default.contains("encoding_concurrency"), "{default}");
+    assert!(default.ends_with("snapshot_progress_timeout: 60s }"), "{default}");
+    let bounded = format!("{:?}", HubConfig { encoding_concurrency: 1, ..HubConfig::default() });
+    assert!(bounded.ends_with("snapshot_progress_timeout: 60s, encoding_concurrency: 1 }"));
+}
