@@ -6,11 +6,20 @@
 //! already covered, a higher one means events were lost in between. The cursor never decides what
 //! to do about that; the recovery state machine does.
 
+/// The last id of the event-id space. A rank whose cursor stood here could never advance again
+/// (every later id would be stale), so the id space of the incarnation is exhausted: an event or
+/// an answer carrying it is not applied and the rank is fenced until a new incarnation is
+/// activated, as a publisher whose sequence would overflow needs a new producer generation
+/// (relay-facts §7.2). Ids count from 1 per incarnation (dc-inputs §2.6), so no real publisher
+/// gets here.
+pub const EVENT_ID_EXHAUSTED: u64 = u64::MAX;
+
 /// How far one rank's applied state reaches in its publisher's id stream.
 ///
 /// Invariant: `Live(last)` means every event of the active incarnation with an id `<= last` is
 /// reflected in the rank's state (applied, replaced by a dump, or superseded by a `Cleared`), and
-/// no event with a higher id is.
+/// no event with a higher id is. The recovery state machine never moves it to
+/// [`EVENT_ID_EXHAUSTED`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RankCursor {
     /// Nothing is known yet: the rank was just activated or reset without a known position.

@@ -31,7 +31,7 @@ mod recovery;
 mod tests;
 
 pub use commands::{RankDump, RankFence, RecoveryCall, ResetReason, SourceCommand, SourceInput};
-pub use cursor::{CursorObservation, RankCursor};
+pub use cursor::{CursorObservation, EVENT_ID_EXHAUSTED, RankCursor};
 pub use membership::{
     ADVERTS_MAX, AdvertChange, AdvertTable, AdvertTableError, DATA_PARALLEL_SIZE_MAX,
     EXPECTED_RANKS_MAX, KvSourceMembership, KvStateEndpointResolution, MembershipDiagnostic,

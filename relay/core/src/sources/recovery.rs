@@ -48,7 +48,7 @@ use rand_core::Rng;
 use thiserror::Error;
 
 use super::commands::{RankDump, RankFence, RecoveryCall, ResetReason, SourceCommand, SourceInput};
-use super::cursor::{CursorObservation, RankCursor};
+use super::cursor::{CursorObservation, EVENT_ID_EXHAUSTED, RankCursor};
 use super::membership::{EXPECTED_RANKS_MAX, RankView, SourceView};
 use super::protocol::{RecoveryRequest, RecoveryRequestId, RecoveryResponse, TreeDumpScope};
 use crate::inputs::{KvEventBatch, RecoveryTarget};
@@ -236,6 +236,9 @@ pub struct SourceCounters {
     pub events_dropped_stale: u64,
     /// Events of a fenced rank.
     pub events_dropped_fenced: u64,
+    /// Live events carrying [`EVENT_ID_EXHAUSTED`] (each fences its rank instead of freezing
+    /// the cursor).
+    pub events_dropped_id_exhausted: u64,
     /// Buffered events (and the overflowing one) thrown away at a buffer overflow.
     pub events_dropped_overflow: u64,
     /// Buffer overflows.
@@ -674,7 +677,9 @@ impl SourceTracker {
                 if reset_scope != TreeDumpScope::Rank {
                     self.counters.recovery_answers_non_authoritative += 1;
                     self.retry(source, kind, now, out);
-                } else if events.iter().any(|event| event.source() != source) {
+                } else if last_event_id == EVENT_ID_EXHAUSTED
+                    || events.iter().any(|event| event.source() != source)
+                {
                     self.fence_rank(source, now, out);
                 } else {
                     self.set_phase(
@@ -684,12 +689,16 @@ impl SourceTracker {
                     );
                 }
             }
-            RecoveryResponse::Events { events, last_event_id: _ } => {
+            RecoveryResponse::Events { events, last_event_id } => {
                 if kind == RecoveryKind::TreeDump {
                     // Only a dump can rebuild a rank that has no known position.
                     self.counters.recovery_answers_non_authoritative += 1;
                     self.retry(source, kind, now, out);
-                } else if events.iter().any(|event| event.source() != source) {
+                } else if last_event_id == EVENT_ID_EXHAUSTED
+                    || events.iter().any(|event| {
+                        event.source() != source || event.event.event_id == EVENT_ID_EXHAUSTED
+                    })
+                {
                     self.fence_rank(source, now, out);
                 } else {
                     self.apply_recovered(source, events, out);
@@ -785,6 +794,11 @@ impl SourceTracker {
         let event_id = event.event.event_id;
         if state.mode == RankMode::Fenced {
             self.counters.events_dropped_fenced += 1;
+            return;
+        }
+        if event_id == EVENT_ID_EXHAUSTED {
+            self.counters.events_dropped_id_exhausted += 1;
+            self.fence_rank(source, now, out);
             return;
         }
         if is_rank_clear(&event) {
@@ -1092,8 +1106,9 @@ impl SourceTracker {
         }
     }
 
-    /// The rank's recovery answer claimed another rank: reset the rank and drop everything from
-    /// its source until a new activation.
+    /// The rank's source broke a rule it cannot recover from within its incarnation (a recovery
+    /// answer claimed another rank, or its event ids reached [`EVENT_ID_EXHAUSTED`]): reset the
+    /// rank and drop everything from its source until a new activation.
     fn fence_rank(&mut self, source: SourceKey, now: Duration, out: &mut Commands) {
         self.cancel_recovery(source, now, out);
         if let Some(state) = self.ranks.get_mut(&source) {

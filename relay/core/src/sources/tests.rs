@@ -105,7 +105,7 @@ fn cleared(source: SourceKey, event_id: u64) -> RouterEvent {
 }
 
 fn live(source: SourceKey, ids: impl IntoIterator<Item = u64>) -> Vec<RouterEvent> {
-    ids.into_iter().map(|id| stored(source, id, 1000 + id)).collect()
+    ids.into_iter().map(|id| stored(source, id, id.wrapping_add(1000))).collect()
 }
 
 fn dump(events: Vec<RouterEvent>, last_event_id: u64) -> RecoveryResponse {
@@ -878,6 +878,75 @@ fn range_answer_with_a_cleared_skips_the_omitted_events() {
     assert_eq!(resets(&commands), vec![(R0, false, ResetReason::Cleared)]);
     assert_eq!(applied(&commands), vec![(R0, vec![4, 5])]);
     assert_eq!(harness.rank(R0).cursor, RankCursor::Live(5));
+}
+
+#[test]
+fn the_last_event_id_fences_a_recoverable_rank_instead_of_freezing_its_cursor() {
+    let mut harness = Harness::recovered_single_rank();
+    assert_eq!(applied(&harness.events(P1, live(R0, [1]))), vec![(R0, vec![1])]);
+    // A jump to the last id would leave a cursor no later id could pass: fenced, not applied.
+    let commands = harness.events(P1, live(R0, [EVENT_ID_EXHAUSTED]));
+    assert_eq!(resets(&commands), vec![(R0, false, ResetReason::Fenced)]);
+    assert!(applied(&commands).is_empty() && requests(&commands).is_empty());
+    assert_eq!(harness.rank(R0).mode, RankMode::Fenced);
+    assert_ne!(harness.rank(R0).cursor, RankCursor::Live(EVENT_ID_EXHAUSTED));
+    assert_eq!(harness.tracker.counters().events_dropped_id_exhausted, 1);
+    assert_eq!(harness.tracker.counters().ranks_fenced, 1);
+    assert!(harness.events(P1, live(R0, [2])).is_empty());
+    assert_eq!(harness.tracker.counters().events_dropped_fenced, 1);
+
+    // The next incarnation starts over and is served again.
+    harness.withdraw(P1);
+    harness.advertise(advert(R0, P2, true));
+    let call = only_request(&harness.reconcile_and_settle());
+    assert_eq!(call.publisher_id, P2);
+    harness.answer(&call, dump(vec![], 0));
+    harness.advance(RECOVERY_REBUILD_BATCH_WINDOW);
+    assert_eq!(applied(&harness.events(P2, live(R0, [1]))), vec![(R0, vec![1])]);
+    assert_eq!(harness.rank(R0).mode, RankMode::Recoverable);
+}
+
+#[test]
+fn ids_up_to_one_below_the_last_apply_and_the_last_fences_a_live_only_rank() {
+    let mut harness = Harness::live_only_single_rank();
+    let near = EVENT_ID_EXHAUSTED - 2;
+    assert_eq!(applied(&harness.events(P1, live(R0, [near]))), vec![(R0, vec![near])]);
+    assert_eq!(applied(&harness.events(P1, live(R0, [near + 1]))), vec![(R0, vec![near + 1])]);
+    assert_eq!(harness.rank(R0).cursor, RankCursor::Live(EVENT_ID_EXHAUSTED - 1));
+    let commands = harness.events(P1, vec![cleared(R0, EVENT_ID_EXHAUSTED)]);
+    assert_eq!(resets(&commands), vec![(R0, false, ResetReason::Fenced)]);
+    assert_eq!(harness.rank(R0).mode, RankMode::Fenced);
+    assert_eq!(harness.tracker.counters().events_dropped_id_exhausted, 1);
+}
+
+#[test]
+fn recovery_answers_reaching_the_last_id_fence_the_rank() {
+    // A dump whose live position is the last id.
+    let mut harness = Harness::new();
+    harness.add_worker(1, config(0, 1, true));
+    harness.advertise(advert(R0, P1, true));
+    let call = only_request(&harness.reconcile_and_settle());
+    let commands = harness.answer(&call, dump(vec![stored(R0, 0, 1)], EVENT_ID_EXHAUSTED));
+    assert_eq!(resets(&commands), vec![(R0, false, ResetReason::Fenced)]);
+    assert!(replaced(&harness.advance(RECOVERY_REBUILD_BATCH_WINDOW)).is_empty());
+    assert_eq!(harness.rank(R0).mode, RankMode::Fenced);
+
+    // A range answer carrying the last id, or naming it as the newest.
+    for response in [
+        RecoveryResponse::Events { events: live(R0, [2, EVENT_ID_EXHAUSTED]), last_event_id: 3 },
+        RecoveryResponse::Events { events: live(R0, [2]), last_event_id: EVENT_ID_EXHAUSTED },
+    ] {
+        let mut harness = Harness::recovered_single_rank();
+        harness.events(P1, live(R0, [1]));
+        let call = only_request(&harness.events(P1, live(R0, [5])));
+        let commands = harness.answer(&call, dump(vec![], 1));
+        let commands = [commands, harness.advance(RECOVERY_REBUILD_BATCH_WINDOW)].concat();
+        let range = only_request(&commands);
+        let commands = harness.answer(&range, response);
+        assert_eq!(resets(&commands), vec![(R0, false, ResetReason::Fenced)]);
+        assert!(applied(&commands).is_empty());
+        assert_eq!(harness.rank(R0).mode, RankMode::Fenced);
+    }
 }
 
 #[test]

@@ -57,15 +57,28 @@ pub struct RecorderConfig {
     pub checkpoint_every_inputs: u64,
     /// ...or after this long with at least one input.
     pub checkpoint_interval: Duration,
+    /// The record root whose earlier recordings share [`SegmentLimits::max_total_bytes`] with
+    /// this one (oldest deleted first, at start and while running); `None` bounds this
+    /// recording alone.
+    pub retention_root: Option<PathBuf>,
 }
 
 impl RecorderConfig {
     /// A configuration keeping at most `max_total_bytes` in `dir`, rotating segments at a
     /// sixteenth of that (at most 64 MiB) or after `max_segment_age`; 8192 queued records;
-    /// a checkpoint every 10,000 inputs or 10 s.
+    /// a checkpoint every 10,000 inputs or 10 s. When `dir` is named like a
+    /// [`recording_dir`], its parent is the [`retention_root`](Self::retention_root): the bound
+    /// covers every recording there, so restarts do not each add a budget.
     #[must_use]
     pub fn new(dir: PathBuf, max_total_bytes: u64, max_segment_age: Duration) -> Self {
+        let retention_root = dir
+            .file_name()
+            .and_then(|name| name.to_str())
+            .filter(|name| is_recording_dir_name(name))
+            .and(dir.parent())
+            .map(std::path::Path::to_path_buf);
         RecorderConfig {
+            retention_root,
             dir,
             limits: SegmentLimits {
                 max_segment_bytes: (max_total_bytes / 16).clamp(4096, 64 * 1024 * 1024),
@@ -89,6 +102,17 @@ pub fn recording_dir(
     relay_incarnation: u64,
 ) -> PathBuf {
     root.join(format!("{:013}-{relay_incarnation:016x}", wall_origin_us / 1000))
+}
+
+/// Whether `name` is a directory name [`recording_dir`] makes: 13 decimal digits, `-`, 16
+/// lower-case hex digits.
+#[must_use]
+pub fn is_recording_dir_name(name: &str) -> bool {
+    let Some((start, incarnation)) = name.split_once('-') else { return false };
+    start.len() == 13
+        && start.bytes().all(|byte| byte.is_ascii_digit())
+        && incarnation.len() == 16
+        && incarnation.bytes().all(|byte| matches!(byte, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// The recorder's counters.
@@ -283,7 +307,10 @@ pub(crate) fn start_recorder_with_io(
         checkpoint_interval_ns: u64::try_from(schedule.interval().as_nanos()).unwrap_or(u64::MAX),
         segment: 0,
     };
-    let writer = SegmentWriter::create_with_io(&config.dir, header, config.limits, io)?;
+    let mut writer = SegmentWriter::create_with_io(&config.dir, header, config.limits, io)?;
+    if let Some(root) = &config.retention_root {
+        writer.retain_with_prior_recordings(root)?;
+    }
     let (queue, records) = mpsc::channel(config.queue_capacity.max(1));
     let shared = Arc::new(Shared {
         queue,
@@ -292,6 +319,8 @@ pub(crate) fn start_recorder_with_io(
         schedule: Mutex::new(schedule),
         counters: Counters::default(),
     });
+    // Earlier recordings deleted at start count like later deletions.
+    shared.counters.deleted.store(writer.tally().segments_deleted, Ordering::Relaxed);
     let stop = CancellationToken::new();
     let task =
         tokio::spawn(write_loop(writer, records, Arc::clone(&shared), executor, stop.clone()));

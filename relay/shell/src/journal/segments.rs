@@ -15,6 +15,13 @@
 //! on-disk size with a torn last frame; the reader steps over such a tail only when the next
 //! segment starts with a [`Record::Gap`] (docs/journal.md, "Write failures").
 //!
+//! Retention can also span a whole record root ([`SegmentWriter::retain_with_prior_recordings`]):
+//! the segments of earlier recordings in sibling directories (named like
+//! [`recording_dir`](super::recording_dir) names them) count against the same total, and are
+//! deleted before any of this recording's, oldest recording first, at start and at every
+//! rotation; a recording directory left empty is removed. Nothing else under the root is
+//! touched.
+//!
 //! This is synchronous file I/O; the recorder runs it through the blocking-executor seam. The
 //! file operations go through [`SegmentIo`], so a test can make them fail.
 
@@ -158,6 +165,14 @@ impl OpenSegment {
     }
 }
 
+/// A segment of an earlier recording, counted by retention.
+#[derive(Debug)]
+struct PriorSegment {
+    path: PathBuf,
+    bytes: u64,
+    last_of_recording: bool,
+}
+
 /// Appends records to numbered segments in one directory.
 #[derive(Debug)]
 pub struct SegmentWriter {
@@ -167,6 +182,9 @@ pub struct SegmentWriter {
     io: Box<dyn SegmentIo>,
     open: Option<OpenSegment>,
     closed: VecDeque<(u64, u64)>,
+    /// Segments of earlier recordings under the same root, oldest recording first, each with
+    /// its size and whether it is its recording's last segment here.
+    prior: VecDeque<PriorSegment>,
     next_index: u64,
     buffer: Vec<u8>,
     tally: WriteTally,
@@ -200,6 +218,7 @@ impl SegmentWriter {
             io,
             open: None,
             closed: VecDeque::new(),
+            prior: VecDeque::new(),
             next_index: 0,
             buffer: Vec::new(),
             tally: WriteTally::default(),
@@ -348,9 +367,30 @@ impl SegmentWriter {
 
     fn enforce_total(&mut self) -> io::Result<()> {
         let open_bytes = self.open.as_ref().map_or(0, OpenSegment::bytes);
-        let mut total: u64 = self.closed.iter().map(|(_, bytes)| bytes).sum::<u64>() + open_bytes;
+        let prior_bytes = self.prior.iter().map(|segment| segment.bytes).sum::<u64>();
+        let mut total: u64 =
+            self.closed.iter().map(|(_, bytes)| bytes).sum::<u64>() + open_bytes + prior_bytes;
         // Leave room for the segment about to open.
         let budget = self.limits.max_total_bytes.saturating_sub(self.limits.max_segment_bytes);
+        while total > budget {
+            let Some(segment) = self.prior.pop_front() else { break };
+            match self.io.remove(&segment.path) {
+                Ok(()) => {}
+                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+                Err(error) => {
+                    self.prior.push_front(segment);
+                    return Err(error);
+                }
+            }
+            self.tally.segments_deleted += 1;
+            total -= segment.bytes;
+            if segment.last_of_recording
+                && let Some(dir) = segment.path.parent()
+            {
+                // Only an empty directory goes (anything else in it stays, and so does it).
+                let _ = std::fs::remove_dir(dir);
+            }
+        }
         while total > budget {
             let Some((index, bytes)) = self.closed.pop_front() else { break };
             match self.io.remove(&segment_path(&self.dir, index)) {
@@ -365,6 +405,45 @@ impl SegmentWriter {
             total -= bytes;
         }
         Ok(())
+    }
+
+    /// Count the segments of the earlier recordings under `root` (every other subdirectory named
+    /// like a recording, in name order, which is start-time order) against this writer's total,
+    /// and delete the oldest of them at once until the total fits (see the module doc). Call it
+    /// before the first append; this writer's own directory is skipped.
+    pub fn retain_with_prior_recordings(&mut self, root: &Path) -> io::Result<()> {
+        let mut recordings = Vec::new();
+        for entry in std::fs::read_dir(root)? {
+            let entry = entry?;
+            let path = entry.path();
+            let is_recording =
+                entry.file_name().to_str().is_some_and(super::recorder::is_recording_dir_name);
+            if is_recording && entry.file_type()?.is_dir() && path != self.dir {
+                recordings.push(path);
+            }
+        }
+        recordings.sort();
+        let mut prior = VecDeque::new();
+        for recording in recordings {
+            let segments = list_segments(&recording)?;
+            let count = segments.len();
+            for (position, (_, path)) in segments.into_iter().enumerate() {
+                let bytes = std::fs::metadata(&path)?.len();
+                prior.push_back(PriorSegment {
+                    path,
+                    bytes,
+                    last_of_recording: position + 1 == count,
+                });
+            }
+        }
+        self.prior = prior;
+        self.enforce_total()
+    }
+
+    /// Bytes of earlier recordings still counted against the total.
+    #[must_use]
+    pub fn prior_bytes(&self) -> u64 {
+        self.prior.iter().map(|segment| segment.bytes).sum()
     }
 
     /// Write the buffered frames and, with `sync`, push them to the disk. A failure closes

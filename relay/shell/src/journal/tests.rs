@@ -1,11 +1,11 @@
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use proptest::prelude::*;
 
 use super::format::{FRAME_HEADER_BYTES, SEGMENT_PREAMBLE_BYTES, encode_frame};
-use super::segments::list_segments;
+use super::segments::{list_segments, segment_path};
 use super::*;
 use crate::demo::SharedDc;
 use crate::node::{NodeConfig, start_node_with_tap};
@@ -221,6 +221,101 @@ fn rotation_and_retention_keep_within_their_limits() {
     assert_eq!(read_header.segment, tally.deleted);
     assert!(!read.is_empty());
     assert_eq!(read.as_slice(), &records[records.len() - read.len()..]);
+}
+
+/// Fake earlier recordings under `root`, oldest first: `(start ms, segment sizes)`.
+fn fake_recordings(root: &Path, recordings: &[(u64, &[u64])]) -> Vec<PathBuf> {
+    let mut segments = Vec::new();
+    for (start_ms, sizes) in recordings {
+        let dir = recording_dir(root, start_ms * 1000, 0xfeed);
+        std::fs::create_dir_all(&dir).expect("recording dir");
+        for (index, size) in sizes.iter().enumerate() {
+            let path = segment_path(&dir, index as u64);
+            std::fs::write(&path, vec![0u8; *size as usize]).expect("fake segment");
+            segments.push(path);
+        }
+    }
+    segments
+}
+
+/// Bytes of every segment under `root`, in every recording.
+fn root_segment_bytes(root: &Path) -> u64 {
+    let mut total = 0;
+    for entry in std::fs::read_dir(root).expect("root") {
+        let entry = entry.expect("entry");
+        let path = entry.path();
+        if path.is_dir() && entry.file_name().to_str().is_some_and(is_recording_dir_name) {
+            for (_, segment) in list_segments(&path).expect("list") {
+                total += std::fs::metadata(segment).expect("metadata").len();
+            }
+        }
+    }
+    total
+}
+
+#[test]
+fn retention_spans_earlier_recordings_and_deletes_the_oldest_first() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let prior = fake_recordings(
+        root.path(),
+        &[
+            (1_700_000_000_000, &[3000, 3000]),
+            (1_700_000_100_000, &[3000, 3000]),
+            (1_700_000_200_000, &[3000]),
+        ],
+    );
+    // Not recordings: never counted, never touched.
+    std::fs::create_dir_all(root.path().join("notes")).expect("dir");
+    std::fs::write(root.path().join("notes").join(segment_path(Path::new(""), 0)), [1u8; 9000])
+        .expect("file");
+    let newest_prior = prior[4].parent().expect("dir").to_path_buf();
+    std::fs::write(newest_prior.join("README"), b"kept").expect("file");
+
+    let limits = SegmentLimits {
+        max_segment_bytes: 2048,
+        max_segment_age: Duration::from_secs(3600),
+        max_total_bytes: 16 * 1024,
+    };
+    let own = recording_dir(root.path(), 1_700_000_300_000_000, 0xbeef);
+    let mut writer = SegmentWriter::create(&own, header(), limits).expect("writer");
+    // At start: 15,000 prior bytes leave no room for a 2 KiB segment under 16 KiB, so the
+    // oldest recording's first segment goes.
+    writer.retain_with_prior_recordings(root.path()).expect("retention");
+    assert_eq!(writer.tally().segments_deleted, 1);
+    assert!(!prior[0].exists() && prior[1..].iter().all(|path| path.exists()));
+    assert_eq!(writer.prior_bytes(), 12_000);
+
+    // While running, rotations delete the rest oldest first, whole recordings before newer ones.
+    let records = big_records(400);
+    for (written, record) in records.iter().enumerate() {
+        writer.append(record).expect("append");
+        let kept: Vec<bool> = prior.iter().map(|path| path.exists()).collect();
+        // What is left of the earlier recordings is always a newest suffix.
+        assert!(kept.windows(2).all(|pair| !pair[0] || pair[1]), "after {written}: {kept:?}");
+    }
+    writer.flush(true).expect("flush");
+    assert!(prior.iter().all(|path| !path.exists()), "every earlier segment was deleted");
+    assert!(root_segment_bytes(root.path()) <= limits.max_total_bytes);
+    // Emptied recordings are gone; one with another file stays with it; others are untouched.
+    assert!(!prior[0].parent().expect("dir").exists());
+    assert!(newest_prior.join("README").exists());
+    assert!(root.path().join("notes").join(segment_path(Path::new(""), 0)).exists());
+    let (_, read) = read_ok(&own);
+    assert_eq!(read.as_slice(), &records[records.len() - read.len()..]);
+}
+
+#[test]
+fn only_recording_directories_share_the_root_budget() {
+    let root = Path::new("/records");
+    let dir = recording_dir(root, 1_700_000_000_123_456, 0x0123_4567_89ab_cdef);
+    assert!(is_recording_dir_name(dir.file_name().and_then(|name| name.to_str()).expect("name")));
+    let config = RecorderConfig::new(dir, 1 << 20, Duration::from_secs(60));
+    assert_eq!(config.retention_root.as_deref(), Some(root));
+    let elsewhere = RecorderConfig::new(root.join("mine"), 1 << 20, Duration::from_secs(60));
+    assert_eq!(elsewhere.retention_root, None);
+    for name in ["1700000000123-0123456789ABCDEF", "170000000012-0123456789abcdef", "x", ""] {
+        assert!(!is_recording_dir_name(name), "{name}");
+    }
 }
 
 #[test]
