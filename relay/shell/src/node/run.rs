@@ -13,7 +13,9 @@ use tokio_util::sync::CancellationToken;
 use super::recovery::RecoveryTransport;
 use crate::config::WanTuning;
 use crate::journal::{NodeTap, capture_checkpoint};
-use crate::pool::{ActorConfig, ActorFault, FaultSink, PoolActorHandle, PublicationMode, spawn_pool_actor_with};
+use crate::pool::{
+    ActorConfig, ActorFault, FaultSink, PoolActorHandle, PublicationMode, spawn_pool_actor_with,
+};
 use crate::publication::{FenceRequests, HubConfig, PoolPublications};
 use crate::runtime::{BlockingExecutor, WallClock, run_blocking};
 use crate::wan::{RelayService, WanPublisher, WanViews, wan_channels};
