@@ -13,6 +13,7 @@
 use std::fmt::Write as _;
 
 use super::snapshot::OpsSnapshot;
+use crate::event_plane::ZmtpErrorKind;
 use crate::wan::{LimitScope, StreamType};
 use kvrelay_core::inputs::{InputCounters, InputErrorKind};
 
@@ -429,6 +430,13 @@ fn input_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
     ] {
         out.family(name, Kind::Counter, help);
         out.sample(name, &plane, value);
+    }
+    let zmtp = "kvrelay_event_plane_zmtp_errors_total";
+    out.family(zmtp, Kind::Counter, "ZMTP protocol violations that ended a session, by kind.");
+    for kind in ZmtpErrorKind::ALL {
+        let mut with_kind = plane.to_vec();
+        with_kind.push(("kind", kind.name()));
+        out.sample(zmtp, &with_kind, events.zmtp_errors.get(kind));
     }
 
     let recovery = &snapshot.recovery;

@@ -323,3 +323,15 @@ fn recording_counters_are_exported_with_record() {
     assert!(text.lines().any(|line| line == "kvrelay_journal_recording 0"), "{text}");
     assert!(text.lines().any(|line| line == "kvrelay_journal_records_written_total 0"), "{text}");
 }
+
+#[test]
+fn zmtp_violations_are_exported_per_kind() {
+    let mut with_violation = snapshot();
+    with_violation.events.zmtp_errors.record(&crate::event_plane::ZmtpError::BadSignature);
+    let text = render_metrics(&with_violation);
+    let line = "kvrelay_event_plane_zmtp_errors_total{plane=\"nats\",kind=\"bad_signature\"} 1";
+    assert!(text.lines().any(|sample| sample == line), "missing {line:?} in\n{text}");
+    let kinds =
+        text.lines().filter(|l| l.starts_with("kvrelay_event_plane_zmtp_errors_total{")).count();
+    assert_eq!(kinds, crate::event_plane::ZmtpErrorKind::ALL.len());
+}
