@@ -41,14 +41,7 @@ pub(crate) struct TruthWatch {
     copies: Copies,
     /// Set when the final evaluation begins: sampling ends there.
     stopped: bool,
-    /// Consumer-observer samples so far (the truth samples every [`TRUTH_SAMPLE_EVERY`]th).
-    observed: u64,
 }
-
-/// The truth oracles sample at every this many consumer-observer samples (every 100 ms): the
-/// DC changes every 50 ms tick, and a full sample (every held and removed block of every pool
-/// probed in every replica) at the observer's 20 ms cadence more than doubled a sweep's CPU time.
-pub(crate) const TRUTH_SAMPLE_EVERY: u64 = 5;
 
 impl TruthWatch {
     /// A watch judging links by `health`; held blocks must be present unless `presence` is
@@ -64,7 +57,6 @@ impl TruthWatch {
             staleness: Staleness::default(),
             copies: BTreeMap::new(),
             stopped: false,
-            observed: 0,
         }
     }
 
@@ -186,12 +178,11 @@ impl TruthWatch {
 }
 
 /// Bring the truth model up to date and sample every long-lived consumer (called by the
-/// consumer observer at its cadence; acts on every [`TRUTH_SAMPLE_EVERY`]th call), from the
-/// start through quiescence until the final evaluation begins.
+/// consumer observer at its cadence), from the start through quiescence until the final
+/// evaluation begins.
 pub(crate) fn sample_truth(world: &World) {
     let mut watch = lock(&world.truth);
-    watch.observed += 1;
-    if watch.stopped || !(watch.observed - 1).is_multiple_of(TRUTH_SAMPLE_EVERY) {
+    if watch.stopped {
         return;
     }
     let now = sim_ms();

@@ -6,7 +6,7 @@
 //!   worker holds now, and [`NEVER_STORED_PROBES`] hashes drawn from the seed that no worker
 //!   ever held — is probed in the consumer's replica; the present ones must stay within
 //!   [`false_positive_allowance`] of the probes at the replica's occupancy;
-//! - **bounded-staleness** (during the run, sampled every fifth consumer-observer sample): while
+//! - **bounded-staleness** (during the run, sampled at the consumer observer's cadence): while
 //!   the DC and WAN links of a pool are healthy ([`Health`]), a block held continuously for
 //!   longer than [`STALENESS_BOUND_MS`] is present in every subscribed replica, and the blocks
 //!   removed longer than the bound ago are absent but for the false-positive allowance;
@@ -48,8 +48,8 @@ use crate::settled::{CONVERGENCE_BOUND_MS, RECONNECT_MARGIN_MS};
 /// must show it. A block a worker stores or evicts at a DC tick reaches the planes host in the
 /// DC's next frame, the relay in the planes host's next frame (one per tick of the planes
 /// link), the pool publishes it one turmoil step later and the consumer applies the delta one
-/// WAN crossing after that: a few 5 ms steps plus at most two 50 ms DC ticks. The truth is
-/// sampled every 100 ms. One second leaves a margin of several times that path; the check's
+/// WAN crossing after that: a few 5 ms steps plus at most two 50 ms DC ticks. The observer
+/// samples every 20 ms. One second leaves a margin of several times that path; the check's
 /// detail reports the slowest lag seen.
 pub const STALENESS_BOUND_MS: u64 = 1_000;
 
