@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Write the JSON seed corpora (discovery records, model cards, discovery paths) from the
-Dynamo-shaped samples typed out in relay/src/inputs/test_fixtures.rs. Run from relay/fuzz."""
+Dynamo-shaped samples typed out in relay/core/src/inputs/test_fixtures.rs. Run from relay/fuzz."""
 import os
 import re
 
-FIXTURES = os.path.join("..", "src", "inputs", "test_fixtures.rs")
+FIXTURES = os.path.join("..", "core", "src", "inputs", "test_fixtures.rs")
 text = open(FIXTURES).read()
 
 def write(target, name, data):
