@@ -53,9 +53,10 @@ impl Stamp {
 pub struct JournalHeader {
     /// The recording kvrelay's version.
     pub kvrelay_version: String,
-    /// The node configuration, rendered with `{:?}` (replay refuses a different one).
+    /// The node configuration, rendered with `{:?}`, for people reading a journal.
     pub config: String,
-    /// The node configuration itself, from which a replay rebuilds the node (version 2).
+    /// The node configuration itself, from which a replay rebuilds the node (version 2); replay
+    /// refuses a different one (fields added since the recording decode to their defaults).
     pub node: Box<NodeConfig>,
     /// The data center id every pool carries.
     pub dc_id: u64,

@@ -32,11 +32,7 @@ pub use registry::{FenceRequests, HubCounts, PoolPublications};
 pub use stream::{PoolStream, StreamItem};
 
 /// Bounds of publication.
-///
-/// Its `Debug` form is part of a journal's configuration identity (`journal::replay` compares
-/// it): [`HubConfig::encoding_concurrency`] appears in it only when it differs from the
-/// default, so recordings made before that bound existed still match a default configuration.
-#[derive(Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HubConfig {
     /// Frames queued per subscriber.
     pub subscriber_queue_frames: usize,
@@ -50,29 +46,14 @@ pub struct HubConfig {
     pub max_delta_images: usize,
     /// How long one snapshot chunk may wait for its subscriber.
     pub snapshot_progress_timeout: Duration,
-    /// Snapshot chunks encoded at once across all pools (at least 1).
+    /// Snapshot chunks encoded at once across all pools (at least 1). Journals recorded before
+    /// this bound existed decode it as the default.
     #[serde(default = "default_encoding_concurrency")]
     pub encoding_concurrency: usize,
 }
 
 fn default_encoding_concurrency() -> usize {
     crate::config::PUBLICATION_ENCODING_CONCURRENCY_DEFAULT
-}
-
-impl std::fmt::Debug for HubConfig {
-    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut out = formatter.debug_struct("HubConfig");
-        out.field("subscriber_queue_frames", &self.subscriber_queue_frames)
-            .field("subscriber_queue_bytes", &self.subscriber_queue_bytes)
-            .field("subscribers_per_pool_max", &self.subscribers_per_pool_max)
-            .field("initialized_hubs_max", &self.initialized_hubs_max)
-            .field("max_delta_images", &self.max_delta_images)
-            .field("snapshot_progress_timeout", &self.snapshot_progress_timeout);
-        if self.encoding_concurrency != default_encoding_concurrency() {
-            out.field("encoding_concurrency", &self.encoding_concurrency);
-        }
-        out.finish()
-    }
 }
 
 impl Default for HubConfig {
