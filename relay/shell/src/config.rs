@@ -1045,14 +1045,7 @@ mod tests {
     #[test]
     fn wan_tls_needs_a_pair_a_listener_and_files_that_build() {
         let dir = tempfile::tempdir().unwrap();
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
-            .unwrap()
-            .self_signed(&key)
-            .unwrap();
-        let (cert_path, key_path) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
-        std::fs::write(&cert_path, cert.pem()).unwrap();
-        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        let (cert_path, key_path) = crate::test_pki::write_self_signed(dir.path());
         let listening = CliValues { bind: Some("127.0.0.1:5561".into()), ..cli_dc() };
         assert_eq!(resolve(&listening, &env(&[])).unwrap().wan_tls, None);
         let from_env = env(&[

@@ -21,4 +21,6 @@ pub mod publication;
 pub mod request_plane;
 pub mod runtime;
 pub mod serve;
+#[cfg(test)]
+mod test_pki;
 pub mod wan;

@@ -14,7 +14,7 @@ mod servers;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
 use kvrelay::event_plane::{
@@ -52,30 +52,9 @@ impl ConfiguredNats {
         let port = free_port();
         let config = dir.path().join("nats.conf");
         std::fs::write(&config, format!("listen: 127.0.0.1:{port}\n{body}\n")).unwrap();
-        let mut spawned = Err(std::io::Error::other("no candidate"));
-        for program in ["nats-server", "/usr/sbin/nats-server", "/usr/bin/nats-server"] {
-            spawned = Command::new(program)
-                .arg("-c")
-                .arg(&config)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn();
-            if spawned.is_ok() {
-                break;
-            }
-        }
-        let child = spawned.unwrap_or_else(|error| {
-            panic!("cannot start `nats-server` ({error}): apt-get install -y nats-server")
-        });
-        let server = ConfiguredNats { child, port, _dir: dir };
-        for _ in 0..200 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-                return server;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("nats-server did not listen on 127.0.0.1:{port} within 10 s");
+        let config = config.to_str().unwrap();
+        let child = servers::spawn_nats(port, &["-c", config]).await;
+        ConfiguredNats { child, port, _dir: dir }
     }
 
     fn url(&self, scheme: &str) -> String {

@@ -184,12 +184,7 @@ mod tests {
     }
 
     fn self_signed() -> (String, String) {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
-            .unwrap()
-            .self_signed(&key)
-            .unwrap();
-        (cert.pem(), key.serialize_pem())
+        crate::test_pki::self_signed_pem("127.0.0.1")
     }
 
     #[test]

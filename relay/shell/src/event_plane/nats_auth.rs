@@ -464,14 +464,7 @@ mod tests {
     #[test]
     fn tls_files_are_parsed_and_make_tls_required() {
         let dir = tempfile::tempdir().unwrap();
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
-            .unwrap()
-            .self_signed(&key)
-            .unwrap();
-        let (cert_path, key_path) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
-        std::fs::write(&cert_path, cert.pem()).unwrap();
-        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        let (cert_path, key_path) = crate::test_pki::write_self_signed(dir.path());
         let tls = security(&[
             (NATS_TLS_CA_CERT_PATH, cert_path.to_str().unwrap()),
             (NATS_TLS_CLIENT_CERT_PATH, cert_path.to_str().unwrap()),

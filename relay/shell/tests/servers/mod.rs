@@ -29,6 +29,38 @@ pub struct NatsServer {
     port: u16,
 }
 
+/// Start `nats-server` with `args`, which make it listen on 127.0.0.1:`port`, and wait until it
+/// does. Debian installs the server in /usr/sbin, which a non-root PATH may lack.
+pub async fn spawn_nats(port: u16, args: &[&str]) -> Child {
+    let mut spawned = Err(std::io::Error::other("no candidate"));
+    for program in ["nats-server", "/usr/sbin/nats-server", "/usr/bin/nats-server"] {
+        spawned = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        if spawned.is_ok() {
+            break;
+        }
+    }
+    let mut child = spawned.unwrap_or_else(|error| {
+        panic!(
+            "cannot start `nats-server` ({error}): install it with \
+             `apt-get update && apt-get install -y nats-server` (.ci/run does this)"
+        )
+    });
+    for _ in 0..200 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+            return child;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("nats-server did not listen on 127.0.0.1:{port} within 10 s");
+}
+
 impl NatsServer {
     /// Start on a free port.
     pub async fn start() -> Self {
@@ -37,33 +69,8 @@ impl NatsServer {
 
     /// Start on `port` (a restart of a server keeps its port); wait until it listens.
     pub async fn start_on(port: u16) -> Self {
-        // Debian installs the server in /usr/sbin, which a non-root PATH may lack.
-        let mut spawned = Err(std::io::Error::other("no candidate"));
-        for program in ["nats-server", "/usr/sbin/nats-server", "/usr/bin/nats-server"] {
-            spawned = Command::new(program)
-                .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn();
-            if spawned.is_ok() {
-                break;
-            }
-        }
-        let child = spawned.unwrap_or_else(|error| {
-            panic!(
-                "cannot start `nats-server` ({error}): install it with \
-                 `apt-get update && apt-get install -y nats-server` (.ci/run does this)"
-            )
-        });
-        let server = NatsServer { child, port };
-        for _ in 0..200 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-                return server;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("nats-server did not listen on 127.0.0.1:{port} within 10 s");
+        let child = spawn_nats(port, &["-a", "127.0.0.1", "-p", &port.to_string()]).await;
+        NatsServer { child, port }
     }
 
     pub fn url(&self) -> String {
