@@ -74,16 +74,27 @@ impl Exposition {
         let accepted = format!("{prefix}_accepted_total");
         self.family(&accepted, Kind::Counter, &format!("{what} decoded and accepted."));
         self.sample(&accepted, labels, counters.accepted());
-        let rejected = format!("{prefix}_rejected_total");
-        self.family(
-            &rejected,
-            Kind::Counter,
+        self.counter_by_kind(
+            &format!("{prefix}_rejected_total"),
             &format!("{what} rejected as malformed, by error kind."),
+            labels,
+            InputErrorKind::ALL.map(|kind| (kind.name(), counters.rejected(kind))),
         );
-        for kind in InputErrorKind::ALL {
+    }
+
+    /// A counter family with one sample per kind, each under `labels` plus `kind`.
+    fn counter_by_kind(
+        &mut self,
+        name: &str,
+        help: &str,
+        labels: &[(&str, &str)],
+        samples: impl IntoIterator<Item = (&'static str, u64)>,
+    ) {
+        self.family(name, Kind::Counter, help);
+        for (kind, value) in samples {
             let mut with_kind = labels.to_vec();
-            with_kind.push(("kind", kind.name()));
-            self.sample(&rejected, &with_kind, counters.rejected(kind));
+            with_kind.push(("kind", kind));
+            self.sample(name, &with_kind, value);
         }
     }
 }
@@ -431,13 +442,12 @@ fn input_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
         out.family(name, Kind::Counter, help);
         out.sample(name, &plane, value);
     }
-    let zmtp = "kvrelay_event_plane_zmtp_errors_total";
-    out.family(zmtp, Kind::Counter, "ZMTP protocol violations that ended a session, by kind.");
-    for kind in ZmtpErrorKind::ALL {
-        let mut with_kind = plane.to_vec();
-        with_kind.push(("kind", kind.name()));
-        out.sample(zmtp, &with_kind, events.zmtp_errors.get(kind));
-    }
+    out.counter_by_kind(
+        "kvrelay_event_plane_zmtp_errors_total",
+        "ZMTP protocol violations that ended a session, by kind.",
+        &plane,
+        ZmtpErrorKind::ALL.map(|kind| (kind.name(), events.zmtp_errors.get(kind))),
+    );
 
     let recovery = &snapshot.recovery;
     for (name, help, value) in [

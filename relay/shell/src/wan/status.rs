@@ -1,15 +1,9 @@
 //! A [`RelayStatus`] as the `tonic::Status` the contract sends: the reason's gRPC code, the
 //! message, and the reason's exact enum name in the `kv-relay-error-reason` trailer.
 
-use kvrelay_core::wire::{RelayStatus, StatusCode};
+use kvrelay_core::wire::RelayStatus;
 use kvrelay_proto::ERROR_REASON_METADATA_KEY;
 use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
-
-/// The transport's code for a contract code.
-#[must_use]
-pub fn grpc_code(code: StatusCode) -> tonic::Code {
-    tonic::Code::from_i32(code as i32)
-}
 
 /// The `tonic::Status` of a relay error (the reason travels as trailing metadata).
 #[must_use]
@@ -20,7 +14,8 @@ pub fn into_status(status: RelayStatus) -> tonic::Status {
     if let Ok(key) = MetadataKey::from_bytes(ERROR_REASON_METADATA_KEY.as_bytes()) {
         metadata.insert(key, MetadataValue::from_static(status.reason.wire_name()));
     }
-    tonic::Status::with_metadata(grpc_code(status.code()), status.message, metadata)
+    let code = tonic::Code::from_i32(status.code() as i32);
+    tonic::Status::with_metadata(code, status.message, metadata)
 }
 
 #[cfg(test)]
