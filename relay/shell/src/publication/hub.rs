@@ -66,7 +66,21 @@ struct HubState {
     stopped: Option<PublicationError>,
 }
 
+/// Asks the host to fence the hub's generation (idempotent).
+struct FenceHook(Arc<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for FenceHook {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("FenceHook")
+    }
+}
+
 /// A running hub of one producer generation.
+///
+/// Once stopped it stays stopped. A stop caused by a publication failure ([`Hub::fail`]: an
+/// invariant drift, a snapshot that cannot be built or encoded, the actor's stream closing)
+/// also asks the host to fence the generation, so consumers see it withdrawn and a new
+/// producer published instead of retrying a generation that cannot serve them.
 #[derive(Debug)]
 pub struct Hub {
     identity: ProducerIdentity,
@@ -75,6 +89,7 @@ pub struct Hub {
     encoder: FrameEncoder,
     state: Mutex<HubState>,
     stop: CancellationToken,
+    fence: FenceHook,
 }
 
 impl Hub {
@@ -112,8 +127,9 @@ impl Hub {
                 stopped: None,
             }),
             stop: CancellationToken::new(),
+            fence: FenceHook(on_failure),
         });
-        tokio::spawn(run(Arc::clone(&hub), subscription.deltas, actor, on_failure));
+        tokio::spawn(run(Arc::clone(&hub), subscription.deltas, actor));
         Ok(hub)
     }
 
@@ -203,6 +219,12 @@ impl Hub {
         self.stop.cancel();
     }
 
+    /// Stop the hub because its publication failed, and ask the host to fence the generation.
+    pub(crate) fn fail(&self, error: PublicationError) {
+        self.stop(error);
+        (self.fence.0)();
+    }
+
     /// Apply one delta to the mirror and fan it out. Errors are invariant failures.
     fn publish(&self, delta: &Delta) -> Result<(), PublicationError> {
         let payload = self
@@ -257,12 +279,7 @@ impl Hub {
     }
 }
 
-async fn run(
-    hub: Arc<Hub>,
-    mut deltas: broadcast::Receiver<Arc<Delta>>,
-    actor: PoolActorHandle,
-    on_failure: Arc<dyn Fn() + Send + Sync>,
-) {
+async fn run(hub: Arc<Hub>, mut deltas: broadcast::Receiver<Arc<Delta>>, actor: PoolActorHandle) {
     loop {
         let received = tokio::select! {
             biased;
@@ -280,12 +297,8 @@ async fn run(
             Err(broadcast::error::RecvError::Closed) => Err(PublicationError::Unavailable),
         };
         if let Err(error) = outcome {
-            hub.stop(error);
-            if error == PublicationError::InvalidPublication
-                || error == PublicationError::Unavailable
-            {
-                on_failure();
-            }
+            // Both mean the generation cannot go on: its publication broke or its actor is gone.
+            hub.fail(error);
             break;
         }
     }

@@ -14,8 +14,9 @@
 //! - across pools, at most [`HubConfig::encoding_concurrency`] snapshot chunks are being encoded
 //!   at once; a subscriber whose chunk is next waits for a free encoder.
 //!
-//! Any invariant failure (identity, lease or sequence drift; the actor's stream closing) fails
-//! the hub and asks the host to fence the generation.
+//! Any publication failure (identity, lease, sequence or bucket drift; a snapshot that cannot
+//! be built or whose encoder fails; the actor's stream closing) fails the hub and asks the host
+//! to fence the generation, which withdraws it and publishes a new one.
 
 mod hub;
 mod registry;

@@ -56,15 +56,19 @@ impl PoolStream {
     ) -> Result<PoolStream, PublicationError> {
         let (mirror, queue) = hub.add_subscriber()?;
         let sequence = mirror.sequence;
-        let snapshot = hub
-            .encoder()
-            .snapshot(sequence, SharedWords(mirror))
-            .map_err(|_| PublicationError::InvalidPublication)?;
+        let snapshot = match hub.encoder().snapshot(sequence, SharedWords(mirror)) {
+            Ok(snapshot) => snapshot,
+            Err(_) => {
+                hub.fail(PublicationError::InvalidPublication);
+                return Err(PublicationError::InvalidPublication);
+            }
+        };
         let chunk_count = snapshot.chunk_count();
         let (chunks, bootstrap) = mpsc::channel(1);
         let failure = Arc::new(OnceLock::new());
         let timeout = hub.config().snapshot_progress_timeout;
         let bootstrap_failure = Arc::clone(&failure);
+        let failing = Arc::clone(&hub);
         tokio::spawn(async move {
             let snapshot = Arc::new(snapshot);
             for index in 0..chunk_count {
@@ -86,9 +90,19 @@ impl PoolStream {
                 let encoded =
                     run_blocking(executor.as_ref(), move || encoder.encode_chunk(index)).await;
                 drop(permit);
-                let Ok(Ok(payload)) = encoded else {
-                    let _ = failure.set(PublicationError::Internal);
-                    return;
+                let payload = match encoded {
+                    Ok(Ok(payload)) => payload,
+                    Ok(Err(_)) => {
+                        let _ = failure.set(PublicationError::InvalidPublication);
+                        failing.fail(PublicationError::InvalidPublication);
+                        return;
+                    }
+                    Err(_) => {
+                        // The encoder died (it panicked): the mirror cannot be served.
+                        let _ = failure.set(PublicationError::Internal);
+                        failing.fail(PublicationError::Internal);
+                        return;
+                    }
                 };
                 let frame = Arc::new(HubFrame {
                     kind: FrameKind::SnapshotChunk,

@@ -264,12 +264,50 @@ impl ParkedExecutor {
         let job = self.jobs.lock().unwrap().remove(0);
         job();
     }
+
+    /// Drop the oldest job unrun, as a pool thread does when the job panics.
+    fn kill_one(&self) {
+        drop(self.jobs.lock().unwrap().remove(0));
+    }
 }
 
 async fn settle() {
     for _ in 0..32 {
         tokio::task::yield_now().await;
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_snapshot_encoder_that_dies_fails_the_hub_and_requests_a_fence() {
+    let executor = Arc::new(ParkedExecutor::default());
+    let publications = PoolPublications::new(
+        HubConfig { encoding_concurrency: 1, ..HubConfig::default() },
+        Arc::clone(&executor) as Arc<dyn crate::runtime::BlockingExecutor>,
+    );
+    let identity = producer("ns/backend/generate", 1024, 1);
+    let actor = actor(&identity);
+    publications.activate(identity, actor.clone());
+    let mut dying = publications.subscribe(&identity).await.unwrap();
+    let mut bystander = publications.subscribe(&identity).await.unwrap();
+    settle().await;
+    assert_eq!(executor.parked(), 1, "one chunk encoding at a time");
+    executor.kill_one();
+    assert_eq!(dying.next().await, Err(PublicationError::Internal));
+    assert_eq!(
+        publications.fence_requests().take(),
+        vec![(identity.pool_id(), 1)],
+        "a generation whose snapshot cannot be encoded is fenced, not retried forever"
+    );
+    // The whole generation stopped: the other subscriber gets its snapshot, then the end of
+    // the generation instead of deltas.
+    settle().await;
+    while executor.parked() > 0 {
+        executor.run_one();
+        settle().await;
+    }
+    assert_eq!(frame(&mut bystander).await.kind, FrameKind::SnapshotChunk);
+    publish_one(&actor, 9).await;
+    assert_eq!(bystander.next().await, Err(PublicationError::Internal));
 }
 
 /// Three pools' snapshots requested at once: `encoding_concurrency` chunks are encoding at any
