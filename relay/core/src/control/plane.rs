@@ -44,9 +44,10 @@
 //!
 //! # Invariants
 //!
-//! Checked after every call that changes structure ([`ControlPlane::check_invariants`]); a
-//! violation is a bug, recorded in [`ControlHealth::control_last_error`] (the plane reports
-//! unhealthy) instead of a panic.
+//! The structural part is checked after every call that changes structure, and in debug
+//! builds (tests, the simulator) all of [`ControlPlane::check_invariants`] — trackers and host
+//! included — after every step; a violation is a bug, recorded in
+//! [`ControlHealth::control_last_error`] (the plane reports unhealthy) instead of a panic.
 //!
 //! - The catalog never names a pool whose start has not succeeded: every descriptor belongs to a
 //!   generation the host holds as active.
@@ -278,14 +279,17 @@ impl ControlPlane {
             // reach the pools they are routed to.
             DcInput::KvEvents(batch) => {
                 self.route_events(batch, now, rng, &mut out);
+                self.audit();
                 return out;
             }
             DcInput::Load { endpoint, observation } => {
                 self.route_load(&endpoint, &observation);
+                self.audit();
                 return out;
             }
         };
         self.settle(dirty, Vec::new(), now, rng, &mut out);
+        self.audit();
         out
     }
 
@@ -357,6 +361,7 @@ impl ControlPlane {
             }
         }
         self.settle(Dirty::default(), host_commands, now, rng, &mut out);
+        self.audit();
         out
     }
 
@@ -437,6 +442,7 @@ impl ControlPlane {
         if !resolved.is_empty() {
             self.settle(Dirty::default(), resolved, now, rng, &mut out);
         }
+        self.audit();
         out
     }
 
@@ -454,6 +460,7 @@ impl ControlPlane {
         if let TopologyOutcome::Published { revision } = cleared {
             out.push(ControlCommand::PublishTopology { revision });
         }
+        self.audit();
         out
     }
 
@@ -578,6 +585,7 @@ impl ControlPlane {
     /// plane runs the structural part after every structural change, tests run all of it).
     pub fn check_invariants(&self) -> Result<(), String> {
         self.check_structure()?;
+        self.host.check_invariants().map_err(|error| format!("host: {error}"))?;
         for (endpoint, pool) in &self.pools {
             pool.tracker.check_invariants().map_err(|error| format!("{endpoint}: {error}"))?;
         }
@@ -720,6 +728,19 @@ impl ControlPlane {
     }
 
     // ---- composition ---------------------------------------------------------------------
+
+    /// End of a step. Debug builds (tests and the simulator) verify every invariant, the
+    /// trackers' and the host's included, after every step; release builds rely on the
+    /// structural check [`ControlPlane::settle`] runs. The first violation is kept in
+    /// [`ControlHealth::control_last_error`] and makes the plane unhealthy; it never panics.
+    fn audit(&mut self) {
+        if cfg!(debug_assertions)
+            && self.last_error.is_none()
+            && let Err(error) = self.check_invariants()
+        {
+            self.last_error = Some(error);
+        }
+    }
 
     /// Bring every derived state in line after an input: source views, host, pools, trackers,
     /// availability, load capacity and topology, in that order.

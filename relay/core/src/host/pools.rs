@@ -150,6 +150,12 @@ impl PoolRegistry {
         self.dc_id
     }
 
+    /// The filter format of every producer this registry allocates.
+    #[must_use]
+    pub fn format(&self) -> CkfFormat {
+        self.format
+    }
+
     /// The catalog of published generations.
     #[must_use]
     pub fn catalog(&self) -> &Catalog {
@@ -166,6 +172,13 @@ impl PoolRegistry {
     #[must_use]
     pub fn held_by(&self, endpoint: &EndpointPath) -> Option<&HeldPool> {
         self.holders.get(endpoint).and_then(|pool_id| self.held.get(pool_id))
+    }
+
+    /// Number of pools reserved (held by an endpoint).
+    #[must_use]
+    pub fn held_count(&self) -> usize {
+        debug_assert_eq!(self.held.len(), self.holders.len());
+        self.held.len()
     }
 
     /// Number of layout generations allocated so far.

@@ -583,6 +583,93 @@ impl EndpointHost {
         self.shutting_down && self.slots.values().all(|slot| slot.held.is_none())
     }
 
+    /// Verify the relations between the slots, the pool registry and the catalog
+    /// (O(slots + pools)): every held generation is reserved in the registry under its slot's
+    /// endpoint and nothing else is; the catalog names only generations whose slot holds them
+    /// as active; slot incarnations are unique and already allocated; a host recovery is in
+    /// flight only for an active generation.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut incarnations = BTreeSet::new();
+        let mut held = 0usize;
+        for (endpoint, slot) in &self.slots {
+            if slot.slot_incarnation >= self.slot_incarnation_next
+                || !incarnations.insert(slot.slot_incarnation)
+            {
+                return Err(format!(
+                    "{endpoint}: slot incarnation {} is reused or unallocated",
+                    slot.slot_incarnation
+                ));
+            }
+            let reserved = self.registry.held_by(endpoint);
+            match &slot.held {
+                Some(generation) => {
+                    held += 1;
+                    if reserved.map(|pool| pool.producer) != Some(generation.producer) {
+                        return Err(format!(
+                            "{endpoint}: holds generation {} that the registry does not reserve",
+                            generation.producer.layout_generation()
+                        ));
+                    }
+                }
+                None if reserved.is_some() => {
+                    return Err(format!(
+                        "{endpoint}: the registry reserves a pool it does not hold"
+                    ));
+                }
+                None => {}
+            }
+            let active =
+                slot.held.as_ref().is_some_and(|held| matches!(held.phase, Phase::Active { .. }));
+            if slot.recovery_in_flight && !active {
+                return Err(format!(
+                    "{endpoint}: host recovery in flight without an active generation"
+                ));
+            }
+        }
+        let registry = &self.registry;
+        if registry.held_count() != held {
+            return Err(format!(
+                "the registry reserves {} pools but slots hold {held}",
+                registry.held_count()
+            ));
+        }
+        for descriptor in registry.catalog().descriptors() {
+            let endpoint = &descriptor.serving_endpoint;
+            let published =
+                self.slots.get(endpoint).and_then(|slot| slot.held.as_ref()).is_some_and(|held| {
+                    held.producer == descriptor.producer
+                        && matches!(held.phase, Phase::Active { .. })
+                });
+            if !published {
+                return Err(format!(
+                    "{endpoint}: cataloged generation {} is not its slot's active generation",
+                    descriptor.layout_generation()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Break one relation [`EndpointHost::check_invariants`] states, so tests can show it
+    /// fires: the slot of `endpoint` forgets its generation (the registry still reserves it),
+    /// or, with `recovery`, claims a host recovery while holding nothing.
+    #[cfg(test)]
+    pub(super) fn corrupt_slot_for_test(&mut self, endpoint: &EndpointPath, recovery: bool) {
+        let slot = self.slots.get_mut(endpoint).expect("a slot to corrupt");
+        if recovery {
+            self.registry = PoolRegistry::new(
+                self.relay.relay_incarnation,
+                self.registry.dc_id(),
+                self.registry.format(),
+            )
+            .expect("the format was valid");
+            slot.held = None;
+            slot.recovery_in_flight = true;
+        } else {
+            slot.held = None;
+        }
+    }
+
     /// When [`EndpointHost::handle_timeout`] should next be called: the earliest scheduled retry
     /// of a slot that still wants a pool.
     #[must_use]

@@ -136,6 +136,9 @@ impl Harness {
     }
 
     fn record(&mut self, commands: Vec<HostCommand>) -> Vec<HostCommand> {
+        if let Err(violation) = self.host.check_invariants() {
+            panic!("host invariant broken: {violation}");
+        }
         for command in &commands {
             if let HostCommand::PublishCatalog { revision } = command {
                 let snapshot = self.host.catalog_snapshot();
@@ -711,6 +714,25 @@ fn fenced_generation_is_withdrawn_and_replaced_by_a_new_generation() {
     assert_eq!(harness.active_producer(BACKEND).layout_generation(), 2);
     // The fence of generation 1 cannot touch generation 2.
     assert!(harness.host.fence_generation(pool_id, 1, harness.now).is_empty());
+}
+
+#[test]
+fn host_invariants_fire_on_a_slot_that_disagrees_with_the_registry() {
+    let mut harness = Harness::new();
+    harness.upsert(card_id(BACKEND, 1), aggregated("tiny-llm"));
+    harness.source_up(BACKEND);
+    let _ = harness.settle();
+    assert_eq!(harness.host.check_invariants(), Ok(()));
+
+    let mut forgetful = harness.host.clone();
+    forgetful.corrupt_slot_for_test(&endpoint(BACKEND), false);
+    let violation = forgetful.check_invariants().unwrap_err();
+    assert!(violation.contains("reserves a pool it does not hold"), "{violation}");
+
+    let mut confused = harness.host.clone();
+    confused.corrupt_slot_for_test(&endpoint(BACKEND), true);
+    let violation = confused.check_invariants().unwrap_err();
+    assert!(violation.contains("host recovery in flight"), "{violation}");
 }
 
 #[test]
