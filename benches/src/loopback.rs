@@ -54,7 +54,7 @@ pub async fn serve_loopback(
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
     let address = listener.local_addr().expect("a bound address");
     let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
+    kvrelay::runtime::spawn(async move {
         let _ = serve(service, TcpListenerStream::new(listener), &tuning, async {
             let _ = stop.await;
         })

@@ -520,7 +520,8 @@ async fn run_relay(world: World) -> HostResult {
     // On the host's LocalSet: a bounce drops it after every runtime task, in a fixed order, so
     // the segments its socket sends when dropped draw turmoil's latencies deterministically
     // (runtime tasks are dropped in an order that depends on process-wide task ids).
-    tokio::task::spawn_local(planes_client.run(node.inputs.clone()));
+    #[allow(clippy::disallowed_methods, reason = "a !Send host task on the LocalSet (see above)")]
+    drop(tokio::task::spawn_local(planes_client.run(node.inputs.clone())));
     serve_node(world.trace.clone(), boot, node, clock, world.bounce.crashing()).await
 }
 
@@ -533,7 +534,7 @@ async fn serve_node(
     crashing: net::Crashing,
 ) -> HostResult {
     crashing.clear();
-    tokio::spawn(observe_relay(
+    kvrelay::runtime::spawn(observe_relay(
         trace,
         boot,
         node.views.clone(),
@@ -719,7 +720,10 @@ fn register(world: &World) {
 /// The planes host: serves the relay host, and runs the discovery leases. A worker whose lease
 /// expired leaves the truth model's listing at that moment (the process lives on).
 async fn run_planes(world: World) -> HostResult {
-    tokio::spawn(planes::server::serve(Arc::clone(&world.plane), Arc::new(world.dc.clone())));
+    kvrelay::runtime::spawn(planes::server::serve(
+        Arc::clone(&world.plane),
+        Arc::new(world.dc.clone()),
+    ));
     let mut ticks = tokio::time::interval(LEASE_TICK);
     loop {
         ticks.tick().await;
@@ -996,7 +1000,7 @@ async fn run_checker(world: World) -> HostResult {
     let start = tokio::time::Instant::now();
     let mut rng = rng_from_seed(derive_seed(world.seed, "sim/checker"));
     record_truth(&world);
-    tokio::spawn(observe_consumers(world.clone()));
+    kvrelay::runtime::spawn(observe_consumers(world.clone()));
     for scripted in world.script.iter() {
         tokio::time::sleep_until(start + Duration::from_millis(scripted.at_ms)).await;
         apply(&world, &scripted.fault, &mut rng);

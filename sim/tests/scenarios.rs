@@ -42,7 +42,7 @@ fn every_scenario_passes_at_the_fixed_seeds() {
 /// simulation's tasks get other ids (and other runtime shards) than they would have.
 fn shift_task_ids() {
     let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    runtime.block_on(async { tokio::spawn(async {}).await.unwrap() });
+    runtime.block_on(async { kvrelay::runtime::spawn(async {}).await.unwrap() });
 }
 
 #[test]

@@ -108,8 +108,13 @@ impl Demo {
         ))));
         let node = start_node(config, executor, clock, Arc::new(dc.clone()))?;
         let stop = CancellationToken::new();
-        let driver =
-            tokio::spawn(drive(dc.clone(), node.inputs.clone(), options, dc_rng, stop.clone()));
+        let driver = crate::runtime::spawn(drive(
+            dc.clone(),
+            node.inputs.clone(),
+            options,
+            dc_rng,
+            stop.clone(),
+        ));
         Ok(Demo { node, dc, stop, driver })
     }
 

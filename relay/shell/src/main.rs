@@ -306,7 +306,7 @@ async fn demo_command(args: DemoArgs) -> Result<()> {
     );
     let stop = CancellationToken::new();
     let server_stop = stop.clone();
-    let server = tokio::spawn(async move {
+    let server = kvrelay::runtime::spawn(async move {
         serve(service, TcpListenerStream::new(listener), &tuning, server_stop.cancelled_owned())
             .await
     });

@@ -301,7 +301,7 @@ async fn file_discovery_loop_delivers_facts_and_expires_a_dead_worker() {
     let sink = DiscoverySink::new(facts_tx).with_channels(channels_tx).with_stats(stats_tx);
     let cancel = CancellationToken::new();
     let clock_seam: Arc<dyn WallClock> = clock.clone();
-    let task = tokio::spawn(run_file_discovery(
+    let task = kvrelay::runtime::spawn(run_file_discovery(
         FileDiscoveryConfig::new(&store.root),
         watch_all(),
         sink,
@@ -408,7 +408,8 @@ impl RelayUnderTest {
         let (stats_tx, stats) = watch::channel(DiscoveryStats::default());
         let sink = DiscoverySink::new(facts_tx).with_channels(channels_tx).with_stats(stats_tx);
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(run_etcd_discovery(config, watch_all(), sink, cancel.clone()));
+        let task =
+            kvrelay::runtime::spawn(run_etcd_discovery(config, watch_all(), sink, cancel.clone()));
         RelayUnderTest { facts, channels, stats, cancel, task }
     }
 

@@ -180,8 +180,9 @@ async fn nats_plane_delivers_dynamo_envelopes_and_survives_a_server_restart() {
         let (sink, mut inputs) = mpsc::channel(16);
         let counters = EventPlaneCounters::new();
         let cancel = CancellationToken::new();
-        let plane: JoinHandle<Result<(), EventPlaneError>> =
-            tokio::spawn(run_nats_event_plane(config, sink, counters.clone(), cancel.clone()));
+        let plane: JoinHandle<Result<(), EventPlaneError>> = kvrelay::runtime::spawn(
+            run_nats_event_plane(config, sink, counters.clone(), cancel.clone()),
+        );
         let publisher = async_nats::connect(url.as_str()).await.unwrap();
 
         let events_subject = "namespace.dynamo.component.backend.endpoint.generate.kv-events";
@@ -343,7 +344,7 @@ async fn zmq_plane_decodes_the_captured_frames_per_channel() {
         let (sink, mut inputs) = mpsc::channel(16);
         let counters = EventPlaneCounters::new();
         let cancel = CancellationToken::new();
-        let plane = tokio::spawn(run_zmq_event_plane(
+        let plane = kvrelay::runtime::spawn(run_zmq_event_plane(
             fast_zmq_config(),
             changes,
             sink,
@@ -471,7 +472,7 @@ async fn zmq_plane_waits_for_a_late_publisher_and_stops_on_removal() {
         let (sink, mut inputs) = mpsc::channel(16);
         let counters = EventPlaneCounters::new();
         let cancel = CancellationToken::new();
-        let plane = tokio::spawn(run_zmq_event_plane(
+        let plane = kvrelay::runtime::spawn(run_zmq_event_plane(
             fast_zmq_config(),
             changes,
             sink,
@@ -568,12 +569,12 @@ async fn hostile_publisher(
     let endpoint = format!("tcp://{}", listener.local_addr().unwrap());
     let sessions = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let record = sessions.clone();
-    let task = tokio::spawn(async move {
+    let task = kvrelay::runtime::spawn(async move {
         loop {
             let Ok((mut stream, _)) = listener.accept().await else { return };
             let accepted_at = tokio::time::Instant::now();
             let record = record.clone();
-            tokio::spawn(async move {
+            kvrelay::runtime::spawn(async move {
                 let session = tokio::time::timeout(Duration::from_secs(10), async {
                     // The relay's greeting (64 B) and READY (27 B), then ours.
                     let mut hello = [0u8; 91];
@@ -645,8 +646,13 @@ async fn hostile_publisher_is_refused(attack: Attack, kind: kvrelay::event_plane
     let counters = EventPlaneCounters::new();
     let cancel = CancellationToken::new();
     let config = fast_zmq_config();
-    let plane =
-        tokio::spawn(run_zmq_event_plane(config, changes, sink, counters.clone(), cancel.clone()));
+    let plane = kvrelay::runtime::spawn(run_zmq_event_plane(
+        config,
+        changes,
+        sink,
+        counters.clone(),
+        cancel.clone(),
+    ));
     changes_tx.send(channel(&hostile_scope, KV_EVENTS_TOPIC, 99, &hostile_endpoint)).await.unwrap();
     changes_tx
         .send(channel(&scope, KV_EVENTS_TOPIC, BACKEND_PUBLISHER, &good_endpoint))

@@ -109,7 +109,7 @@ async fn health_is_serving_exactly_while_ready_and_not_serving_from_shutdown_on(
         assert_eq!(check(&mut health, SERVICE).await, SERVING);
 
         // Shutdown: NOT_SERVING first, then the watch streams end.
-        let stopping = tokio::spawn(relay.shutdown());
+        let stopping = kvrelay::runtime::spawn(relay.shutdown());
         assert_eq!(next(&mut watch_all).await.unwrap().unwrap(), NOT_SERVING);
         assert_eq!(next(&mut watch_relay).await.unwrap().unwrap(), NOT_SERVING);
         for watch in [&mut watch_all, &mut watch_relay] {

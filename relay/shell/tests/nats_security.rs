@@ -122,7 +122,12 @@ fn start_plane(url: String, security: NatsSecurity) -> Plane {
         connection_timeout: Duration::from_secs(2),
         ..NatsEventPlaneConfig::new(url, NatsNamespaces::Only(["dynamo".to_owned()].into()))
     };
-    let task = tokio::spawn(run_nats_event_plane(config, sink, counters.clone(), cancel.clone()));
+    let task = kvrelay::runtime::spawn(run_nats_event_plane(
+        config,
+        sink,
+        counters.clone(),
+        cancel.clone(),
+    ));
     Plane { inputs, counters, cancel, task }
 }
 

@@ -29,7 +29,7 @@ async fn a_simulated_dc_becomes_a_catalog_readiness_load_and_matching_filters() 
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     let (stop_server, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
+    let server = kvrelay::runtime::spawn(async move {
         serve(service, TcpListenerStream::new(listener), &tuning, async {
             let _ = stopped.await;
         })

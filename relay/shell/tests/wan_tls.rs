@@ -50,7 +50,7 @@ impl TlsRelay {
         let stop = CancellationToken::new();
         let incoming = tls_incoming(listener, tls.clone(), stop.clone());
         let shutdown = stop.clone().cancelled_owned();
-        let server = tokio::spawn(async move {
+        let server = kvrelay::runtime::spawn(async move {
             serve(service, incoming, &tuning, shutdown).await.unwrap();
         });
         TlsRelay { address, tls, stop, server, demo }

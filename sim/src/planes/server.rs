@@ -45,7 +45,7 @@ pub async fn serve(
     loop {
         let (stream, _) = listener.accept().await?;
         let connection = lock(&planes).connection_id();
-        tokio::spawn(connection_task(
+        kvrelay::runtime::spawn(connection_task(
             stream,
             connection,
             Arc::clone(&planes),
@@ -96,7 +96,7 @@ async fn connection_task(
                     ToPlanes::Query { id, target, request } => {
                         let query = workers.query(target, request, ANSWER_TIMEOUT);
                         let answers = answers.clone();
-                        tokio::spawn(async move {
+                        kvrelay::runtime::spawn(async move {
                             let result = query.await.and_then(|response| {
                                 answer_stream(PayloadCodec::MsgPack, &response)
                                     .map(|stream| {

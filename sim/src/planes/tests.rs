@@ -69,10 +69,10 @@ where
         let scope = DiscoveryScope::new(Vec::new(), Vec::new(), true).expect("watch-all");
         let (client, _recovery) = PlanesClient::new(scope, Arc::default());
         let (inputs, mut facts) = mpsc::channel(1024);
-        tokio::spawn(client.run(inputs));
+        kvrelay::runtime::spawn(client.run(inputs));
         let received = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&received);
-        tokio::spawn(async move {
+        kvrelay::runtime::spawn(async move {
             while let Some(fact) = facts.recv().await {
                 sink.lock().unwrap().push(fact);
             }

@@ -158,7 +158,11 @@ pub(super) async fn run_relay(world: ReplayWorld) -> HostResult {
             // The planes host keeps the discovery state across relay restarts: a new boot lists it.
             let scope = world.replay.header().node.control.scope.clone();
             let (client, _) = PlanesClient::new(scope, Arc::clone(&world.decode_errors));
-            tokio::task::spawn_local(client.run(node.inputs.clone()));
+            #[allow(
+                clippy::disallowed_methods,
+                reason = "a !Send host task on the LocalSet (see above)"
+            )]
+            drop(tokio::task::spawn_local(client.run(node.inputs.clone())));
             Sink::Planes(Arc::clone(plane))
         }
         None => {
@@ -168,7 +172,7 @@ pub(super) async fn run_relay(world: ReplayWorld) -> HostResult {
             Sink::Node(node.inputs.clone())
         }
     };
-    tokio::spawn(feed(world.clone(), base, sink));
+    kvrelay::runtime::spawn(feed(world.clone(), base, sink));
     crate::serve_node(world.trace.clone(), boot, node, clock, world.bounce.crashing()).await
 }
 
@@ -257,7 +261,7 @@ fn apply(world: &ReplayWorld, fault: &Fault) {
 /// Play the script, take the report after the journal's end, quiesce, evaluate.
 pub(super) async fn run_checker(world: ReplayWorld) -> HostResult {
     let start = Instant::now();
-    tokio::spawn(crate::follow_consumers(
+    kvrelay::runtime::spawn(crate::follow_consumers(
         world.trace.clone(),
         vec![CONSUMER_HOST.to_owned()],
         Arc::clone(&world.consumer),

@@ -201,7 +201,7 @@ pub async fn run_zmq_event_plane(
                 info!(%endpoint, topic = %key.topic, publisher_id = key.publisher_id,
                       "connecting to ZMQ publisher");
                 let stop_token = cancel.child_token();
-                let task = tokio::spawn(subscribe_channel(
+                let task = crate::runtime::spawn(subscribe_channel(
                     config,
                     key.clone(),
                     endpoint.clone(),

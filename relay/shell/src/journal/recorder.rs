@@ -322,8 +322,13 @@ pub(crate) fn start_recorder_with_io(
     // Earlier recordings deleted at start count like later deletions.
     shared.counters.deleted.store(writer.tally().segments_deleted, Ordering::Relaxed);
     let stop = CancellationToken::new();
-    let task =
-        tokio::spawn(write_loop(writer, records, Arc::clone(&shared), executor, stop.clone()));
+    let task = crate::runtime::spawn(write_loop(
+        writer,
+        records,
+        Arc::clone(&shared),
+        executor,
+        stop.clone(),
+    ));
     Ok(Recorder { shared, stop, task })
 }
 

@@ -657,7 +657,9 @@ async fn record_simulated_run_with(dir: &Path, ticks: u64, subscribe: bool) -> R
             for pool in pools {
                 let Some(producer) = node.publications.producer(&pool) else { continue };
                 let mut stream = node.publications.subscribe(&producer).await.expect("subscribes");
-                subscribers.push(tokio::spawn(async move { while stream.next().await.is_ok() {} }));
+                subscribers.push(crate::runtime::spawn(async move {
+                    while stream.next().await.is_ok() {}
+                }));
             }
             assert!(!subscribers.is_empty(), "a pool to subscribe to");
         }

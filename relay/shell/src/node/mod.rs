@@ -1,7 +1,6 @@
 //! The running relay: one task drives the sans-IO [`ControlPlane`](kvrelay_core::control::ControlPlane)
 //! and carries out its commands — pool actors, publication hubs, recovery calls, and the WAN
-//! publisher. Every `tokio::spawn` of the relay's runtime is here, in `pool::actor`, in
-//! `publication` and in `wan`.
+//! publisher. Its tasks, like every task of the shell, start at [`crate::runtime::spawn`].
 //!
 //! Order: inputs, shell reports, fence requests and timers are handled one at a time; the
 //! commands each produces run to completion, in order, before the next is taken (the control

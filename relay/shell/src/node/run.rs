@@ -219,7 +219,7 @@ pub fn start_node_with_tap(
         status,
         tap,
     };
-    let task = tokio::spawn(node.run(inputs_rx, reports_rx, shutdown.clone()));
+    let task = crate::runtime::spawn(node.run(inputs_rx, reports_rx, shutdown.clone()));
     Ok(NodeHandle { inputs, views, publications, status: status_rx, relay, shutdown, task })
 }
 
@@ -508,7 +508,7 @@ impl Node {
                 let query = self.recovery.query(call.target.clone(), call.request, timeout);
                 let reports = self.reports.clone();
                 let request_id = call.request_id;
-                let task = tokio::spawn(async move {
+                let task = crate::runtime::spawn(async move {
                     let report = match tokio::time::timeout(timeout, query).await {
                         Ok(Ok(response)) => ShellReport::RecoveryAnswered {
                             endpoint,

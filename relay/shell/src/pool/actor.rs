@@ -471,7 +471,7 @@ pub fn spawn_pool_actor_with(
         },
         served: None,
     };
-    let task = tokio::spawn(run(core, mailbox, config, executor, faults, fence.clone()));
+    let task = crate::runtime::spawn(run(core, mailbox, config, executor, faults, fence.clone()));
     (PoolActorHandle { commands, permits, permits_max, fence }, task)
 }
 

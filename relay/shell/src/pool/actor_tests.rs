@@ -369,13 +369,13 @@ async fn a_replay_subscriber_waits_for_a_published_state_and_adds_no_publication
         point(at(2, 1), PublicationStep::Publish, 2),
     ];
     let (actor, _task) = start_with(scripted(script, Duration::from_secs(1)));
-    let other_lease = tokio::spawn({
+    let other_lease = crate::runtime::spawn({
         let actor = actor.clone();
         async move { actor.subscribe(lease(2)).await }
     });
     actor.apply(vec![store(1, None)]).await.unwrap(); // then the script publishes 1
     actor.apply(vec![store(2, None)]).await.unwrap(); // pending until after the next digest
-    let waiting = tokio::spawn({
+    let waiting = crate::runtime::spawn({
         let actor = actor.clone();
         async move { actor.subscribe(lease(1)).await }
     });

@@ -129,7 +129,7 @@ impl Hub {
             stop: CancellationToken::new(),
             fence: FenceHook(on_failure),
         });
-        tokio::spawn(run(Arc::clone(&hub), subscription.deltas, actor));
+        crate::runtime::spawn(run(Arc::clone(&hub), subscription.deltas, actor));
         Ok(hub)
     }
 

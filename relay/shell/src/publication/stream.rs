@@ -69,7 +69,7 @@ impl PoolStream {
         let timeout = hub.config().snapshot_progress_timeout;
         let bootstrap_failure = Arc::clone(&failure);
         let failing = Arc::clone(&hub);
-        tokio::spawn(async move {
+        crate::runtime::spawn(async move {
             let snapshot = Arc::new(snapshot);
             for index in 0..chunk_count {
                 // A free encoder is taken without awaiting, so an uncontended bound (always the

@@ -386,7 +386,7 @@ impl RecoveryClient {
             stats: Mutex::new(RequestPlaneStats::default()),
         });
         let stop = CancellationToken::new();
-        tokio::spawn(accept_call_homes(listener, Arc::clone(&shared), stop.clone()));
+        crate::runtime::spawn(accept_call_homes(listener, Arc::clone(&shared), stop.clone()));
         Ok(RecoveryClient { shared, response_address, _accept_task: stop.drop_guard() })
     }
 
@@ -738,7 +738,7 @@ async fn accept_call_homes(listener: TcpListener, shared: Arc<Shared>, stop: Can
                 };
                 let shared = Arc::clone(&shared);
                 let stop = stop.clone();
-                tokio::spawn(async move {
+                crate::runtime::spawn(async move {
                     let _permit = permit;
                     route_call_home(stream, &shared, &stop).await;
                 });

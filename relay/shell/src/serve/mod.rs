@@ -243,7 +243,7 @@ pub fn start_input_planes(
         let (report_tx, report_rx) = watch::channel(setup.state.clone());
         sink = sink.with_namespace_limit(limit_rx);
         sources_report = Some(report_rx);
-        tasks.push(tokio::spawn(run_sources_poller(
+        tasks.push(crate::runtime::spawn(run_sources_poller(
             setup.poller,
             setup.state,
             limit_tx,
@@ -258,7 +258,7 @@ pub fn start_input_planes(
         clock,
         cancel.clone(),
     );
-    tasks.push(tokio::spawn(async move {
+    tasks.push(crate::runtime::spawn(async move {
         if let Err(error) = discovery.await {
             warn!(%error, "discovery transport ended");
         }
@@ -279,7 +279,7 @@ pub fn start_input_planes(
                 events.clone(),
                 cancel.clone(),
             );
-            tokio::spawn(async move {
+            crate::runtime::spawn(async move {
                 if let Err(error) = plane.await {
                     warn!(%error, "NATS event plane ended");
                 }
@@ -293,7 +293,7 @@ pub fn start_input_planes(
                 events.clone(),
                 cancel.clone(),
             );
-            tokio::spawn(async move {
+            crate::runtime::spawn(async move {
                 if let Err(error) = plane.await {
                     warn!(%error, "ZMQ event plane ended");
                 }
@@ -400,7 +400,7 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
     let (pool_totals_tx, pool_totals) = watch::channel(PoolTotals::default());
     if ops_listener.is_some() {
         let publications = Arc::clone(&node.publications);
-        tokio::spawn(poll_pool_totals(publications, pool_totals_tx, ops_stop.clone()));
+        crate::runtime::spawn(poll_pool_totals(publications, pool_totals_tx, ops_stop.clone()));
     }
     let source = snapshot_source(SnapshotInputs {
         node: &node,
@@ -431,7 +431,7 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
         let wan_stop = stop.clone();
         wan_state_tx.send_replace(WanState { serving: true, last_error: None });
         let state = wan_state_tx.clone();
-        tokio::spawn(async move {
+        crate::runtime::spawn(async move {
             let result = match wan_tls {
                 None => {
                     crate::wan::serve_with_health(
@@ -458,14 +458,14 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
     });
     let ops_task = ops_listener.map(|listener| {
         let ops_stop = ops_stop.clone();
-        tokio::spawn(async move {
+        crate::runtime::spawn(async move {
             if let Err(error) = ops::serve_ops(listener, source, ops_stop.cancelled_owned()).await {
                 warn!(%error, "operations listener ended");
             }
         })
     });
     let task_stop = stop.clone();
-    let task = tokio::spawn(async move {
+    let task = crate::runtime::spawn(async move {
         let mut wan_task = wan_task;
         let wan_result = match &mut wan_task {
             Some(handle) => {

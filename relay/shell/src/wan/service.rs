@@ -183,7 +183,7 @@ fn follow_watch<T: Clone + Send + Sync + 'static>(
     stop: CancellationToken,
 ) -> Streamed<T> {
     let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
-    tokio::spawn(async move {
+    crate::runtime::spawn(async move {
         let _permit = permit;
         loop {
             let current = (**updates.borrow_and_update()).clone();
@@ -266,7 +266,7 @@ impl KvEventRelay for RelayService {
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
         let stop = self.stop.clone();
         let counters = Arc::clone(&self.counters);
-        tokio::spawn(async move {
+        crate::runtime::spawn(async move {
             let _permit = permit;
             let mut last = current.window_sequence;
             if sender.send(Ok((*current).clone())).await.is_err() {
@@ -328,7 +328,7 @@ impl KvEventRelay for RelayService {
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
         let stop = self.stop.clone();
         let counters = Arc::clone(&self.counters);
-        tokio::spawn(async move {
+        crate::runtime::spawn(async move {
             let _permit = permit;
             let mut next_heartbeat = Instant::now() + heartbeat;
             loop {

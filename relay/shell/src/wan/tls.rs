@@ -268,8 +268,8 @@ pub fn tls_incoming(
     cancel: CancellationToken,
 ) -> impl Stream<Item = Result<TlsStream<TcpStream>, std::io::Error>> {
     let (ready_tx, ready) = mpsc::channel(TLS_HANDSHAKES_MAX);
-    tokio::spawn(tls.clone().run_reloader(cancel.clone()));
-    tokio::spawn(async move {
+    crate::runtime::spawn(tls.clone().run_reloader(cancel.clone()));
+    crate::runtime::spawn(async move {
         let permits = Arc::new(Semaphore::new(TLS_HANDSHAKES_MAX));
         loop {
             let permit = tokio::select! {
@@ -300,7 +300,7 @@ pub fn tls_incoming(
             let acceptor = tls.acceptor();
             let ready_tx = ready_tx.clone();
             let counters = Arc::clone(&tls.counters);
-            tokio::spawn(async move {
+            crate::runtime::spawn(async move {
                 let _permit = permit;
                 match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                     Ok(Ok(stream)) => {

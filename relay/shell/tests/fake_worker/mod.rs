@@ -96,10 +96,10 @@ impl FakeWorker {
         let accepts = Arc::new(AtomicUsize::new(0));
         let accepted = Arc::clone(&accepts);
         let stalled: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
-        tokio::spawn(async move {
+        kvrelay::runtime::spawn(async move {
             while let Ok((connection, _)) = listener.accept().await {
                 accepted.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(serve_connection(
+                kvrelay::runtime::spawn(serve_connection(
                     connection,
                     Arc::clone(&script),
                     requests_tx.clone(),

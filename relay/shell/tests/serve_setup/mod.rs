@@ -80,7 +80,7 @@ impl FileStore {
         std::fs::create_dir_all(&root).unwrap();
         let live: Arc<Mutex<BTreeMap<PathBuf, ()>>> = Arc::default();
         let refreshed = Arc::clone(&live);
-        let refresher = tokio::spawn(async move {
+        let refresher = kvrelay::runtime::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 let paths: Vec<PathBuf> = refreshed.lock().unwrap().keys().cloned().collect();

@@ -178,7 +178,7 @@ impl LoopbackRelay {
         let address = listener.local_addr().unwrap();
         let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
         let served = service.clone();
-        tokio::spawn(async move {
+        kvrelay::runtime::spawn(async move {
             serve(served, TcpListenerStream::new(listener), &tuning, async {
                 let _ = stop.await;
             })
