@@ -16,7 +16,7 @@ use kvrelay_core::discovery::DiscoveryScope;
 use kvrelay_core::inputs::{DcInput, RecoveryTarget};
 use kvrelay_core::model::identity::{RelayIdentity, stable_dc_id};
 use kvrelay_core::rng::{RelayRng, derive_seed, rng_from_seed};
-use kvrelay_core::sources::{RecoveryRequest, RecoveryResponse};
+use kvrelay_core::sources::{RecoveryFailure, RecoveryRequest, RecoveryResponse};
 use kvrelay_dc::{Deployment, SimulatedDc, TrafficConfig};
 
 /// A simulated DC shared between its driver and the recovery transport.
@@ -36,8 +36,8 @@ impl RecoveryTransport for SharedDc {
         target: RecoveryTarget,
         request: RecoveryRequest,
         _timeout: Duration,
-    ) -> BoxFuture<'static, Result<RecoveryResponse, String>> {
-        let answer = self.with(|dc| dc.answer(&target, &request));
+    ) -> BoxFuture<'static, Result<RecoveryResponse, RecoveryFailure>> {
+        let answer = self.with(|dc| dc.answer(&target, &request)).map_err(RecoveryFailure::Refused);
         Box::pin(async move { answer })
     }
 }

@@ -25,7 +25,7 @@ use kvrelay::request_plane::PayloadCodec;
 use kvrelay::request_plane::answer::read_answer_stream;
 use kvrelay_core::discovery::DiscoveryScope;
 use kvrelay_core::inputs::{DcInput, RecoveryTarget};
-use kvrelay_core::sources::{RecoveryRequest, RecoveryResponse};
+use kvrelay_core::sources::{RecoveryFailure, RecoveryRequest, RecoveryResponse};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 use turmoil::net::TcpStream;
@@ -49,7 +49,7 @@ type Writer = FramedWrite<OwnedWriteHalf, LengthDelimitedCodec>;
 struct Query {
     target: RecoveryTarget,
     request: RecoveryRequest,
-    reply: oneshot::Sender<Result<RecoveryResponse, String>>,
+    reply: oneshot::Sender<Result<RecoveryResponse, RecoveryFailure>>,
 }
 
 /// The relay's recovery transport over the planes connection.
@@ -66,17 +66,19 @@ impl RecoveryTransport for PlanesRecovery {
         target: RecoveryTarget,
         request: RecoveryRequest,
         timeout: Duration,
-    ) -> BoxFuture<'static, Result<RecoveryResponse, String>> {
+    ) -> BoxFuture<'static, Result<RecoveryResponse, RecoveryFailure>> {
         let (reply, answer) = oneshot::channel();
         let sent = self.queries.send(Query { target, request, reply }).is_ok();
         Box::pin(async move {
             if !sent {
-                return Err("the planes client is gone".to_owned());
+                return Err(RecoveryFailure::NotSent("the planes client is gone".to_owned()));
             }
             match tokio::time::timeout(timeout, answer).await {
                 Ok(Ok(result)) => result,
-                Ok(Err(_)) => Err("the planes connection dropped the query".to_owned()),
-                Err(_) => Err("request plane timed out".to_owned()),
+                Ok(Err(_)) => Err(RecoveryFailure::Unreachable(
+                    "the planes connection dropped the query".to_owned(),
+                )),
+                Err(_) => Err(RecoveryFailure::TimedOut),
             }
         })
     }
@@ -91,7 +93,10 @@ pub struct PlanesClient {
     queries: mpsc::UnboundedReceiver<Query>,
     /// Queries sent and not answered yet: the request (its answer is decoded for it) and the
     /// caller.
-    pending: BTreeMap<u64, (RecoveryRequest, oneshot::Sender<Result<RecoveryResponse, String>>)>,
+    pending: BTreeMap<
+        u64,
+        (RecoveryRequest, oneshot::Sender<Result<RecoveryResponse, RecoveryFailure>>),
+    >,
     next_query: u64,
 }
 
@@ -242,10 +247,9 @@ impl PlanesClient {
             ToRelay::Answer { id, result } => {
                 if let Some((request, reply)) = self.pending.remove(&id) {
                     // The worker's call-home stream, read by the relay's own decoders.
-                    let result = result.and_then(|stream| {
+                    let result = result.map_err(RecoveryFailure::Refused).and_then(|stream| {
                         let parts = stream.iter().map(|(h, b)| (h.as_slice(), b.as_slice()));
-                        read_answer_stream(PayloadCodec::MsgPack, parts, &request)
-                            .map_err(|error| error.to_string())
+                        Ok(read_answer_stream(PayloadCodec::MsgPack, parts, &request)?)
                     });
                     let _ = reply.send(result);
                 }

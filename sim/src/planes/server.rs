@@ -97,7 +97,8 @@ async fn connection_task(
                         let query = workers.query(target, request, ANSWER_TIMEOUT);
                         let answers = answers.clone();
                         kvrelay::runtime::spawn(async move {
-                            let result = query.await.and_then(|response| {
+                            // On the wire, as from a worker: its own words on refusal.
+                            let result = query.await.map_err(worker_text).and_then(|response| {
                                 answer_stream(PayloadCodec::MsgPack, &response)
                                     .map(|stream| {
                                         stream
@@ -143,4 +144,12 @@ async fn connection_task(
         }
     }
     lock(&planes).detach(connection);
+}
+
+/// The text a worker would answer with for `failure`.
+fn worker_text(failure: kvrelay_core::sources::RecoveryFailure) -> String {
+    match failure {
+        kvrelay_core::sources::RecoveryFailure::Refused(text) => text,
+        other => other.to_string(),
+    }
 }

@@ -321,9 +321,9 @@ impl ControlPlane {
                 endpoint,
                 layout_generation,
                 request_id,
-                reason,
+                failure,
             } => {
-                let input = SourceInput::RecoveryUnreachable { request_id, reason };
+                let input = SourceInput::RecoveryUnreachable { request_id, failure };
                 self.deliver_to_tracker(&endpoint, layout_generation, input, now, rng, &mut out);
             }
             ShellReport::ApplyFailed {

@@ -8,7 +8,9 @@ use crate::host::{ActorFault, HostCommand, HostHealth};
 use crate::model::identity::{EndpointPath, PoolId};
 use crate::model::kv_events::SourceKey;
 use crate::pool::FailureDisposition;
-use crate::sources::{RankFence, RecoveryRequestId, RecoveryResponse, SourceCommand};
+use crate::sources::{
+    RankFence, RecoveryFailure, RecoveryRequestId, RecoveryResponse, SourceCommand,
+};
 
 /// An outcome the async shell reports back: the result of a command it carried out, or a fact
 /// about the processes it runs. Reports naming a generation that is no longer starting or
@@ -48,8 +50,8 @@ pub enum ShellReport {
         layout_generation: u64,
         /// The call's correlation id.
         request_id: RecoveryRequestId,
-        /// What the transport said.
-        reason: String,
+        /// What failed.
+        failure: RecoveryFailure,
     },
     /// The pool refused a `Source` command for a rank. This reaches only the rank's tracker;
     /// the actor's own fault report (a producer fence in particular) goes to the host as

@@ -920,7 +920,7 @@ fn a_recovery_that_fails_for_good_fences_the_generation_and_a_new_one_is_publish
             endpoint: endpoint(BACKEND),
             layout_generation: generation,
             request_id,
-            reason: "connection refused".to_owned(),
+            failure: crate::sources::RecoveryFailure::Unreachable("connection refused".to_owned()),
         };
         let commands = shell.plane.report(report, shell.now, &mut shell.rng);
         shell.execute(commands);

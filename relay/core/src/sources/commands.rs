@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use super::membership::SourceView;
-use super::protocol::{RecoveryRequest, RecoveryRequestId, RecoveryResponse};
+use super::protocol::{RecoveryFailure, RecoveryRequest, RecoveryRequestId, RecoveryResponse};
 use crate::inputs::{KvEventBatch, RecoveryTarget};
 use crate::model::kv_events::{RouterEvent, SourceKey};
 use crate::pool::FailureDisposition;
@@ -146,8 +146,8 @@ pub enum SourceInput {
     RecoveryUnreachable {
         /// The call.
         request_id: RecoveryRequestId,
-        /// What the transport said.
-        reason: String,
+        /// What failed.
+        failure: RecoveryFailure,
     },
     /// The pool rejected a command for a rank.
     ApplyFailed {

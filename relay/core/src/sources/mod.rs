@@ -38,7 +38,8 @@ pub use membership::{
     RankSourceStatus, RankView, SourceAmbiguity, SourceView,
 };
 pub use protocol::{
-    RecoveryQueryKind, RecoveryRequest, RecoveryRequestId, RecoveryResponse, TreeDumpScope,
+    RecoveryFailure, RecoveryQueryKind, RecoveryRequest, RecoveryRequestId, RecoveryResponse,
+    TreeDumpScope,
 };
 pub use recovery::{
     LIVE_BUFFER_EVENTS_MAX, RECOVERY_ATTEMPT_TIMEOUT, RECOVERY_ATTEMPTS_MAX,

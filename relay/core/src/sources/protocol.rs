@@ -149,3 +149,32 @@ mod tests {
         assert_eq!((range.start_event_id, range.end_event_id), (Some(5), Some(8)));
     }
 }
+
+/// Why a recovery query produced no answer: the failure side of the recovery seam, from every
+/// transport (Dynamo's request plane, the simulator's planes, a journal) alike.
+///
+/// The tracker treats every kind the same way (the attempt failed: retry within the attempt
+/// bound, then degrade the rank); the kinds say where it failed, for counters, logs and the
+/// journal. Texts are the peer's or the operating system's words, kept as data.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum RecoveryFailure {
+    /// No request plane is configured: recoverable ranks continue live-only.
+    #[error("no request plane is configured")]
+    NoTransport,
+    /// No answer arrived within the call's deadline.
+    #[error("no answer within the call's deadline")]
+    TimedOut,
+    /// The worker could not be reached, or the connection broke before the answer was complete.
+    #[error("worker unreachable: {0}")]
+    Unreachable(String),
+    /// The worker answered with an error (for example `Server unavailable: unknown endpoint`).
+    #[error("worker refused: {0}")]
+    Refused(String),
+    /// The answer broke the request plane's framing, could not be decoded, or exceeded a bound.
+    #[error("invalid answer: {0}")]
+    InvalidAnswer(String),
+    /// The relay did not send the query: a local bound (queries pending, connections in use,
+    /// request size) or an unusable recovery target.
+    #[error("not sent: {0}")]
+    NotSent(String),
+}

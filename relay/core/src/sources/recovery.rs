@@ -454,7 +454,7 @@ impl SourceTracker {
             SourceInput::RecoveryAnswered { request_id, response } => {
                 self.on_answer(request_id, response, now, &mut out);
             }
-            SourceInput::RecoveryUnreachable { request_id, reason: _ } => {
+            SourceInput::RecoveryUnreachable { request_id, failure: _ } => {
                 self.on_unreachable(request_id, now, &mut out);
             }
             SourceInput::ApplyFailed { source, fence, disposition } => {

@@ -1006,7 +1006,7 @@ fn attempt_timeout_cancels_and_retries() {
     // An unreachable target retries the same way.
     harness.handle(SourceInput::RecoveryUnreachable {
         request_id: retry.request_id,
-        reason: "refused".into(),
+        failure: RecoveryFailure::Refused("Server overloaded".into()),
     });
     assert_eq!(only_request(&harness.next_timer()).attempt, 3);
 }

@@ -13,13 +13,19 @@ use super::checkpoint::{Checkpoint, NO_CADENCE};
 use crate::node::NodeConfig;
 use crate::pool::PublicationPoint;
 use kvrelay_core::inputs::{DcInput, RecoveryTarget};
-use kvrelay_core::sources::{RecoveryRequest, RecoveryResponse};
+use kvrelay_core::sources::{RecoveryFailure, RecoveryRequest, RecoveryResponse};
 
 /// The first four bytes of every segment.
 pub const SEGMENT_MAGIC: [u8; 4] = *b"KVRJ";
 
-/// The format version this build writes and reads.
-pub const FORMAT_VERSION: u16 = 3;
+/// The format version this build writes. Version 4 records recovery failures as
+/// [`RecoveryFailure`] values.
+pub const FORMAT_VERSION: u16 = 4;
+
+/// The oldest format version this build reads. Version 3 kept a recovery failure as its text
+/// only; it is read as [`RecoveryFailure::Unreachable`] with that text (every failure kind
+/// drives recovery the same way, so such a journal replays exactly).
+pub const FORMAT_VERSION_OLDEST: u16 = 3;
 
 /// Bytes before the first frame of a segment.
 pub const SEGMENT_PREAMBLE_BYTES: usize = 8;
@@ -85,7 +91,25 @@ impl JournalHeader {
 }
 
 /// The outcome of one recovery query as the transport delivered it.
-pub type RecoveryOutcome = Result<RecoveryResponse, String>;
+pub type RecoveryOutcome = Result<RecoveryResponse, RecoveryFailure>;
+
+/// A recorded recovery failure: a value (format 4) or the text format 3 kept.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RecordedFailure {
+    Value(RecoveryFailure),
+    Text(String),
+}
+
+fn decode_outcome<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<RecoveryOutcome, D::Error> {
+    let outcome = Result::<RecoveryResponse, RecordedFailure>::deserialize(deserializer)?;
+    Ok(outcome.map_err(|failure| match failure {
+        RecordedFailure::Value(failure) => failure,
+        RecordedFailure::Text(text) => RecoveryFailure::Unreachable(text),
+    }))
+}
 
 /// One journal record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -108,6 +132,7 @@ pub enum Record {
         /// What it asked.
         request: RecoveryRequest,
         /// What came back.
+        #[serde(deserialize_with = "decode_outcome")]
         outcome: RecoveryOutcome,
     },
     /// The node's logical state after the input counted in it.
@@ -200,7 +225,9 @@ pub enum FormatError {
     #[error("not a kvrelay journal segment (bad magic)")]
     BadMagic,
     /// Written by another format version.
-    #[error("journal format version {found}, this build reads version {FORMAT_VERSION}")]
+    #[error(
+        "journal format version {found}; this build reads versions {FORMAT_VERSION_OLDEST} to {FORMAT_VERSION}"
+    )]
     Version {
         /// The version in the file.
         found: u16,
@@ -247,7 +274,7 @@ pub fn check_preamble(preamble: &[u8]) -> Result<(), FormatError> {
         return Err(FormatError::BadMagic);
     }
     let found = u16::from_le_bytes([preamble[4], preamble[5]]);
-    if found != FORMAT_VERSION {
+    if !(FORMAT_VERSION_OLDEST..=FORMAT_VERSION).contains(&found) {
         return Err(FormatError::Version { found });
     }
     Ok(())

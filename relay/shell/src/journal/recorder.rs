@@ -32,7 +32,7 @@ use crate::pool::{PublicationMode, PublicationPoint, PublicationSink};
 use crate::runtime::{BlockingExecutor, WallClock, run_blocking};
 use kvrelay_core::inputs::{DcInput, RecoveryTarget};
 use kvrelay_core::model::identity::PoolId;
-use kvrelay_core::sources::{RecoveryRequest, RecoveryResponse};
+use kvrelay_core::sources::{RecoveryFailure, RecoveryRequest, RecoveryResponse};
 
 /// Write errors between two log lines.
 pub const ERROR_LOG_EVERY: u64 = 1024;
@@ -252,7 +252,7 @@ impl RecoveryTransport for RecordingRecovery {
         target: RecoveryTarget,
         request: RecoveryRequest,
         timeout: Duration,
-    ) -> BoxFuture<'static, Result<RecoveryResponse, String>> {
+    ) -> BoxFuture<'static, Result<RecoveryResponse, RecoveryFailure>> {
         let query = self.inner.query(target.clone(), request, timeout);
         let shared = Arc::clone(&self.shared);
         Box::pin(async move {

@@ -31,7 +31,7 @@ use crate::runtime::{BlockingExecutor, ManualWallClock, WallClock};
 use kvrelay_core::control::ControlError;
 use kvrelay_core::inputs::{DcInput, RecoveryTarget};
 use kvrelay_core::model::identity::PoolId;
-use kvrelay_core::sources::{RecoveryRequest, RecoveryResponse};
+use kvrelay_core::sources::{RecoveryFailure, RecoveryRequest, RecoveryResponse};
 
 /// What to replay.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -203,7 +203,7 @@ impl RecoveryTransport for JournalRecovery {
         target: RecoveryTarget,
         request: RecoveryRequest,
         _timeout: Duration,
-    ) -> BoxFuture<'static, Result<RecoveryResponse, String>> {
+    ) -> BoxFuture<'static, Result<RecoveryResponse, RecoveryFailure>> {
         let answer = self
             .0
             .answers

@@ -476,7 +476,7 @@ fn a_version_2_journal_is_refused_with_the_version_named() {
     assert_eq!(error.offset, 0);
     assert_eq!(error.kind, JournalErrorKind::Format(FormatErrorAlias::Version { found: 2 }));
     let text = error.to_string();
-    assert!(text.contains("journal format version 2, this build reads version 3"), "{text}");
+    assert!(text.contains("journal format version 2; this build reads versions 3 to 4"), "{text}");
     let (_, records, fault) = read_journal(dir.path()).map_or_else(
         |error| (None, Vec::new(), Some(error)),
         |(header, records, fault)| (Some(header), records, fault),
@@ -1215,4 +1215,87 @@ async fn repeated_write_failures_keep_the_journal_within_bounds_and_readable() {
     assert!(torn > 0, "a torn tail the writer could not cut was read past");
     let written_last = last.expect("inputs survive");
     assert_eq!(written_last + 1 + pending_gap, sequence, "losses at the end are a final gap");
+}
+
+fn recovery_target() -> kvrelay_core::inputs::RecoveryTarget {
+    kvrelay_core::inputs::RecoveryTarget {
+        endpoint: "ns/backend/worker_kv_query_source_1".parse().unwrap(),
+        instance_id: 7,
+        transport: kvrelay_core::inputs::RequestPlaneTransport::Tcp(
+            "127.0.0.1:9/ns/backend/worker_kv_query_source_1".into(),
+        ),
+    }
+}
+
+fn recovery_request() -> kvrelay_core::sources::RecoveryRequest {
+    kvrelay_core::sources::RecoveryRequest::tree_dump(SourceKey { worker_id: 1, dp_rank: 0 })
+}
+
+#[test]
+fn every_recovery_failure_kind_round_trips() {
+    use kvrelay_core::sources::RecoveryFailure;
+    let failures = [
+        RecoveryFailure::NoTransport,
+        RecoveryFailure::TimedOut,
+        RecoveryFailure::Unreachable("connection refused".into()),
+        RecoveryFailure::Refused("Server unavailable: unknown endpoint a/b/c".into()),
+        RecoveryFailure::InvalidAnswer("response stream exceeds 8 bytes".into()),
+        RecoveryFailure::NotSent("too many pending recovery queries".into()),
+    ];
+    let records: Vec<Record> = failures
+        .into_iter()
+        .enumerate()
+        .map(|(index, failure)| Record::Recovery {
+            at: stamp(index as u64 + 1),
+            target: recovery_target(),
+            request: recovery_request(),
+            outcome: Err(failure),
+        })
+        .collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_all(dir.path(), &records, generous());
+    assert_eq!(read_ok(dir.path()).1, records);
+}
+
+#[test]
+fn a_format_3_recovery_failure_text_reads_as_unreachable() {
+    /// The record enum as format 3 wrote it, up to its `Recovery` variant.
+    #[derive(serde::Serialize)]
+    #[allow(dead_code, clippy::large_enum_variant, reason = "only the Recovery variant is written")]
+    enum Format3 {
+        Header(()),
+        Input(()),
+        Recovery {
+            at: Stamp,
+            target: kvrelay_core::inputs::RecoveryTarget,
+            request: kvrelay_core::sources::RecoveryRequest,
+            outcome: Result<kvrelay_core::sources::RecoveryResponse, String>,
+        },
+    }
+    let written = Format3::Recovery {
+        at: stamp(3),
+        target: recovery_target(),
+        request: recovery_request(),
+        outcome: Err("request plane timed out".into()),
+    };
+    let payload = rmp_serde::to_vec(&written).unwrap();
+    let record = super::format::decode_payload(&payload, xxhash_rust::xxh3::xxh3_64(&payload))
+        .expect("a format 3 record decodes");
+    assert_eq!(
+        record,
+        Record::Recovery {
+            at: stamp(3),
+            target: recovery_target(),
+            request: recovery_request(),
+            outcome: Err(kvrelay_core::sources::RecoveryFailure::Unreachable(
+                "request plane timed out".into()
+            )),
+        }
+    );
+    let mut preamble = [0u8; SEGMENT_PREAMBLE_BYTES];
+    preamble[..4].copy_from_slice(&super::format::SEGMENT_MAGIC);
+    for (version, accepted) in [(2u16, false), (3, true), (FORMAT_VERSION, true), (5, false)] {
+        preamble[4..6].copy_from_slice(&version.to_le_bytes());
+        assert_eq!(super::format::check_preamble(&preamble).is_ok(), accepted, "version {version}");
+    }
 }

@@ -6,18 +6,18 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 
 use kvrelay_core::inputs::RecoveryTarget;
-use kvrelay_core::sources::{RecoveryRequest, RecoveryResponse};
+use kvrelay_core::sources::{RecoveryFailure, RecoveryRequest, RecoveryResponse};
 
 /// Sends recovery queries to workers (Dynamo's TCP request plane in production, the simulated
 /// workers in the simulator and the demo).
 pub trait RecoveryTransport: Send + Sync + Debug + 'static {
-    /// Ask `target`; resolve within `timeout` or fail with a reason.
+    /// Ask `target`; resolve within `timeout` or say what failed.
     fn query(
         &self,
         target: RecoveryTarget,
         request: RecoveryRequest,
         timeout: Duration,
-    ) -> BoxFuture<'static, Result<RecoveryResponse, String>>;
+    ) -> BoxFuture<'static, Result<RecoveryResponse, RecoveryFailure>>;
 }
 
 /// A transport that reaches nobody: every query fails at once (ranks continue live-only).
@@ -30,7 +30,7 @@ impl RecoveryTransport for NoRecovery {
         _target: RecoveryTarget,
         _request: RecoveryRequest,
         _timeout: Duration,
-    ) -> BoxFuture<'static, Result<RecoveryResponse, String>> {
-        Box::pin(async { Err("no request plane configured".to_owned()) })
+    ) -> BoxFuture<'static, Result<RecoveryResponse, RecoveryFailure>> {
+        Box::pin(async { Err(RecoveryFailure::NoTransport) })
     }
 }

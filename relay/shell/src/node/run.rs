@@ -28,7 +28,7 @@ use kvrelay_core::model::identity::{EndpointPath, PoolId, RelayIdentity};
 use kvrelay_core::model::kv_events::SourceKey;
 use kvrelay_core::pool::{PoolOwnership, RankReplacement};
 use kvrelay_core::rng::{RelayRng, rng_from_seed};
-use kvrelay_core::sources::{RankFence, RecoveryRequestId, SourceCommand};
+use kvrelay_core::sources::{RankFence, RecoveryFailure, RecoveryRequestId, SourceCommand};
 use kvrelay_core::wire::encode;
 
 /// How a node runs.
@@ -516,17 +516,17 @@ impl Node {
                             request_id,
                             response,
                         },
-                        Ok(Err(reason)) => ShellReport::RecoveryUnreachable {
+                        Ok(Err(failure)) => ShellReport::RecoveryUnreachable {
                             endpoint,
                             layout_generation,
                             request_id,
-                            reason,
+                            failure,
                         },
                         Err(_) => ShellReport::RecoveryUnreachable {
                             endpoint,
                             layout_generation,
                             request_id,
-                            reason: "recovery query timed out".to_owned(),
+                            failure: RecoveryFailure::TimedOut,
                         },
                     };
                     let _ = reports.send(Internal::Report(report)).await;

@@ -157,3 +157,83 @@ pub enum RecoveryError {
     #[error("the recovery client is shut down")]
     Closed,
 }
+
+impl From<RecoveryError> for kvrelay_core::sources::RecoveryFailure {
+    /// Where in the query the error arose: not sent, unreachable, refused by the worker, an
+    /// answer that could not be used, or out of time.
+    fn from(error: RecoveryError) -> Self {
+        use kvrelay_core::sources::RecoveryFailure as Failure;
+        let text = error.to_string();
+        match error {
+            RecoveryError::UnsupportedTransport(_)
+            | RecoveryError::InvalidTarget { .. }
+            | RecoveryError::InvalidConfig(_)
+            | RecoveryError::Bind { .. }
+            | RecoveryError::RequestTooLarge { .. }
+            | RecoveryError::Encode(_)
+            | RecoveryError::TooManyPending
+            | RecoveryError::TooManyWorkers
+            | RecoveryError::Closed => Failure::NotSent(text),
+            RecoveryError::Connect { .. }
+            | RecoveryError::Io { .. }
+            | RecoveryError::StreamEnded { .. } => Failure::Unreachable(text),
+            RecoveryError::Rejected { message } | RecoveryError::StreamFailed { message } => {
+                Failure::Refused(message)
+            }
+            RecoveryError::NoAnswer
+            | RecoveryError::Protocol(_)
+            | RecoveryError::ResponseTooLarge { .. }
+            | RecoveryError::Decode(_)
+            | RecoveryError::UnsupportedResponse(_)
+            | RecoveryError::DecoderLost => Failure::InvalidAnswer(text),
+            RecoveryError::Timeout { .. } => Failure::TimedOut,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvrelay_core::sources::RecoveryFailure;
+
+    #[test]
+    fn each_request_plane_error_names_where_the_query_failed() {
+        let cases = [
+            (RecoveryError::TooManyPending, "not sent"),
+            (RecoveryError::InvalidConfig("x"), "not sent"),
+            (
+                RecoveryError::Connect { address: "a:1".into(), detail: "refused".into() },
+                "unreachable",
+            ),
+            (RecoveryError::StreamEnded { after: "the prologue" }, "unreachable"),
+            (RecoveryError::Rejected { message: "Server overloaded".into() }, "refused"),
+            (RecoveryError::StreamFailed { message: "no such rank".into() }, "refused"),
+            (RecoveryError::NoAnswer, "invalid answer"),
+            (RecoveryError::ResponseTooLarge { max: 8 }, "invalid answer"),
+            (
+                RecoveryError::Timeout {
+                    timeout: Duration::from_secs(1),
+                    phase: QueryPhase::AwaitingCallHome,
+                },
+                "timed out",
+            ),
+        ];
+        for (error, kind) in cases {
+            let failure = RecoveryFailure::from(error.clone());
+            let named = match &failure {
+                RecoveryFailure::NotSent(_) => "not sent",
+                RecoveryFailure::Unreachable(_) => "unreachable",
+                RecoveryFailure::Refused(_) => "refused",
+                RecoveryFailure::InvalidAnswer(_) => "invalid answer",
+                RecoveryFailure::TimedOut => "timed out",
+                RecoveryFailure::NoTransport => "no transport",
+            };
+            assert_eq!(named, kind, "{error}");
+        }
+        assert_eq!(
+            RecoveryFailure::from(RecoveryError::Rejected { message: "Server overloaded".into() }),
+            RecoveryFailure::Refused("Server overloaded".into()),
+            "the worker's own words are kept"
+        );
+    }
+}

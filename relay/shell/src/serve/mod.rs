@@ -57,7 +57,7 @@ use kvrelay_core::discovery::NamespaceSelection;
 use kvrelay_core::inputs::{DcInput, RecoveryTarget};
 use kvrelay_core::model::identity::RelayIdentity;
 use kvrelay_core::rng::{derive_seed, rng_from_seed};
-use kvrelay_core::sources::{RecoveryRequest, RecoveryResponse};
+use kvrelay_core::sources::{RecoveryFailure, RecoveryRequest, RecoveryResponse};
 
 pub use sources_file::{SourceList, SourcesFileError, SourcesReport, SourcesState};
 pub use sources_poller::{SourcesPollerConfig, read_sources_file, run_sources_poller};
@@ -127,11 +127,9 @@ impl RecoveryTransport for TcpRecovery {
         target: RecoveryTarget,
         request: RecoveryRequest,
         timeout: Duration,
-    ) -> BoxFuture<'static, Result<RecoveryResponse, String>> {
+    ) -> BoxFuture<'static, Result<RecoveryResponse, RecoveryFailure>> {
         let client = Arc::clone(&self.0);
-        Box::pin(async move {
-            client.query(&target, request, timeout).await.map_err(|error| error.to_string())
-        })
+        Box::pin(async move { Ok(client.query(&target, request, timeout).await?) })
     }
 }
 
