@@ -195,6 +195,7 @@ pub fn cut(journal: &Path, from: Duration, to: Duration, out: &Path) -> anyhow::
     let expect = Expect {
         pools: state.catalog.len(),
         readiness: state.readiness.iter().filter_map(|entry| expected_state(entry)).collect(),
+        other_models: None,
         consumer: ConsumerExpectations::default(),
         capacity_omissions: false,
     };

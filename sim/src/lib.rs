@@ -96,6 +96,11 @@ pub const SIMULATION_DURATION: Duration = Duration::from_secs(900);
 /// takes one step; scripted fault times round up to a step). Scenario timers are tens of ms and
 /// up; 1 ms steps spent most of a quiet run entering the six hosts' runtimes.
 pub const TICK: Duration = Duration::from_millis(5);
+/// Segments a simulated TCP socket buffers (turmoil's default is 64). A fleet's first recovery
+/// wave puts hundreds of queries on the planes link at once while hundreds of answers come
+/// back; with 64 both sides could block on writes until the link was given up. Production
+/// sockets buffer far more.
+pub const TCP_CAPACITY: usize = 4096;
 
 /// How long traffic stays off before the oracles look.
 const QUIESCENCE: Duration = Duration::from_secs(3);
@@ -339,7 +344,8 @@ impl Sim {
             .rng_seed(seed)
             .epoch(UNIX_EPOCH + Duration::from_secs(EPOCH_UNIX_SECONDS))
             .simulation_duration(SIMULATION_DURATION)
-            .tick_duration(TICK);
+            .tick_duration(TICK)
+            .tcp_capacity(TCP_CAPACITY);
         Sim { seed, builder, record: None }
     }
 
@@ -478,6 +484,44 @@ fn sim_dc_id() -> DcId {
     stable_dc_id("sim-dc").expect("valid name")
 }
 
+/// The production publication bounds, with the scenario's `[relay]` overrides.
+fn hub_config(bounds: scenario::RelayBounds) -> HubConfig {
+    let defaults = HubConfig::default();
+    HubConfig {
+        initialized_hubs_max: bounds
+            .max_initialized_pool_hubs
+            .unwrap_or(defaults.initialized_hubs_max),
+        subscribers_per_pool_max: bounds
+            .max_subscribers_per_pool
+            .unwrap_or(defaults.subscribers_per_pool_max),
+        ..defaults
+    }
+}
+
+/// The production WAN admission limits, with the scenario's `[relay]` overrides.
+fn wan_tuning(bounds: scenario::RelayBounds) -> WanTuning {
+    let defaults = WanTuning::default();
+    WanTuning {
+        max_initialized_pool_hubs: bounds
+            .max_initialized_pool_hubs
+            .unwrap_or(defaults.max_initialized_pool_hubs),
+        max_subscribers_per_pool: bounds
+            .max_subscribers_per_pool
+            .unwrap_or(defaults.max_subscribers_per_pool),
+        max_pool_streams_total: bounds
+            .max_pool_streams_total
+            .unwrap_or(defaults.max_pool_streams_total),
+        max_catalog_subscribers: bounds
+            .max_catalog_subscribers
+            .unwrap_or(defaults.max_catalog_subscribers),
+        max_readiness_subscribers: bounds
+            .max_readiness_subscribers
+            .unwrap_or(defaults.max_readiness_subscribers),
+        max_load_subscribers: bounds.max_load_subscribers.unwrap_or(defaults.max_load_subscribers),
+        ..defaults
+    }
+}
+
 fn node_config(seed: u64, boot: u64, scenario: &Scenario) -> NodeConfig {
     let mut rng = rng_from_seed(derive_seed(seed, &format!("sim/relay/{boot}")));
     let relay = RelayIdentity::start(0x051d_0000_0000_0001, &mut rng);
@@ -487,7 +531,7 @@ fn node_config(seed: u64, boot: u64, scenario: &Scenario) -> NodeConfig {
     NodeConfig {
         control,
         actor: ActorConfig::default(),
-        hub: HubConfig::default(),
+        hub: hub_config(scenario.relay),
         max_kicks: kvrelay_core::filter::ckf::MAX_KICKS_DEFAULT,
         rng_seed: derive_seed(seed, &format!("sim/node/{boot}")),
         load_window: Duration::from_secs(1),
@@ -522,7 +566,8 @@ async fn run_relay(world: World) -> HostResult {
     // (runtime tasks are dropped in an order that depends on process-wide task ids).
     #[allow(clippy::disallowed_methods, reason = "a !Send host task on the LocalSet (see above)")]
     drop(tokio::task::spawn_local(planes_client.run(node.inputs.clone())));
-    serve_node(world.trace.clone(), boot, node, clock, world.bounce.crashing()).await
+    let tuning = wan_tuning(world.scenario.relay);
+    serve_node(world.trace.clone(), boot, node, clock, tuning, world.bounce.crashing()).await
 }
 
 /// Observe boot `boot`'s `node` into `trace` and serve its WAN contract on the relay port.
@@ -531,6 +576,7 @@ async fn serve_node(
     boot: u64,
     node: NodeHandle,
     clock: Arc<dyn WallClock>,
+    tuning: WanTuning,
     crashing: net::Crashing,
 ) -> HostResult {
     crashing.clear();
@@ -541,7 +587,6 @@ async fn serve_node(
         Arc::clone(&node.publications),
         node.status.clone(),
     ));
-    let tuning = WanTuning::default();
     let service = node.relay_service(clock, tuning);
     let listener = turmoil::net::TcpListener::bind(("0.0.0.0", RELAY_PORT)).await?;
     serve(service, Box::pin(net::incoming(listener, crashing)), &tuning, std::future::pending())
@@ -1033,11 +1078,24 @@ fn meets(snapshot: &ConsumerSnapshot, expect: &Expect) -> bool {
         .iter()
         .map(|entry| (entry.canonical_model_id.as_str(), entry.state))
         .collect();
-    let expected: BTreeMap<&str, _> =
-        expect.readiness.iter().map(|(model, state)| (model.as_str(), state.state())).collect();
+    let named = expect.readiness.iter().all(|(model, state)| {
+        readiness.get(model.as_str()).is_some_and(|seen| *seen == state.state())
+    });
+    let others: Vec<_> = readiness
+        .iter()
+        .filter(|(model, _)| !expect.readiness.contains_key(**model))
+        .map(|(_, state)| *state)
+        .collect();
+    let others_expected = match expect.other_models {
+        None => others.is_empty(),
+        Some(other) => {
+            others.len() == other.count && others.iter().all(|state| *state == other.state.state())
+        }
+    };
     snapshot.pools.len() == expect.pools
         && snapshot.pools.iter().all(|pool| pool.status == FilterStatus::Ready)
-        && readiness == expected
+        && named
+        && others_expected
 }
 
 fn describe(snapshot: &ConsumerSnapshot) -> String {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kvrelay_core::inputs::{ModelTypeFlags, WorkerType};
-use kvrelay_core::model::identity::{ExplicitIdentityMap, IndexerIdentitySpec};
+use kvrelay_core::model::identity::{EndpointPath, ExplicitIdentityMap, IndexerIdentitySpec};
 use kvrelay_core::readiness::ReadinessState;
 use kvrelay_core::rng::{derive_seed, rng_from_seed};
 use kvrelay_dc::{Deployment, TrafficConfig, WorkerSpec};
@@ -18,22 +18,42 @@ use serde::{Deserialize, Serialize};
 /// Longest story a scenario may tell (simulated time before traffic stops).
 pub const RUN_MS_MAX: u64 = 300_000;
 /// Most worker processes a scenario may deploy.
-pub const WORKERS_MAX: usize = 64;
-/// Most long-lived WAN consumer hosts a scenario may run (`consumer-a` ..= `consumer-h`).
-pub const CONSUMERS_MAX: usize = 8;
+pub const WORKERS_MAX: usize = 2_048;
+/// Most pools one worker group may be repeated over ([`WorkerGroup::pools`]).
+pub const GROUP_POOLS_MAX: usize = 256;
+/// Most long-lived WAN consumer hosts a scenario may run (`consumer-a` ..= `consumer-bl`).
+pub const CONSUMERS_MAX: usize = 64;
 /// Long-lived WAN consumer hosts when the topology does not say.
 pub const CONSUMERS_DEFAULT: usize = 2;
 
 /// The host name of long-lived consumer `index`: `consumer-a`, `consumer-b`, ...
 #[must_use]
 pub fn consumer_host(index: usize) -> String {
-    format!("consumer-{}", consumer_letter(index))
+    format!("consumer-{}", consumer_label(index))
 }
 
-/// The letter naming consumer `index` in scenario files (`a` for 0).
+/// The letters naming consumer `index` in scenario files: `a` for 0 ... `z` for 25, then `aa`,
+/// `ab`, ... (bijective base 26, like spreadsheet columns).
 #[must_use]
-pub fn consumer_letter(index: usize) -> char {
-    u8::try_from(index).ok().and_then(|i| b'a'.checked_add(i)).map_or('?', char::from)
+pub fn consumer_label(index: usize) -> String {
+    let mut letters = Vec::new();
+    let mut rest = index + 1;
+    while rest > 0 {
+        rest -= 1;
+        letters.push(b'a' + (rest % 26) as u8);
+        rest /= 26;
+    }
+    letters.reverse();
+    String::from_utf8(letters).expect("ASCII letters")
+}
+
+/// The index [`consumer_label`] names, if `label` is one (at most three letters).
+fn consumer_index(label: &str) -> Option<usize> {
+    if label.is_empty() || label.len() > 3 || !label.bytes().all(|b| b.is_ascii_lowercase()) {
+        return None;
+    }
+    let number = label.bytes().fold(0usize, |n, b| n * 26 + usize::from(b - b'a') + 1);
+    Some(number - 1)
 }
 
 /// Which long-lived consumer(s) a WAN fault or an expectation names.
@@ -53,10 +73,10 @@ impl ConsumerTarget {
         if text == "all" {
             return Ok(ConsumerTarget::All);
         }
-        let letter = text.strip_prefix("consumer-").unwrap_or(text);
-        match letter.as_bytes() {
-            [byte @ b'a'..=b'z'] => Ok(ConsumerTarget::One(usize::from(byte - b'a'))),
-            _ => Err(format!("unknown consumer {text:?}: a letter, consumer-<letter> or all")),
+        let label = text.strip_prefix("consumer-").unwrap_or(text);
+        match consumer_index(label) {
+            Some(index) => Ok(ConsumerTarget::One(index)),
+            None => Err(format!("unknown consumer {text:?}: letters, consumer-<letters> or all")),
         }
     }
 
@@ -82,7 +102,7 @@ impl ConsumerTarget {
 impl Serialize for ConsumerTarget {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         match self {
-            ConsumerTarget::One(index) => serializer.collect_str(&consumer_letter(*index)),
+            ConsumerTarget::One(index) => serializer.serialize_str(&consumer_label(*index)),
             ConsumerTarget::All => serializer.serialize_str("all"),
         }
     }
@@ -129,6 +149,9 @@ pub struct Scenario {
     pub random_faults: Option<RandomFaults>,
     /// What must hold once the system has quiesced.
     pub expect: Expect,
+    /// The relay's bounds where a scenario needs other than the defaults.
+    #[serde(default)]
+    pub relay: RelayBounds,
     /// Where the scenario was loaded from (not part of the schema).
     #[serde(skip)]
     pub path: Option<PathBuf>,
@@ -234,6 +257,11 @@ pub struct WorkerGroup {
     /// Identical processes of this group.
     #[serde(default = "one_usize")]
     pub replicas: usize,
+    /// Pools the group is repeated over (a fleet): copy `i` (from 0) serves the endpoint whose
+    /// component is `<component>-<i>` and the model `<model>-<i>`, with `replicas` workers each.
+    /// With 1 (the default) the names are used as written.
+    #[serde(default = "one_usize")]
+    pub pools: usize,
 }
 
 fn default_role() -> Role {
@@ -288,6 +316,32 @@ impl Default for Workload {
             expected_unique_blocks: 65_536,
         }
     }
+}
+
+/// The relay's WAN admission bounds a scenario may set (`[relay]`, named as the WAN tuning
+/// names them, each `DYN_RELAY_<NAME>` in production); unset ones keep the production default
+/// (64 each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelayBounds {
+    /// Pools with an initialized publication hub at once.
+    #[serde(default)]
+    pub max_initialized_pool_hubs: Option<usize>,
+    /// Subscribers of one pool.
+    #[serde(default)]
+    pub max_subscribers_per_pool: Option<usize>,
+    /// Pool filter streams across all pools.
+    #[serde(default)]
+    pub max_pool_streams_total: Option<usize>,
+    /// Catalog streams.
+    #[serde(default)]
+    pub max_catalog_subscribers: Option<usize>,
+    /// Readiness streams.
+    #[serde(default)]
+    pub max_readiness_subscribers: Option<usize>,
+    /// Load streams.
+    #[serde(default)]
+    pub max_load_subscribers: Option<usize>,
 }
 
 /// A fault at a simulated time (milliseconds since the start).
@@ -645,8 +699,14 @@ impl ExpectedState {
 pub struct Expect {
     /// Pools in the catalog.
     pub pools: usize,
-    /// Readiness entries by canonical model id (exactly these entries).
+    /// Readiness entries by canonical model id (exactly these entries, plus
+    /// [`Expect::other_models`]).
+    #[serde(default)]
     pub readiness: BTreeMap<String, ExpectedState>,
+    /// For fleets: this many readiness entries besides those `readiness` names, each in one
+    /// state.
+    #[serde(default)]
+    pub other_models: Option<OtherModels>,
     /// How the long-lived consumers followed.
     #[serde(default)]
     pub consumer: ConsumerExpectations,
@@ -654,6 +714,16 @@ pub struct Expect {
     /// omissions, and the no-false-negatives oracle is bounded by the filter's occupancy.
     #[serde(default)]
     pub capacity_omissions: bool,
+}
+
+/// Readiness entries a scenario counts instead of naming (`[expect.other_models]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OtherModels {
+    /// How many.
+    pub count: usize,
+    /// The state of each.
+    pub state: ExpectedState,
 }
 
 /// Why a scenario file is unusable.
@@ -802,9 +872,40 @@ impl Scenario {
             Some(other) => return Err(format!("unknown preset {other:?}")),
         };
         for group in &self.topology.workers {
-            let endpoint =
-                group.endpoint.parse().map_err(|e| format!("endpoint {}: {e}", group.endpoint))?;
-            let mut spec = WorkerSpec::aggregated(endpoint, &group.model);
+            if group.pools == 0 || group.pools > GROUP_POOLS_MAX {
+                return Err(format!("pools must be in 1..={GROUP_POOLS_MAX}"));
+            }
+            for copy in 0..group.pools {
+                let (endpoint, model) = group.names(copy)?;
+                workers.extend(group.specs(endpoint, &model)?);
+            }
+            if workers.len() > WORKERS_MAX {
+                return Err(format!("the topology must have 1..={WORKERS_MAX} workers"));
+            }
+        }
+        Ok(Deployment { workers })
+    }
+}
+
+impl WorkerGroup {
+    /// The endpoint and model of the group's copy `copy` (see [`WorkerGroup::pools`]).
+    fn names(&self, copy: usize) -> Result<(EndpointPath, String), String> {
+        let parsed: EndpointPath =
+            self.endpoint.parse().map_err(|e| format!("endpoint {}: {e}", self.endpoint))?;
+        if self.pools == 1 {
+            return Ok((parsed, self.model.clone()));
+        }
+        let text =
+            format!("{}/{}-{copy}/{}", parsed.namespace(), parsed.component(), parsed.endpoint());
+        let endpoint = text.parse().map_err(|e| format!("endpoint {text}: {e}"))?;
+        Ok((endpoint, format!("{}-{copy}", self.model)))
+    }
+
+    /// The group's `replicas` worker specs serving `endpoint` and `model`.
+    fn specs(&self, endpoint: EndpointPath, model: &str) -> Result<Vec<WorkerSpec>, String> {
+        let group = self;
+        {
+            let mut spec = WorkerSpec::aggregated(endpoint, model);
             spec.worker_type = group.role.worker_type();
             let needs = group.needs.clone().unwrap_or_else(|| group.role.default_needs());
             spec.needs = needs
@@ -831,11 +932,12 @@ impl Scenario {
             if group.replicas == 0 || group.replicas > WORKERS_MAX {
                 return Err(format!("replicas must be in 1..={WORKERS_MAX}"));
             }
-            workers.extend(std::iter::repeat_n(spec, group.replicas));
+            Ok(vec![spec; group.replicas])
         }
-        Ok(Deployment { workers })
     }
+}
 
+impl Scenario {
     /// The DC's traffic.
     #[must_use]
     pub fn traffic(&self) -> TrafficConfig {
@@ -1015,10 +1117,51 @@ readiness = { tiny-llm = "ready" }
         assert_eq!(consumer_host(2), "consumer-c");
         let missing = text.replace("consumer = 1", "consumer = 2");
         assert!(matches!(Scenario::parse(&missing, "x"), Err(ScenarioError::Invalid { .. })));
-        let garbled = text.replace("consumer = \"b\"", "consumer = \"bee\"");
+        let garbled = text.replace("consumer = \"b\"", "consumer = \"b-e\"");
         assert!(matches!(Scenario::parse(&garbled, "x"), Err(ScenarioError::Parse { .. })));
         let none = MINIMAL.replace("preset = \"demo\"", "preset = \"demo\"\nconsumers = 0");
         assert!(matches!(Scenario::parse(&none, "x"), Err(ScenarioError::Invalid { .. })));
+    }
+
+    #[test]
+    fn consumers_past_z_are_named_like_spreadsheet_columns() {
+        let labels: Vec<String> = [0, 25, 26, 27, 51, 52, 63].map(consumer_label).to_vec();
+        assert_eq!(labels, ["a", "z", "aa", "ab", "az", "ba", "bl"]);
+        for index in 0..CONSUMERS_MAX {
+            let parsed = ConsumerTarget::parse(&consumer_host(index)).unwrap();
+            assert_eq!(parsed, ConsumerTarget::One(index));
+        }
+        assert!(ConsumerTarget::parse("consumer-").is_err());
+        assert!(ConsumerTarget::parse("A").is_err());
+        assert!(ConsumerTarget::parse("abcd").is_err(), "at most three letters");
+    }
+
+    #[test]
+    fn a_fleet_group_repeats_over_numbered_pools_within_the_worker_cap() {
+        let fleet = |pools: usize, replicas: usize| {
+            format!(
+                "run_ms = 1000\n[topology]\nconsumers = 64\n[[topology.workers]]\n\
+                 endpoint = \"dynamo/backend/generate\"\nmodel = \"m\"\n\
+                 replicas = {replicas}\npools = {pools}\n[expect]\npools = {pools}\n"
+            )
+        };
+        let scenario = Scenario::parse(&fleet(100, 10), "fleet").unwrap();
+        let workers = scenario.deployment().unwrap().workers;
+        assert_eq!(workers.len(), 1000);
+        assert_eq!(workers[0].endpoint.to_string(), "dynamo/backend-0/generate");
+        assert_eq!(workers[999].endpoint.to_string(), "dynamo/backend-99/generate");
+        assert_eq!(workers[999].model, "m-99");
+        let endpoints: std::collections::BTreeSet<String> =
+            workers.iter().map(|w| w.endpoint.to_string()).collect();
+        assert_eq!(endpoints.len(), 100);
+        assert!(matches!(
+            Scenario::parse(&fleet(256, 9), "too-many"),
+            Err(ScenarioError::Invalid { .. })
+        ));
+        assert!(matches!(
+            Scenario::parse(&fleet(0, 1), "none"),
+            Err(ScenarioError::Invalid { .. })
+        ));
     }
 
     #[test]

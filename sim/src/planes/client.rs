@@ -140,11 +140,24 @@ impl PlanesClient {
                     }
                 },
             };
-            match self.follow(reader, writer, &inputs).await {
+            let ended = self.follow(reader, writer, &inputs).await;
+            // Answers to queries sent on the old connection can only come back on it.
+            self.fail_pending();
+            match ended {
                 Ended::Closed => return,
                 Ended::Broken => tokio::time::sleep(PROBE_RETRY).await,
                 Ended::Replaced(pair) => next = Some(*pair),
             }
+        }
+    }
+
+    /// Fail every query waiting on the connection that just ended, as a real transport does
+    /// when its connection resets, so the relay retries after its backoff instead of waiting
+    /// out the call's deadline.
+    fn fail_pending(&mut self) {
+        for (_, (_, reply)) in std::mem::take(&mut self.pending) {
+            let failure = RecoveryFailure::Unreachable("the planes connection ended".to_owned());
+            let _ = reply.send(Err(failure));
         }
     }
 

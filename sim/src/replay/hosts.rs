@@ -173,7 +173,8 @@ pub(super) async fn run_relay(world: ReplayWorld) -> HostResult {
         }
     };
     kvrelay::runtime::spawn(feed(world.clone(), base, sink));
-    crate::serve_node(world.trace.clone(), boot, node, clock, world.bounce.crashing()).await
+    let tuning = kvrelay::config::WanTuning::default();
+    crate::serve_node(world.trace.clone(), boot, node, clock, tuning, world.bounce.crashing()).await
 }
 
 /// Feed the journal's inputs from the next one on, each at `base + its recorded time`.

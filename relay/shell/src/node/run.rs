@@ -152,7 +152,9 @@ struct Node {
     /// Generations withdrawn by the commands being executed whose streams are still open:
     /// they end right after the catalog update that withdraws them is published.
     withdrawn: Vec<(PoolId, u64)>,
-    recoveries: BTreeMap<RecoveryRequestId, AbortHandle>,
+    /// Recovery calls in flight. A request id is unique only within its pool generation's
+    /// tracker, so the key names the generation too: a cancel never reaches another pool's call.
+    recoveries: BTreeMap<(PoolId, u64, RecoveryRequestId), AbortHandle>,
     reports: mpsc::Sender<Internal>,
     publications: Arc<PoolPublications>,
     wan: WanPublisher,
@@ -532,11 +534,14 @@ impl Node {
                     let _ = reports.send(Internal::Report(report)).await;
                 });
                 self.recoveries.retain(|_, handle| !handle.is_finished());
-                self.recoveries.insert(request_id, task.abort_handle());
+                self.recoveries
+                    .insert((pool_id, layout_generation, request_id), task.abort_handle());
                 Vec::new()
             }
             SourceCommand::CancelRecovery { request_id, .. } => {
-                if let Some(handle) = self.recoveries.remove(&request_id) {
+                if let Some(handle) =
+                    self.recoveries.remove(&(pool_id, layout_generation, request_id))
+                {
                     handle.abort();
                 }
                 Vec::new()
