@@ -371,8 +371,13 @@ fn input_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
         ),
         (
             "kvrelay_discovery_compactions_total",
-            "etcd watches restarted after a compaction.",
+            "Relists forced by an etcd compaction or a Kubernetes 410 Gone.",
             discovery.compactions,
+        ),
+        (
+            "kvrelay_discovery_rejected_objects_total",
+            "Kubernetes discovery objects skipped as malformed or oversized.",
+            discovery.rejected_objects,
         ),
     ] {
         out.single(name, Kind::Counter, help, value);
