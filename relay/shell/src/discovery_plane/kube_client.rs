@@ -14,8 +14,9 @@
 //! - the token file is read for every request (projected service-account tokens rotate), at
 //!   most [`TOKEN_FILE_BYTES_MAX`] bytes, and is never logged or put in an error;
 //! - a response body is bounded before it is buffered: a `GET` fails with
-//!   [`KubeError::TooLarge`] past its limit, a watch line longer than its limit is skipped and
-//!   reported as [`WatchLine::Oversized`] without being held;
+//!   [`KubeError::TooLarge`] past its limit (checked per received frame, before the frame is
+//!   appended); a watch line longer than its limit is skipped and reported as
+//!   [`WatchLine::Oversized`], and at most the limit plus one received frame of it is ever held;
 //! - `410 Gone` (an expired `resourceVersion` or `continue` token) is its own error,
 //!   [`KubeError::Gone`], so callers can relist.
 
@@ -450,11 +451,14 @@ impl WatchLines {
     pub async fn next_line(&mut self) -> Result<Option<WatchLine>, KubeError> {
         loop {
             if let Some(position) = self.buffer.iter().position(|&byte| byte == b'\n') {
+                let skipped = self.skipping.take();
+                if skipped.is_some() || position > self.line_max {
+                    self.buffer.drain(..=position);
+                    let bytes = skipped.unwrap_or(0).saturating_add(position);
+                    return Ok(Some(WatchLine::Oversized { bytes }));
+                }
                 let mut line: Vec<u8> = self.buffer.drain(..=position).collect();
                 line.pop();
-                if let Some(skipped) = self.skipping.take() {
-                    return Ok(Some(WatchLine::Oversized { bytes: skipped + line.len() }));
-                }
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
