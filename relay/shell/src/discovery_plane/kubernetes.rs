@@ -80,8 +80,6 @@ pub const KUBERNETES_SERVICE_PORT_ENV: &str = "KUBERNETES_SERVICE_PORT";
 /// The labels Dynamo's operator puts on the readiness resources of discoverable workers.
 pub const DISCOVERY_LABEL_SELECTOR: &str =
     "nvidia.com/dynamo-discovery-backend=kubernetes,nvidia.com/dynamo-discovery-enabled=true";
-/// The worker-metadata resource's API group and version.
-pub const WORKER_METADATA_API: &str = "nvidia.com/v1alpha1";
 /// The worker-metadata resource's plural name.
 pub const WORKER_METADATA_PLURAL: &str = "dynamoworkermetadatas";
 /// The pod annotation naming a pod's main container (container mode).
@@ -240,20 +238,23 @@ impl KubeDiscoveryConfig {
 
     /// The collection path of `resource` in the configured namespace.
     fn collection(&self, resource: Resource) -> String {
+        let (group, version, plural) = api_resource(resource, self.mode);
         let namespace = &self.namespace;
-        match (resource, self.mode) {
-            (Resource::Metadata, _) => {
-                format!(
-                    "/apis/{WORKER_METADATA_API}/namespaces/{namespace}/{WORKER_METADATA_PLURAL}"
-                )
-            }
-            (Resource::Readiness, KubeDiscoveryMode::Pod) => {
-                format!("/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices")
-            }
-            (Resource::Readiness, KubeDiscoveryMode::Container) => {
-                format!("/api/v1/namespaces/{namespace}/pods")
-            }
+        if group.is_empty() {
+            format!("/api/{version}/namespaces/{namespace}/{plural}")
+        } else {
+            format!("/apis/{group}/{version}/namespaces/{namespace}/{plural}")
         }
+    }
+
+    /// Every API permission this configuration's backend uses, for RBAC: `list` and `watch` on
+    /// the worker-metadata resources and on the readiness resources, in the one namespace.
+    #[must_use]
+    pub fn required_access(&self) -> [ApiAccess; 2] {
+        [Resource::Metadata, Resource::Readiness].map(|resource| {
+            let (group, _, plural) = api_resource(resource, self.mode);
+            ApiAccess { group, resource: plural, verbs: &["list", "watch"] }
+        })
     }
 
     /// The label selector query part of `resource` (`&labelSelector=...` or empty).
@@ -315,6 +316,28 @@ fn query_escape(value: &str) -> String {
         }
     }
     out
+}
+
+/// `(API group, version, plural)` of `resource` in `mode`; the core group is `""`. The one
+/// table both the request paths and [`KubeDiscoveryConfig::required_access`] come from.
+fn api_resource(resource: Resource, mode: KubeDiscoveryMode) -> (&'static str, &'static str, &'static str) {
+    match (resource, mode) {
+        (Resource::Metadata, _) => ("nvidia.com", "v1alpha1", WORKER_METADATA_PLURAL),
+        (Resource::Readiness, KubeDiscoveryMode::Pod) => ("discovery.k8s.io", "v1", "endpointslices"),
+        (Resource::Readiness, KubeDiscoveryMode::Container) => ("", "v1", "pods"),
+    }
+}
+
+/// One API permission the backend uses: `verbs` on `resource` of API group `group` (`""` is the
+/// core group), namespaced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiAccess {
+    /// The API group.
+    pub group: &'static str,
+    /// The resource's plural name.
+    pub resource: &'static str,
+    /// The verbs used.
+    pub verbs: &'static [&'static str],
 }
 
 /// The two resources the backend follows.
@@ -1025,6 +1048,32 @@ mod tests {
         assert!(parse_watch_line(b"{not json").is_err());
         assert!(parse_watch_line(br#"{"type":"ADDED","object":3}"#).is_err());
         assert!(parse_watch_line(br#"{"type":"RENAMED","object":{}}"#).is_err());
+    }
+
+    #[test]
+    fn required_access_names_exactly_the_collections_requested() {
+        let mut config = KubeDiscoveryConfig::new(KubeApiConfig::new("http://h:1"), "ns");
+        for mode in [KubeDiscoveryMode::Pod, KubeDiscoveryMode::Container] {
+            config.mode = mode;
+            for (access, resource) in
+                config.required_access().iter().zip([Resource::Metadata, Resource::Readiness])
+            {
+                let path = config.collection(resource);
+                assert!(path.ends_with(&format!("/namespaces/ns/{}", access.resource)), "{path}");
+                let prefix = if access.group.is_empty() {
+                    "/api/".to_owned()
+                } else {
+                    format!("/apis/{}/", access.group)
+                };
+                assert!(path.starts_with(&prefix), "{path}");
+                assert_eq!(access.verbs, ["list", "watch"]);
+            }
+        }
+        config.mode = KubeDiscoveryMode::Pod;
+        assert_eq!(
+            config.collection(Resource::Metadata),
+            "/apis/nvidia.com/v1alpha1/namespaces/ns/dynamoworkermetadatas"
+        );
     }
 
     #[test]

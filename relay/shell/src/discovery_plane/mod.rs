@@ -65,7 +65,7 @@ pub use file::{FileDiscovery, FileDiscoveryConfig, FileScanError, is_expired, ru
 pub use kube_client::{
     KubeApiConfig, KubeClient, KubeError, SERVICE_ACCOUNT_DIR, WatchLine, WatchLines,
 };
-pub use kubernetes::{KubeDiscoveryConfig, KubeDiscoveryMode, run_kube_discovery};
+pub use kubernetes::{ApiAccess, KubeDiscoveryConfig, KubeDiscoveryMode, run_kube_discovery};
 pub use records::{
     ChannelChange, DISCOVERY_BUCKETS, DISCOVERY_RECORDS_MAX, DiscoveryOutput, EntryValue, KeyForm,
     ListingEntry, ListingMode, RecordDiffer,
