@@ -174,7 +174,7 @@ impl Relay {
         let sink = DiscoverySink::new(facts_tx).with_stats(stats_tx);
         let cancel = CancellationToken::new();
         let scope = DiscoveryScope::new(Vec::new(), Vec::new(), true).unwrap();
-        let task = tokio::spawn(run_kube_discovery(config, scope, sink, cancel.clone()));
+        let task = kvrelay::runtime::spawn(run_kube_discovery(config, scope, sink, cancel.clone()));
         Relay { facts, stats, cancel, task, _dir: dir }
     }
 

@@ -302,7 +302,7 @@ impl KubeClient {
                 .await
                 .map_err(|e| KubeError::Http(e.to_string()))?;
         let guard = ConnectionGuard(
-            tokio::spawn(async move {
+            crate::runtime::spawn(async move {
                 let _ = connection.await;
             })
             .abort_handle(),

@@ -320,10 +320,15 @@ fn query_escape(value: &str) -> String {
 
 /// `(API group, version, plural)` of `resource` in `mode`; the core group is `""`. The one
 /// table both the request paths and [`KubeDiscoveryConfig::required_access`] come from.
-fn api_resource(resource: Resource, mode: KubeDiscoveryMode) -> (&'static str, &'static str, &'static str) {
+fn api_resource(
+    resource: Resource,
+    mode: KubeDiscoveryMode,
+) -> (&'static str, &'static str, &'static str) {
     match (resource, mode) {
         (Resource::Metadata, _) => ("nvidia.com", "v1alpha1", WORKER_METADATA_PLURAL),
-        (Resource::Readiness, KubeDiscoveryMode::Pod) => ("discovery.k8s.io", "v1", "endpointslices"),
+        (Resource::Readiness, KubeDiscoveryMode::Pod) => {
+            ("discovery.k8s.io", "v1", "endpointslices")
+        }
         (Resource::Readiness, KubeDiscoveryMode::Container) => ("", "v1", "pods"),
     }
 }

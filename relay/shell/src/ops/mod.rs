@@ -12,6 +12,8 @@ mod metrics;
 mod snapshot;
 
 #[cfg(test)]
+mod dashboard_tests;
+#[cfg(test)]
 mod tests;
 
 pub use health::{

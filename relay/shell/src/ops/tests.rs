@@ -40,7 +40,7 @@ fn control(fenced: usize) -> ControlHealth {
     }
 }
 
-fn snapshot() -> OpsSnapshot {
+pub(super) fn snapshot() -> OpsSnapshot {
     let mut records = InputCounters::new();
     records.record::<()>(&Ok(()));
     records.record::<()>(&Err(InputError::Json { what: "card", detail: "eof".into() }));

@@ -232,7 +232,7 @@ impl Emulator {
         });
         let expected = format!("Bearer {token}");
         let (serving, stopped) = (state.clone(), stop.clone());
-        tokio::spawn(async move {
+        kvrelay::runtime::spawn(async move {
             loop {
                 let accepted = tokio::select! {
                     biased;
@@ -242,7 +242,7 @@ impl Emulator {
                 let Ok((tcp, _)) = accepted else { continue };
                 let (state, expected, acceptor, stopped) =
                     (serving.clone(), expected.clone(), acceptor.clone(), stopped.clone());
-                tokio::spawn(async move {
+                kvrelay::runtime::spawn(async move {
                     let service = hyper::service::service_fn(move |request| {
                         let response = handle(&state, &expected, request);
                         async move { Ok::<_, Infallible>(response) }
