@@ -389,8 +389,28 @@ async fn malformed_and_oversized_objects_are_counted_and_skipped() {
     assert!(
         !later.iter().any(|f| matches!(f, DcInput::CardUpserted { id, .. } if *id == card(0xe0)))
     );
+    assert_eq!(relay.stats.borrow().rejected_objects, 5, "2 listed + 3 watched");
+
+    // Two relists (forced by 410s): the version of worker-0 too large to list is counted once,
+    // the versions counted before are not counted again, and worker-0 keeps its records.
+    for round in 1..=2 {
+        let before = relay.stats.borrow().listings;
+        wait_for_watches(&emulator, 2).await;
+        emulator.expire(|_| {});
+        relay.stats_until(&format!("relist {round}"), |s| s.listings > before).await;
+    }
+    let mut after = Vec::new();
+    while let Ok(fact) = relay.facts.try_recv() {
+        after.push(fact);
+    }
+    assert!(
+        !after
+            .iter()
+            .any(|f| matches!(f, DcInput::CardRemoved { .. } | DcInput::CardsListed { .. })),
+        "the relists changed nothing: {after:#?}"
+    );
     let stats = relay.stop().await;
-    assert_eq!(stats.rejected_objects, 5, "2 listed + 3 watched: {stats:?}");
+    assert_eq!(stats.rejected_objects, 6, "2 listed + 3 watched + 1 relisted: {stats:?}");
     assert!(stats.records.rejected_total() >= 1, "the bad card is counted: {stats:?}");
     assert_eq!(stats.transport_errors, 0, "{stats:?}");
 }

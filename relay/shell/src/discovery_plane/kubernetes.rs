@@ -36,8 +36,10 @@
 //! - **Bounded.** List pages hold at most `page_limit` items and `list_bytes_max` bytes; a watch
 //!   line (one object) and a listed object are at most `object_bytes_max` bytes; at most
 //!   [`DISCOVERY_RECORDS_MAX`] objects per resource and records per listing are held. An object
-//!   that is too large or malformed is counted in [`DiscoveryStats::rejected_objects`], logged,
-//!   and skipped; everything else keeps working.
+//!   that is too large or malformed is counted in [`DiscoveryStats::rejected_objects`] once per
+//!   object version (logged at warn then, at debug when listed again), and skipped: a listed
+//!   object too large to read counts as present but unreadable, so it keeps what it held.
+//!   Everything else keeps working.
 //! - **Read-only, namespaced.** Only `list` and `watch` on the two resources in one namespace
 //!   are requested (see `docs/kubernetes/` for the matching Role).
 
@@ -86,6 +88,10 @@ pub const WORKER_METADATA_PLURAL: &str = "dynamoworkermetadatas";
 pub const MAIN_CONTAINER_ANNOTATION: &str = "nvidia.com/dynamo-main-container-name";
 /// The main container's name when the annotation is absent.
 pub const DEFAULT_MAIN_CONTAINER: &str = "main";
+
+/// Marks the stand-in for a listed object larger than the object limit: only its identity
+/// (`name`, `uid`, `resourceVersion`) is kept, and it counts as present but unreadable.
+const OVERSIZED_MARK: &str = "kvrelayOversized";
 
 /// The `spec.data` maps and the key-value bucket each one's keys live under.
 const DATA_MAPS: [(&str, &str); 4] = [
@@ -382,6 +388,14 @@ fn object_name(object: &Value) -> Result<String, Rejection> {
     }
 }
 
+/// `{resource}/{name}@{resourceVersion}`: one version of one object, so a rejection is counted
+/// once however often the same version is listed; `None` without a name or version.
+fn object_identity(resource: Resource, object: &Value) -> Option<String> {
+    let name = object.pointer("/metadata/name").and_then(Value::as_str)?;
+    let version = object.pointer("/metadata/resourceVersion").and_then(Value::as_str)?;
+    Some(format!("{resource:?}/{name}@{version}"))
+}
+
 /// The records of a `spec.data` document, or why it is unreadable as a whole.
 fn data_records(data: Option<&Value>) -> Result<BTreeMap<String, EntryValue>, Rejection> {
     let Some(Value::Object(data)) = data else {
@@ -469,11 +483,20 @@ impl ClusterView {
     /// still returned, so it is counted.
     fn upsert(&mut self, resource: Resource, object: &Value) -> Result<(), Rejection> {
         let name = object_name(object)?;
+        let oversized = object.get(OVERSIZED_MARK).is_some();
+        if oversized && resource == Resource::Readiness {
+            // The readiness it held before stays.
+            return Err("object larger than the object limit");
+        }
         match resource {
             Resource::Metadata => {
                 let uid =
                     object.pointer("/metadata/uid").and_then(Value::as_str).map(str::to_owned);
-                let parsed = data_records(object.pointer("/spec/data"));
+                let parsed = if oversized {
+                    Err("object larger than the object limit")
+                } else {
+                    data_records(object.pointer("/spec/data"))
+                };
                 let previous = self.metadata.remove(&name);
                 let kept = previous.filter(|held| held.uid == uid).and_then(|held| held.records);
                 let (records, outcome) = match parsed {
@@ -515,12 +538,14 @@ impl ClusterView {
     }
 
     /// Replace everything held of `resource` with a complete listing of its objects; returns
-    /// the rejections. Metadata resources that stay (same name and `uid`) keep their last
-    /// readable data if their listed data is unreadable.
-    fn replace(&mut self, resource: Resource, objects: &[Value]) -> Vec<Rejection> {
-        if resource == Resource::Readiness {
-            self.ready.clear();
-        }
+    /// the rejections with the identity of the object each is about. Objects that stay (same
+    /// name, and for metadata the same `uid`) keep what they held if their listed value is
+    /// unreadable.
+    fn replace(
+        &mut self,
+        resource: Resource,
+        objects: &[Value],
+    ) -> Vec<(Option<String>, Rejection)> {
         let mut rejections = Vec::new();
         let mut listed = BTreeSet::new();
         for object in objects {
@@ -528,11 +553,12 @@ impl ClusterView {
                 listed.insert(name);
             }
             if let Err(rejection) = self.upsert(resource, object) {
-                rejections.push(rejection);
+                rejections.push((object_identity(resource, object), rejection));
             }
         }
-        if resource == Resource::Metadata {
-            self.metadata.retain(|name, _| listed.contains(name));
+        match resource {
+            Resource::Metadata => self.metadata.retain(|name, _| listed.contains(name)),
+            Resource::Readiness => self.ready.retain(|name, _| listed.contains(name)),
         }
         rejections
     }
@@ -617,12 +643,29 @@ struct KubeWatcher {
     stats: DiscoveryStats,
     /// The resource versions to watch from; `None` until listed (or after a `410`).
     versions: Option<(String, String)>,
+    /// Object versions already counted as rejected (at most [`DISCOVERY_RECORDS_MAX`]; emptied
+    /// when full).
+    rejected: BTreeSet<String>,
 }
 
 impl KubeWatcher {
-    fn reject(&mut self, resource: Resource, rejection: Rejection) {
+    /// Count and log a skipped object, once per object version (`identity`); a rejection
+    /// without identity (a watch line that could not be read) is counted every time.
+    fn reject(&mut self, resource: Resource, identity: Option<String>, rejection: Rejection) {
+        if let Some(identity) = identity {
+            if self.rejected.contains(&identity) {
+                debug!(identity, rejection, "Kubernetes discovery object still unreadable");
+                return;
+            }
+            if self.rejected.len() >= DISCOVERY_RECORDS_MAX {
+                self.rejected.clear();
+            }
+            warn!(identity, rejection, "skipping a Kubernetes discovery object");
+            self.rejected.insert(identity);
+        } else {
+            warn!(?resource, rejection, "skipping a Kubernetes discovery watch line");
+        }
         self.stats.rejected_objects = self.stats.rejected_objects.saturating_add(1);
-        warn!(?resource, rejection, "skipping a Kubernetes discovery object");
     }
 
     fn fail(&mut self, error: &KubeError) {
@@ -666,11 +709,21 @@ impl KubeWatcher {
                 };
                 for item in items {
                     if objects.len() >= DISCOVERY_RECORDS_MAX {
-                        self.reject(resource, "more objects than the backend holds");
+                        let identity = object_identity(resource, &item);
+                        self.reject(resource, identity, "more objects than the backend holds");
                         continue;
                     }
                     if encoded_len(&item) > self.config.object_bytes_max {
-                        self.reject(resource, "object larger than the object limit");
+                        // Kept as present but unreadable (counted when applied).
+                        let metadata = &item["metadata"];
+                        objects.push(serde_json::json!({
+                            "metadata": {
+                                "name": metadata.get("name"),
+                                "uid": metadata.get("uid"),
+                                "resourceVersion": metadata.get("resourceVersion"),
+                            },
+                            OVERSIZED_MARK: true,
+                        }));
                         continue;
                     }
                     objects.push(item);
@@ -687,11 +740,11 @@ impl KubeWatcher {
     async fn relist(&mut self) -> Result<Vec<DiscoveryOutput>, KubeError> {
         let (metadata, metadata_version) = self.list_all(Resource::Metadata).await?;
         let (readiness, readiness_version) = self.list_all(Resource::Readiness).await?;
-        for rejection in self.view.replace(Resource::Metadata, &metadata) {
-            self.reject(Resource::Metadata, rejection);
+        for (identity, rejection) in self.view.replace(Resource::Metadata, &metadata) {
+            self.reject(Resource::Metadata, identity, rejection);
         }
-        for rejection in self.view.replace(Resource::Readiness, &readiness) {
-            self.reject(Resource::Readiness, rejection);
+        for (identity, rejection) in self.view.replace(Resource::Readiness, &readiness) {
+            self.reject(Resource::Readiness, identity, rejection);
         }
         self.stats.revision = metadata_version.parse().unwrap_or(0);
         self.versions = Some((metadata_version, readiness_version));
@@ -717,14 +770,14 @@ impl KubeWatcher {
             WatchLine::Line(line) => line,
             WatchLine::Oversized { bytes } => {
                 debug!(bytes, "oversized watch line");
-                self.reject(resource, "watch event larger than the object limit");
+                self.reject(resource, None, "watch event larger than the object limit");
                 return Ok(Vec::new());
             }
         };
         let event = match parse_watch_line(&line) {
             Ok(event) => event,
             Err(rejection) => {
-                self.reject(resource, rejection);
+                self.reject(resource, None, rejection);
                 return Ok(Vec::new());
             }
         };
@@ -748,7 +801,8 @@ impl KubeWatcher {
             }
         };
         if let Err(rejection) = outcome {
-            self.reject(resource, rejection);
+            let identity = object_identity(resource, &object);
+            self.reject(resource, identity, rejection);
         }
         self.set_version(resource, &object);
         self.stats.watch_events = self.stats.watch_events.saturating_add(1);
@@ -912,6 +966,7 @@ pub async fn run_kube_discovery(
         differ: RecordDiffer::new(scope, KeyForm::Logical),
         stats: DiscoveryStats::default(),
         versions: None,
+        rejected: BTreeSet::new(),
     };
     let mut sessions = 0u64;
     loop {

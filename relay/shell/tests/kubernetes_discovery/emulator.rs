@@ -280,14 +280,20 @@ impl Emulator {
     }
 
     /// Create or replace the object named by its `metadata.name` in `collection`; it gets a new
-    /// resource version, and a `uid` unless it carries one.
+    /// resource version, and keeps its `uid` (a new one when created) unless it carries one.
     pub fn put(&self, collection: &str, mut object: Value) {
         let mut state = self.state.lock().unwrap();
         state.version += 1;
         let name = object["metadata"]["name"].as_str().unwrap().to_owned();
-        let exists =
-            state.objects.get(collection).is_some_and(|objects| objects.contains_key(&name));
-        if object["metadata"].get("uid").is_none() {
+        let existing_uid = state
+            .objects
+            .get(collection)
+            .and_then(|objects| objects.get(&name))
+            .map(|held| held["metadata"]["uid"].clone());
+        let exists = existing_uid.is_some();
+        if let Some(uid) = existing_uid.filter(|_| object["metadata"].get("uid").is_none()) {
+            object["metadata"]["uid"] = uid;
+        } else if object["metadata"].get("uid").is_none() {
             state.uids += 1;
             object["metadata"]["uid"] = json!(format!("uid-{}", state.uids));
         }
