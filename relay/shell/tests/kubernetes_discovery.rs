@@ -5,11 +5,13 @@
 //!
 //! Workers are registered the way Dynamo's operator and workers lay them out: one
 //! `DynamoWorkerMetadata` per pod holding the worker's records, and an `EndpointSlice` with the
-//! discovery labels listing which pods are ready. Every wait is bounded.
+//! discovery labels listing which pods are ready. Every wait is bounded. The last test runs the
+//! built `kvrelay serve` binary against the emulator and a real `nats-server`.
 
 #[path = "kubernetes_discovery/emulator.rs"]
 mod emulator;
 mod pki;
+mod servers;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -468,4 +470,87 @@ async fn a_wrong_token_is_refused_and_counted_and_tls_uses_the_configured_ca() {
     assert!(with(TOKEN) >= 2, "{requests:#?}");
     assert!(with("not-the-token") >= 2, "{requests:#?}");
     assert_eq!(with(TOKEN) + with("not-the-token"), requests.len(), "{requests:#?}");
+}
+
+/// `GET path` on the ops listener: status and body.
+async fn http_get(address: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut stream) = tokio::net::TcpStream::connect(address).await else {
+        return (0, String::new());
+    };
+    let request = format!("GET {path} HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return (0, String::new());
+    }
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response).await;
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text.split(' ').nth(1).and_then(|code| code.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map_or(String::new(), |(_, body)| body.to_owned());
+    (status, body)
+}
+
+fn metric(text: &str, name: &str) -> Option<u64> {
+    text.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// The child process, killed by PID when dropped.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kvrelay_serve_discovers_through_the_kubernetes_api_and_gets_ready() {
+    let nats = servers::NatsServer::start().await;
+    let emulator = Emulator::start(TOKEN, None).await;
+    emulator.put(METADATA, worker_metadata("worker-0", 0xa0, 0x1a0));
+    emulator.put(SLICES, slice("backend-slice", &[("worker-0", true)]));
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let ops_port = servers::free_port();
+    let ops: std::net::SocketAddr = format!("127.0.0.1:{ops_port}").parse().unwrap();
+    let _relay = Child(
+        std::process::Command::new(env!("CARGO_BIN_EXE_kvrelay"))
+            .args(["serve", "--dc-id", "dc-a"])
+            .args(["--bind", &format!("127.0.0.1:{}", servers::free_port())])
+            .args(["--ops-bind", &ops.to_string()])
+            .env("DYN_DISCOVERY_BACKEND", "kubernetes")
+            .env("KVRELAY_KUBE_API_URL", emulator.url())
+            .env("KVRELAY_KUBE_TOKEN_FILE", &token_file)
+            .env("POD_NAMESPACE", NAMESPACE)
+            .env("DYN_EVENT_PLANE", "nats")
+            .env("NATS_SERVER", nats.url())
+            .env("RUST_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut text = String::new();
+    for _ in 0..300 {
+        let ready = http_get(ops, "/ready").await.0 == 200;
+        text = http_get(ops, "/metrics").await.1;
+        if ready && metric(&text, "kv_dc_relay_catalog_pool_count") == Some(1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(http_get(ops, "/ready").await.0, 200, "never ready:\n{text}");
+    assert_eq!(metric(&text, "kv_dc_relay_catalog_pool_count"), Some(1), "{text}");
+    assert!(metric(&text, "kvrelay_discovery_listings_total").unwrap_or(0) >= 1, "{text}");
+    assert_eq!(metric(&text, "kvrelay_discovery_rejected_objects_total"), Some(0), "{text}");
+    assert_eq!(metric(&text, "kvrelay_discovery_transport_errors_total"), Some(0), "{text}");
+    assert!(
+        emulator
+            .requests()
+            .iter()
+            .all(|(_, auth)| auth.as_deref() == Some("Bearer emulator-token-7"))
+    );
 }
