@@ -687,22 +687,34 @@ fn resolve_wan(env: &Env<'_>, listening: bool) -> Result<WanTuning, ConfigError>
     })
 }
 
-/// The discovery transport's own reading of `DYN_DISCOVERY_BACKEND`, `DYN_FILE_KV` and
-/// `ETCD_ENDPOINTS`, with its errors named as settings.
+/// The discovery transport's own reading of `DYN_DISCOVERY_BACKEND`, `DYN_FILE_KV`,
+/// `ETCD_ENDPOINTS` and the Kubernetes settings (`KUBERNETES_SERVICE_HOST`/`_PORT`,
+/// `POD_NAMESPACE`, `DYN_KUBE_DISCOVERY_MODE`, `KVRELAY_KUBE_API_URL`/`_TOKEN_FILE`/`_CA_FILE`),
+/// with its errors named as settings.
 fn resolve_discovery(env: &Env<'_>) -> Result<DiscoveryBackend, ConfigError> {
     DiscoveryBackend::from_lookup(|name| env.get(name).map(str::to_owned)).map_err(|error| {
         match error {
             DiscoveryPlaneError::MissingSetting { variable, .. } => {
                 ConfigError::Missing { setting: variable }
             }
-            DiscoveryPlaneError::UnsupportedBackend { name } => {
-                invalid("DYN_DISCOVERY_BACKEND", &name, "supported backends are file and etcd")
-            }
+            DiscoveryPlaneError::UnsupportedBackend { name } => invalid(
+                "DYN_DISCOVERY_BACKEND",
+                &name,
+                "supported backends are file, etcd and kubernetes",
+            ),
             DiscoveryPlaneError::InvalidEtcdEndpoint { endpoint, reason } => {
                 invalid("ETCD_ENDPOINTS", &endpoint, reason)
             }
             DiscoveryPlaneError::InvalidEtcdSecurity(error) => {
                 invalid(error.variable, "(not shown)", error.reason)
+            }
+            DiscoveryPlaneError::InvalidKubeApi(reason) => {
+                invalid("KVRELAY_KUBE_API_URL", "(see reason)", reason)
+            }
+            DiscoveryPlaneError::InvalidConfig { field, reason }
+                if field.bytes().all(|b| b.is_ascii_uppercase() || b == b'_') =>
+            {
+                invalid(field, "", reason)
             }
             other => invalid("DYN_DISCOVERY_BACKEND", "", other.to_string()),
         }
@@ -1016,10 +1028,35 @@ mod tests {
         assert_eq!(config.event_plane, EventPlane::Zmq);
         let no_dir = env(&[("DYN_DISCOVERY_BACKEND", "file")]);
         assert!(resolve(&cli_dc(), &no_dir).unwrap_err().to_string().contains("DYN_FILE_KV"));
-        let kube = env(&[("DYN_DISCOVERY_BACKEND", "kubernetes")]);
+        let mem = env(&[("DYN_DISCOVERY_BACKEND", "mem")]);
         assert!(matches!(
-            resolve(&cli_dc(), &kube).unwrap_err(),
+            resolve(&cli_dc(), &mem).unwrap_err(),
             ConfigError::Invalid { setting: "DYN_DISCOVERY_BACKEND", .. }
+        ));
+        let kube_outside = env(&[("DYN_DISCOVERY_BACKEND", "kubernetes")]);
+        assert!(matches!(
+            resolve(&cli_dc(), &kube_outside).unwrap_err(),
+            ConfigError::Missing { setting: "KUBERNETES_SERVICE_HOST" }
+        ));
+        let kube = env(&[
+            ("DYN_DISCOVERY_BACKEND", "kubernetes"),
+            ("KVRELAY_KUBE_API_URL", "http://127.0.0.1:8001"),
+            ("POD_NAMESPACE", "dynamo"),
+            ("DYN_KUBE_DISCOVERY_MODE", "container"),
+        ]);
+        let DiscoveryBackend::Kubernetes(kube) = resolve(&cli_dc(), &kube).unwrap().discovery
+        else {
+            panic!("not kubernetes")
+        };
+        assert_eq!(kube.mode, crate::discovery_plane::KubeDiscoveryMode::Container);
+        let bad_mode = env(&[
+            ("DYN_DISCOVERY_BACKEND", "kubernetes"),
+            ("KVRELAY_KUBE_API_URL", "http://127.0.0.1:8001"),
+            ("DYN_KUBE_DISCOVERY_MODE", "node"),
+        ]);
+        assert!(matches!(
+            resolve(&cli_dc(), &bad_mode).unwrap_err(),
+            ConfigError::Invalid { setting: "DYN_KUBE_DISCOVERY_MODE", .. }
         ));
         let etcd = env(&[
             ("ETCD_ENDPOINTS", "http://127.0.0.1:2379,http://127.0.0.1:2380"),

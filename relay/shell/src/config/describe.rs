@@ -45,6 +45,12 @@ pub fn describe(config: &RelayConfig) -> Value {
             "backend": "etcd",
             "endpoints": etcd.endpoints.iter().map(|e| without_userinfo(e)).collect::<Vec<_>>(),
         }),
+        DiscoveryBackend::Kubernetes(kube) => json!({
+            "backend": "kubernetes",
+            "apiUrl": kube.api.api_url,
+            "namespace": kube.namespace,
+            "mode": format!("{:?}", kube.mode).to_ascii_lowercase(),
+        }),
         _ => json!({"backend": "other"}),
     };
     let event_plane = match &config.event_plane {

@@ -1,5 +1,6 @@
 //! Production transports of Dynamo's discovery plane: the file-backed directory
-//! (`DYN_DISCOVERY_BACKEND=file`, `DYN_FILE_KV`) and etcd (`ETCD_ENDPOINTS`).
+//! (`DYN_DISCOVERY_BACKEND=file`, `DYN_FILE_KV`), etcd (`ETCD_ENDPOINTS`) and Kubernetes
+//! (`DYN_DISCOVERY_BACKEND=kubernetes`: `DynamoWorkerMetadata` resources, see [`kubernetes`]).
 //!
 //! Both transports read the same records (dc-inputs §1.3, dynamo-live §9.1) and hand them to one
 //! sans-IO [`RecordDiffer`], which turns them into [`DcInput`] facts for the relay's input
@@ -12,7 +13,10 @@
 //! - [`run_etcd_discovery`] lists the `v1/` prefix, then watches it from the listed revision;
 //!   it keeps the last applied revision and re-watches from it after a reconnect (backoff
 //!   100 ms doubling to 5 s), relists when that revision was compacted, and relists every 30 s
-//!   to reconcile (relay-facts §9.1).
+//!   to reconcile (relay-facts §9.1);
+//! - [`run_kube_discovery`] lists and watches the worker-metadata resources and their readiness
+//!   in one Kubernetes namespace, relists on `410 Gone` and every 30 s, and feeds the ready
+//!   workers' records to the differ as one complete listing of logical keys.
 //!
 //! Shared rules:
 //!
@@ -31,6 +35,8 @@ mod etcd;
 mod etcd_client;
 mod etcd_security;
 mod file;
+mod kube_client;
+pub mod kubernetes;
 mod records;
 
 #[cfg(test)]
@@ -56,6 +62,10 @@ pub use etcd_security::{
     ETCD_AUTH_USERNAME, EtcdCredentials, EtcdSecurity, EtcdSecurityError, EtcdTls,
 };
 pub use file::{FileDiscovery, FileDiscoveryConfig, FileScanError, is_expired, run_file_discovery};
+pub use kube_client::{
+    KubeApiConfig, KubeClient, KubeError, SERVICE_ACCOUNT_DIR, WatchLine, WatchLines,
+};
+pub use kubernetes::{ApiAccess, KubeDiscoveryConfig, KubeDiscoveryMode, run_kube_discovery};
 pub use records::{
     ChannelChange, DISCOVERY_BUCKETS, DISCOVERY_RECORDS_MAX, DiscoveryOutput, EntryValue, KeyForm,
     ListingEntry, ListingMode, RecordDiffer,
@@ -77,7 +87,7 @@ pub enum DiscoveryPlaneError {
     #[error("the discovery output receiver is gone")]
     SinkClosed,
     /// `DYN_DISCOVERY_BACKEND` names a backend this relay does not speak.
-    #[error("discovery backend {name:?} is not supported (supported: file, etcd)")]
+    #[error("discovery backend {name:?} is not supported (supported: file, etcd, kubernetes)")]
     UnsupportedBackend {
         /// The configured name.
         name: String,
@@ -109,6 +119,9 @@ pub enum DiscoveryPlaneError {
     /// An `ETCD_AUTH_*` setting is unusable.
     #[error("etcd security: {0}")]
     InvalidEtcdSecurity(#[from] EtcdSecurityError),
+    /// The Kubernetes API URL, token or CA file is unusable.
+    #[error("Kubernetes API: {0}")]
+    InvalidKubeApi(String),
 }
 
 /// What a transport did so far; published after every step through the optional stats channel
@@ -127,8 +140,11 @@ pub struct DiscoveryStats {
     pub unreadable_entries: u64,
     /// etcd sessions begun after the first one.
     pub reconnects: u64,
-    /// etcd watches whose start revision had been compacted (each forces a relist).
+    /// etcd watches whose start revision had been compacted, Kubernetes watches or lists whose
+    /// resource version expired (`410 Gone`); each forces a relist.
     pub compactions: u64,
+    /// Kubernetes objects (or watch lines) skipped as malformed or oversized.
+    pub rejected_objects: u64,
     /// etcd: the last revision whose effects were applied (0 before the first listing).
     pub revision: i64,
     /// The last transport error, as text.
@@ -289,11 +305,14 @@ pub enum DiscoveryBackend {
     File(FileDiscoveryConfig),
     /// etcd.
     Etcd(EtcdDiscoveryConfig),
+    /// Kubernetes `DynamoWorkerMetadata` resources.
+    Kubernetes(KubeDiscoveryConfig),
 }
 
 impl DiscoveryBackend {
     /// Read the backend the way Dynamo's runtime does, from the process environment:
-    /// `DYN_DISCOVERY_BACKEND` (`etcd` when unset, `file`), `DYN_FILE_KV`, `ETCD_ENDPOINTS`.
+    /// `DYN_DISCOVERY_BACKEND` (`etcd` when unset, `file`, `kubernetes`), `DYN_FILE_KV`,
+    /// `ETCD_ENDPOINTS`, and the Kubernetes settings of [`KubeDiscoveryConfig::from_lookup`].
     pub fn from_env() -> Result<Self, DiscoveryPlaneError> {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
@@ -301,7 +320,7 @@ impl DiscoveryBackend {
     /// Like [`DiscoveryBackend::from_env`], with variables read through `lookup`.
     ///
     /// Values are trimmed; the backend name is case-insensitive. `ETCD_ENDPOINTS` defaults to
-    /// [`ETCD_DEFAULT_ENDPOINT`]. Other backends (`kubernetes`, `mem`) are rejected.
+    /// [`ETCD_DEFAULT_ENDPOINT`]. Other backends (`mem`) are rejected.
     pub fn from_lookup(
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, DiscoveryPlaneError> {
@@ -330,6 +349,9 @@ impl DiscoveryBackend {
                 config.validate()?;
                 Ok(DiscoveryBackend::Etcd(config))
             }
+            "kubernetes" => {
+                Ok(DiscoveryBackend::Kubernetes(KubeDiscoveryConfig::from_env_lookup(setting)?))
+            }
             _ => Err(DiscoveryPlaneError::UnsupportedBackend { name: backend }),
         }
     }
@@ -350,6 +372,9 @@ pub async fn run_discovery(
             run_file_discovery(config, scope, sink, clock, cancel).await
         }
         DiscoveryBackend::Etcd(config) => run_etcd_discovery(config, scope, sink, cancel).await,
+        DiscoveryBackend::Kubernetes(config) => {
+            run_kube_discovery(config, scope, sink, cancel).await
+        }
     }
 }
 
@@ -392,9 +417,24 @@ mod tests {
             Err(DiscoveryPlaneError::MissingSetting { variable: "DYN_FILE_KV", .. })
         ));
         assert!(matches!(
-            DiscoveryBackend::from_lookup(lookup(&[("DYN_DISCOVERY_BACKEND", "kubernetes")])),
+            DiscoveryBackend::from_lookup(lookup(&[("DYN_DISCOVERY_BACKEND", "mem")])),
             Err(DiscoveryPlaneError::UnsupportedBackend { .. })
         ));
+        assert!(matches!(
+            DiscoveryBackend::from_lookup(lookup(&[("DYN_DISCOVERY_BACKEND", "kubernetes")])),
+            Err(DiscoveryPlaneError::MissingSetting { variable: "KUBERNETES_SERVICE_HOST", .. })
+        ));
+        let kube = DiscoveryBackend::from_lookup(lookup(&[
+            ("DYN_DISCOVERY_BACKEND", "kubernetes"),
+            ("KVRELAY_KUBE_API_URL", "http://127.0.0.1:8001"),
+            ("POD_NAMESPACE", "dynamo"),
+        ]))
+        .unwrap();
+        let DiscoveryBackend::Kubernetes(config) = kube else { panic!("not kubernetes") };
+        assert_eq!(
+            (config.api.api_url.as_str(), config.namespace.as_str()),
+            ("http://127.0.0.1:8001", "dynamo")
+        );
         assert!(matches!(
             DiscoveryBackend::from_lookup(lookup(&[("ETCD_ENDPOINTS", "https://127.0.0.1:2379")])),
             Err(DiscoveryPlaneError::InvalidEtcdEndpoint { .. })

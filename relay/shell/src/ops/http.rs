@@ -14,6 +14,20 @@ use super::health::{engine_state, health, readiness};
 use super::metrics::{METRICS_CONTENT_TYPE, render_metrics};
 use super::snapshot::OpsSnapshot;
 
+/// Prometheus metrics.
+pub const METRICS_PATH: &str = "/metrics";
+/// Health (`200` healthy, `503` not).
+pub const HEALTH_PATH: &str = "/health";
+/// Liveness: `200` while the process serves HTTP.
+pub const LIVE_PATH: &str = "/live";
+/// Readiness (`200` ready, `503` not).
+pub const READY_PATH: &str = "/ready";
+/// Dynamo's engine-state document.
+pub const ENGINE_STATE_PATH: &str = "/engine/state";
+/// Every path the operations listener serves.
+pub const OPS_PATHS: [&str; 5] =
+    [METRICS_PATH, HEALTH_PATH, LIVE_PATH, READY_PATH, ENGINE_STATE_PATH];
+
 /// Where each request reads the relay's current state from.
 pub type SnapshotSource = Arc<dyn Fn() -> OpsSnapshot + Send + Sync>;
 
@@ -24,11 +38,11 @@ pub async fn serve_ops(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = Router::new()
-        .route("/metrics", get(metrics_page))
-        .route("/health", get(health_page))
-        .route("/live", get(live_page))
-        .route("/ready", get(ready_page))
-        .route("/engine/state", get(engine_state_page))
+        .route(METRICS_PATH, get(metrics_page))
+        .route(HEALTH_PATH, get(health_page))
+        .route(LIVE_PATH, get(live_page))
+        .route(READY_PATH, get(ready_page))
+        .route(ENGINE_STATE_PATH, get(engine_state_page))
         .with_state(source);
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }

@@ -289,6 +289,33 @@ fn host_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
         "1 if the WAN listener is serving.",
         u64::from(snapshot.wan.as_ref().is_some_and(|wan| wan.serving)),
     );
+    let tls = snapshot.wan.as_ref().and_then(|wan| wan.tls);
+    out.single(
+        "kvrelay_wan_tls_enabled",
+        Kind::Gauge,
+        "1 if the WAN listener serves TLS.",
+        u64::from(tls.is_some()),
+    );
+    let tls = tls.unwrap_or_default();
+    for (name, help, value) in [
+        (
+            "kvrelay_wan_tls_handshake_failures_total",
+            "WAN TLS handshakes that failed or timed out.",
+            tls.handshake_failures,
+        ),
+        (
+            "kvrelay_wan_tls_reloads_total",
+            "WAN TLS configurations swapped in after a certificate file change.",
+            tls.reloads,
+        ),
+        (
+            "kvrelay_wan_tls_reload_failures_total",
+            "WAN certificate file changes that did not load (the previous configuration stays).",
+            tls.reload_failures,
+        ),
+    ] {
+        out.single(name, Kind::Counter, help, value);
+    }
     out.single(
         "kvrelay_catalog_revision",
         Kind::Gauge,
@@ -371,8 +398,13 @@ fn input_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
         ),
         (
             "kvrelay_discovery_compactions_total",
-            "etcd watches restarted after a compaction.",
+            "Relists forced by an etcd compaction or a Kubernetes 410 Gone.",
             discovery.compactions,
+        ),
+        (
+            "kvrelay_discovery_rejected_objects_total",
+            "Kubernetes discovery objects skipped as malformed or oversized.",
+            discovery.rejected_objects,
         ),
     ] {
         out.single(name, Kind::Counter, help, value);

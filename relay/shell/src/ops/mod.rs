@@ -12,11 +12,16 @@ mod metrics;
 mod snapshot;
 
 #[cfg(test)]
+mod dashboard_tests;
+#[cfg(test)]
 mod tests;
 
 pub use health::{
     EngineState, HealthReport, ReadinessReport, engine_state, health, readiness, sources,
 };
-pub use http::{SnapshotSource, serve_ops};
+pub use http::{
+    ENGINE_STATE_PATH, HEALTH_PATH, LIVE_PATH, METRICS_PATH, OPS_PATHS, READY_PATH, SnapshotSource,
+    serve_ops,
+};
 pub use metrics::{METRICS_CONTENT_TYPE, render_metrics};
 pub use snapshot::{OpsSnapshot, RecordingSnapshot, SourcesSnapshot, TopologyCounts, WanSnapshot};

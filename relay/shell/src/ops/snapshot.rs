@@ -14,7 +14,7 @@ use crate::pool::PoolTotals;
 use crate::publication::HubCounts;
 use crate::request_plane::RequestPlaneStats;
 use crate::serve::SourcesReport;
-use crate::wan::{OpenStreams, WanStats};
+use crate::wan::{OpenStreams, WanStats, WanTlsStats};
 
 /// Serving topology entries by readiness state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -40,6 +40,8 @@ pub struct WanSnapshot {
     pub open_streams: OpenStreams,
     /// The service's counters.
     pub stats: WanStats,
+    /// The TLS listener's counters (`None`: plaintext).
+    pub tls: Option<WanTlsStats>,
 }
 
 /// The `--sources-file` state.

@@ -10,7 +10,7 @@ use crate::pool::PoolTotals;
 use crate::publication::HubCounts;
 use crate::request_plane::RequestPlaneStats;
 use crate::serve::SourcesReport;
-use crate::wan::{OpenStreams, WanStats};
+use crate::wan::{OpenStreams, WanStats, WanTlsStats};
 use kvrelay_core::control::{ControlCounters, ControlHealth};
 use kvrelay_core::host::HostHealth;
 use kvrelay_core::inputs::{InputCounters, InputError};
@@ -40,7 +40,7 @@ fn control(fenced: usize) -> ControlHealth {
     }
 }
 
-fn snapshot() -> OpsSnapshot {
+pub(super) fn snapshot() -> OpsSnapshot {
     let mut records = InputCounters::new();
     records.record::<()>(&Ok(()));
     records.record::<()>(&Err(InputError::Json { what: "card", detail: "eof".into() }));
@@ -72,6 +72,7 @@ fn snapshot() -> OpsSnapshot {
                 load_updates: 11,
                 terminal_publication_failures: 1,
             },
+            tls: Some(WanTlsStats { reloads: 2, reload_failures: 1, handshake_failures: 3 }),
         }),
         catalog_pool_count: 2,
         topology: TopologyCounts { unknown: 0, unavailable: 1, ready: 1 },
@@ -334,4 +335,30 @@ fn zmtp_violations_are_exported_per_kind() {
     let kinds =
         text.lines().filter(|l| l.starts_with("kvrelay_event_plane_zmtp_errors_total{")).count();
     assert_eq!(kinds, crate::event_plane::ZmtpErrorKind::ALL.len());
+}
+
+#[test]
+fn wan_tls_counters_are_exported_and_zero_under_plaintext() {
+    let has = |text: &str, line: &str| text.lines().any(|candidate| candidate == line);
+    let text = render_metrics(&snapshot());
+    for line in [
+        "# TYPE kvrelay_wan_tls_handshake_failures_total counter",
+        "kvrelay_wan_tls_enabled 1",
+        "kvrelay_wan_tls_handshake_failures_total 3",
+        "kvrelay_wan_tls_reloads_total 2",
+        "kvrelay_wan_tls_reload_failures_total 1",
+    ] {
+        assert!(has(&text, line), "missing {line:?} in\n{text}");
+    }
+    let mut plaintext = snapshot();
+    plaintext.wan.as_mut().expect("a WAN listener").tls = None;
+    let text = render_metrics(&plaintext);
+    for line in [
+        "kvrelay_wan_tls_enabled 0",
+        "kvrelay_wan_tls_handshake_failures_total 0",
+        "kvrelay_wan_tls_reloads_total 0",
+        "kvrelay_wan_tls_reload_failures_total 0",
+    ] {
+        assert!(has(&text, line), "missing {line:?} in\n{text}");
+    }
 }

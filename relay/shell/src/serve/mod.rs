@@ -416,6 +416,7 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
         connection_revision: config.connection_revision.clone(),
         recording,
         pod_uid: config.pod_uid.clone(),
+        wan_tls: wan_tls.clone(),
     });
     // gRPC health tells what `/ready` tells: SERVING only while the relay is ready.
     let ready: crate::wan::ReadinessProbe = {
@@ -590,6 +591,8 @@ struct SnapshotInputs<'a> {
     /// `None` without `--record`; `Some(None)` when the recorder could not start.
     recording: Option<Option<RecorderProbe>>,
     pod_uid: Option<String>,
+    /// The WAN listener's TLS configuration, for its counters (`None`: plaintext).
+    wan_tls: Option<crate::wan::WanTls>,
 }
 
 /// A closure reading the running relay's state for the operations endpoints.
@@ -611,6 +614,7 @@ fn snapshot_source(inputs: SnapshotInputs<'_>) -> ops::SnapshotSource {
         connection_revision,
         recording,
         pod_uid,
+        wan_tls,
         ..
     } = inputs;
     Arc::new(move || {
@@ -634,6 +638,7 @@ fn snapshot_source(inputs: SnapshotInputs<'_>) -> ops::SnapshotSource {
                 last_error: state.last_error,
                 open_streams: service.open_streams(),
                 stats: service.stats(),
+                tls: wan_tls.as_ref().map(crate::wan::WanTls::stats),
             }
         });
         OpsSnapshot {
