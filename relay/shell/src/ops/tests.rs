@@ -71,6 +71,7 @@ fn snapshot() -> OpsSnapshot {
                 pool_heartbeats: 9,
                 load_updates: 11,
                 terminal_publication_failures: 1,
+                ..WanStats::default()
             },
         }),
         catalog_pool_count: 2,

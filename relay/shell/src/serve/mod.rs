@@ -3,18 +3,25 @@
 //! [`start`] builds, in order: the recovery client (TCP request plane), the node, the input
 //! planes ([`start_input_planes`]: discovery, event plane, and the `--sources-file` poller), the
 //! WAN listener (whose gRPC health is SERVING exactly while `/ready` holds) and the operations
-//! listener. [`RunningRelay::shutdown`] stops them in the
-//! reverse order of their duties:
+//! listener. [`RunningRelay::shutdown`] stops them in this order:
 //!
 //! 1. mark the relay as shutting down (`/health` and `/ready` answer 503 and gRPC health
-//!    NOT_SERVING from then on);
-//! 2. stop the WAN listener: every open stream ends with UNAVAILABLE and the connections drain;
-//! 3. cancel the input planes and wait for them, so no fact is half-delivered;
-//! 4. shut the node down: pools are withdrawn and every actor stops after its last complete
-//!    publication (nothing half-published);
+//!    NOT_SERVING from then on; open health `Watch` streams are told within 100 ms);
+//! 2. cancel the input planes and wait for them, so no fact is half-delivered;
+//! 3. shut the node down: pools are withdrawn from the catalog (catalog streams receive the
+//!    withdrawal) and every actor stops after its last complete publication (nothing
+//!    half-published; pool streams end with UNAVAILABLE);
+//! 4. stop the WAN listener: health `Watch` streams send NOT_SERVING and end, every open stream
+//!    ends with UNAVAILABLE and the connections drain (those still open after the drain
+//!    timeout are closed);
 //! 5. with `--record`, finish the journal (queued records written, a final gap for losses,
 //!    fsync);
 //! 6. stop the operations listener.
+//!
+//! The whole sequence is bounded by `DYN_RELAY_SHUTDOWN_TIMEOUT_MS` (default 10 s): the WAN
+//! listener closes connections still open after its drain timeout; steps 2-4 each give up
+//! (logged) when four fifths of the bound have passed, so the journal's sync always keeps the
+//! last fifth; a step that gives up leaves its tasks behind for the process exit to end.
 //!
 //! With `--record`, a [`journal::Recorder`] taps the node (every input and recovery answer,
 //! periodic checkpoints) into a fresh subdirectory of the record root; a recorder that cannot
@@ -396,6 +403,7 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
     let (shutting_down_tx, shutting_down) = watch::channel(false);
     let (wan_state_tx, wan_state) = watch::channel(WanState::default());
     let stop = CancellationToken::new();
+    let wan_stop = CancellationToken::new();
     let ops_stop = CancellationToken::new();
     let (pool_totals_tx, pool_totals) = watch::channel(PoolTotals::default());
     if ops_listener.is_some() {
@@ -428,7 +436,7 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
         let service = service.clone();
         let tuning = config.wan;
         let ready = ready.clone();
-        let wan_stop = stop.clone();
+        let wan_stop = wan_stop.clone();
         wan_state_tx.send_replace(WanState { serving: true, last_error: None });
         let state = wan_state_tx.clone();
         tokio::spawn(async move {
@@ -465,6 +473,7 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
         })
     });
     let task_stop = stop.clone();
+    let shutdown_timeout = config.shutdown_timeout;
     let task = tokio::spawn(async move {
         let mut wan_task = wan_task;
         let wan_result = match &mut wan_task {
@@ -481,22 +490,51 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
             }
         };
         info!("relay shutting down");
+        let bound = shutdown_timeout;
+        let deadline = tokio::time::Instant::now() + bound;
+        // The journal's sync keeps a share of the bound whatever the steps before it do.
+        let before_journal = deadline - bound / 5;
+        // 1. Health NOT_SERVING (gRPC health and /ready read this flag).
         shutting_down_tx.send_replace(true);
         task_stop.cancel();
+        // 2. No new facts.
+        if tokio::time::timeout_at(before_journal, planes.stop()).await.is_err() {
+            warn!(
+                "input planes did not stop within the shutdown bound (a hung discovery read?); abandoned"
+            );
+        }
+        // 3. Pools withdrawn from the catalog, actors stopped (pool streams end UNAVAILABLE).
+        if tokio::time::timeout_at(before_journal, node.shutdown()).await.is_err() {
+            warn!("pool actors did not stop within the shutdown bound; abandoned");
+        }
+        // 4. Every remaining stream ends UNAVAILABLE; connections drain or are closed.
+        wan_stop.cancel();
         let wan_result = match (wan_result, wan_task) {
             (Some(ended), _) => Some(ended),
-            (None, Some(handle)) => Some(handle.await),
+            (None, Some(mut handle)) => {
+                match tokio::time::timeout_at(before_journal, &mut handle).await {
+                    Ok(ended) => Some(ended),
+                    Err(_) => {
+                        warn!("WAN listener did not stop within the shutdown bound; abandoned");
+                        handle.abort();
+                        None
+                    }
+                }
+            }
             (None, None) => None,
         };
-        planes.stop().await;
-        node.shutdown().await;
         if let Some(recorder) = recorder {
-            let stats = recorder.finish().await;
-            info!(?stats, "journal closed");
+            match tokio::time::timeout_at(deadline, recorder.finish()).await {
+                Ok(stats) => info!(?stats, "journal closed"),
+                Err(_) => warn!("journal did not finish within the shutdown bound"),
+            }
         }
         ops_stop.cancel();
-        if let Some(ops_task) = ops_task {
-            let _ = ops_task.await;
+        if let Some(mut ops_task) = ops_task
+            && tokio::time::timeout_at(deadline, &mut ops_task).await.is_err()
+        {
+            warn!("operations listener did not stop within the shutdown bound; abandoned");
+            ops_task.abort();
         }
         info!("relay stopped");
         match wan_result {
