@@ -6,22 +6,22 @@
 //! listener. [`RunningRelay::shutdown`] stops them in this order:
 //!
 //! 1. mark the relay as shutting down (`/health` and `/ready` answer 503 and gRPC health
-//!    NOT_SERVING from then on; open health `Watch` streams are told within 100 ms);
+//!    NOT_SERVING from then on; open health `Watch` streams send NOT_SERVING and end);
 //! 2. cancel the input planes and wait for them, so no fact is half-delivered;
 //! 3. shut the node down: pools are withdrawn from the catalog (catalog streams receive the
 //!    withdrawal) and every actor stops after its last complete publication (nothing
 //!    half-published; pool streams end with UNAVAILABLE);
-//! 4. stop the WAN listener: health `Watch` streams send NOT_SERVING and end, every open stream
-//!    ends with UNAVAILABLE and the connections drain (those still open after the drain
+//! 4. stop the WAN listener: every open stream ends with UNAVAILABLE and the connections drain (those still open after the drain
 //!    timeout are closed);
 //! 5. with `--record`, finish the journal (queued records written, a final gap for losses,
 //!    fsync);
 //! 6. stop the operations listener.
 //!
-//! The whole sequence is bounded by `DYN_RELAY_SHUTDOWN_TIMEOUT_MS` (default 10 s): the WAN
-//! listener closes connections still open after its drain timeout; steps 2-4 each give up
-//! (logged) when four fifths of the bound have passed, so the journal's sync always keeps the
-//! last fifth; a step that gives up leaves its tasks behind for the process exit to end.
+//! The whole sequence is bounded by `DYN_RELAY_SHUTDOWN_TIMEOUT_MS` (default 10 s): step 2
+//! gives up (logged) after a fifth of the bound (a hung discovery read), step 3 after another
+//! fifth; the WAN listener closes connections still open after its drain timeout (capped at
+//! half the bound) and is abandoned at nine tenths; the journal has until the bound. A step
+//! that gives up leaves its tasks behind for the process exit to end.
 //!
 //! With `--record`, a [`journal::Recorder`] taps the node (every input and recovery answer,
 //! periodic checkpoints) into a fresh subdirectory of the record root; a recorder that cannot
@@ -399,7 +399,11 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
         wan = ?wan_address, ops = ?ops_address, "relay started");
     let planes =
         start_input_planes(&config, node.inputs.clone(), Arc::clone(&options.clock), sources);
-    let service = node.relay_service(Arc::clone(&options.clock), config.wan);
+    // The WAN drain fits in the shutdown bound: at most half of it.
+    let mut wan_tuning = config.wan;
+    wan_tuning.limits.drain_timeout =
+        wan_tuning.limits.drain_timeout.min(config.shutdown_timeout / 2);
+    let service = node.relay_service(Arc::clone(&options.clock), wan_tuning);
     let (shutting_down_tx, shutting_down) = watch::channel(false);
     let (wan_state_tx, wan_state) = watch::channel(WanState::default());
     let stop = CancellationToken::new();
@@ -432,10 +436,11 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
         let source = Arc::clone(&source);
         Arc::new(move || ops::readiness(&source()).ready)
     };
+    let health = crate::wan::HealthService::new(ready);
     let wan_task = wan_listener.map(|listener| {
         let service = service.clone();
-        let tuning = config.wan;
-        let ready = ready.clone();
+        let tuning = wan_tuning;
+        let health = health.clone();
         let wan_stop = wan_stop.clone();
         wan_state_tx.send_replace(WanState { serving: true, last_error: None });
         let state = wan_state_tx.clone();
@@ -446,7 +451,7 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
                         service,
                         TcpListenerStream::new(listener),
                         &tuning,
-                        ready,
+                        health,
                         wan_stop.cancelled_owned(),
                     )
                     .await
@@ -454,7 +459,8 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
                 Some(tls) => {
                     let incoming = crate::wan::tls_incoming(listener, tls, wan_stop.clone());
                     let shutdown = wan_stop.cancelled_owned();
-                    crate::wan::serve_with_health(service, incoming, &tuning, ready, shutdown).await
+                    crate::wan::serve_with_health(service, incoming, &tuning, health, shutdown)
+                        .await
                 }
             };
             state.send_replace(WanState {
@@ -491,20 +497,25 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
         };
         info!("relay shutting down");
         let bound = shutdown_timeout;
-        let deadline = tokio::time::Instant::now() + bound;
-        // The journal's sync keeps a share of the bound whatever the steps before it do.
-        let before_journal = deadline - bound / 5;
-        // 1. Health NOT_SERVING (gRPC health and /ready read this flag).
+        let started = tokio::time::Instant::now();
+        let deadline = started + bound;
+        // Each step has its share of the bound; the journal's sync keeps the rest.
+        let planes_until = started + bound / 5;
+        let node_until = planes_until + bound / 5;
+        let wan_until = deadline - bound / 10;
+        // 1. Health NOT_SERVING: /ready reads this flag; gRPC health answers NOT_SERVING and
+        // its open Watch streams say so and end.
         shutting_down_tx.send_replace(true);
+        health.begin_shutdown();
         task_stop.cancel();
         // 2. No new facts.
-        if tokio::time::timeout_at(before_journal, planes.stop()).await.is_err() {
+        if tokio::time::timeout_at(planes_until, planes.stop()).await.is_err() {
             warn!(
                 "input planes did not stop within the shutdown bound (a hung discovery read?); abandoned"
             );
         }
         // 3. Pools withdrawn from the catalog, actors stopped (pool streams end UNAVAILABLE).
-        if tokio::time::timeout_at(before_journal, node.shutdown()).await.is_err() {
+        if tokio::time::timeout_at(node_until, node.shutdown()).await.is_err() {
             warn!("pool actors did not stop within the shutdown bound; abandoned");
         }
         // 4. Every remaining stream ends UNAVAILABLE; connections drain or are closed.
@@ -512,7 +523,7 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
         let wan_result = match (wan_result, wan_task) {
             (Some(ended), _) => Some(ended),
             (None, Some(mut handle)) => {
-                match tokio::time::timeout_at(before_journal, &mut handle).await {
+                match tokio::time::timeout_at(wan_until, &mut handle).await {
                     Ok(ended) => Some(ended),
                     Err(_) => {
                         warn!("WAN listener did not stop within the shutdown bound; abandoned");

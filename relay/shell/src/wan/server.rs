@@ -50,7 +50,7 @@ where
     IE: Into<Box<dyn std::error::Error + Send + Sync>> + std::fmt::Display,
 {
     let always: ReadinessProbe = std::sync::Arc::new(|| true);
-    serve_with_health(service, incoming, tuning, always, shutdown).await
+    serve_with_health(service, incoming, tuning, HealthService::new(always), shutdown).await
 }
 
 /// HTTP/2 resets of not-yet-accepted streams a connection may have pending (a reset flood
@@ -60,8 +60,9 @@ pub const PENDING_ACCEPT_RESETS_MAX: usize = 32;
 /// connection is ended.
 pub const LOCAL_ERROR_RESETS_MAX: usize = 256;
 
-/// [`serve`] with health answering from `ready`: SERVING while it holds, NOT_SERVING otherwise
-/// and from the moment `shutdown` resolves (before any stream is closed).
+/// [`serve`] with `health` (SERVING while its probe holds, NOT_SERVING otherwise and from
+/// [`HealthService::begin_shutdown`] on, which the caller may call before `shutdown`
+/// resolves; `shutdown` calls it in any case, before any stream is closed).
 ///
 /// The listener runs under `tuning.limits` ([`crate::config::ListenerLimits`]): connections
 /// past the cap are closed at once, streams per connection, header lists and request messages
@@ -74,7 +75,7 @@ pub async fn serve_with_health<I, IO, IE>(
     service: RelayService,
     incoming: I,
     tuning: &WanTuning,
-    ready: ReadinessProbe,
+    health: HealthService,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError>
 where
@@ -86,7 +87,6 @@ where
     let counters = service.counters();
     let connections = CancellationToken::new();
     let incoming = limited_incoming(incoming, limits, Arc::clone(&counters), connections.clone());
-    let health = HealthService::new(ready);
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(kvrelay_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
