@@ -679,11 +679,10 @@ async fn slowloris_on_the_ops_listener_is_cut_off_while_the_wan_serves() {
                         break;
                     }
                     let mut buf = [0u8; 64];
-                    match tokio::time::timeout(Duration::from_millis(200), stream.read(&mut buf))
-                        .await
-                    {
-                        Ok(Ok(0) | Err(_)) => break,
-                        _ => {}
+                    let read =
+                        tokio::time::timeout(Duration::from_millis(200), stream.read(&mut buf));
+                    if let Ok(Ok(0) | Err(_)) = read.await {
+                        break;
                     }
                 }
                 Instant::now()

@@ -7,7 +7,9 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// A free loopback port (bound and released; the relay binds it next).
 pub fn free_port() -> u16 {
