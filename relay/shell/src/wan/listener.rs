@@ -41,6 +41,12 @@ pub struct ConnectionCloser {
 }
 
 impl ConnectionCloser {
+    /// A closer firing `token` (for tests of the layers above).
+    #[cfg(test)]
+    pub(crate) fn from_token(token: CancellationToken) -> Self {
+        ConnectionCloser { token }
+    }
+
     /// Close the connection now.
     pub fn close(&self) {
         self.token.cancel();
@@ -229,4 +235,93 @@ where
             return Some((Ok(limited), state));
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures::StreamExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, duplex};
+
+    use super::*;
+
+    fn limits() -> ListenerLimits {
+        ListenerLimits {
+            max_connections: 1,
+            accept_error_backoff: Duration::from_millis(100),
+            handshake_timeout: Duration::from_secs(1),
+            ..ListenerLimits::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn accept_errors_are_counted_and_backed_off_and_the_cap_closes_extra_connections() {
+        let counters = Arc::new(WanCounters::default());
+        let (first, _first_peer) = duplex(64);
+        let (second, mut second_peer) = duplex(64);
+        let items: Vec<Result<DuplexStream, std::io::Error>> = vec![
+            Err(std::io::Error::other("EMFILE")),
+            Err(std::io::Error::other("EMFILE")),
+            Ok(first),
+            Ok(second),
+        ];
+        let all = CancellationToken::new();
+        let incoming =
+            limited_incoming(futures::stream::iter(items), limits(), Arc::clone(&counters), all);
+        let mut incoming = Box::pin(incoming);
+        let started = tokio::time::Instant::now();
+        let admitted = incoming.next().await.unwrap().unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(200), "two back-offs");
+        assert_eq!(counters.listener.accept_errors.load(Ordering::Relaxed), 2);
+        // The second connection finds the one slot taken: dropped, counted, stream ends.
+        assert!(incoming.next().await.is_none());
+        assert_eq!(counters.listener.connections_refused.load(Ordering::Relaxed), 1);
+        let mut byte = [0u8; 1];
+        assert_eq!(second_peer.read(&mut byte).await.unwrap(), 0, "closed at once");
+        assert_eq!(counters.listener.connections_open.load(Ordering::Relaxed), 1);
+        drop(admitted);
+        assert_eq!(counters.listener.connections_open.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_or_silent_connection_fails_its_reads_and_writes() {
+        let counters = Arc::new(WanCounters::default());
+        let (a, mut a_peer) = duplex(64);
+        let (b, _b_peer) = duplex(64);
+        let all = CancellationToken::new();
+        let items: Vec<Result<DuplexStream, std::io::Error>> = vec![Ok(a), Ok(b)];
+        let generous = ListenerLimits { max_connections: 2, ..limits() };
+        let mut incoming = Box::pin(limited_incoming(
+            futures::stream::iter(items),
+            generous,
+            Arc::clone(&counters),
+            all.clone(),
+        ));
+        let mut a = incoming.next().await.unwrap().unwrap();
+        let mut b = incoming.next().await.unwrap().unwrap();
+        // `a` sends its preface and keeps working past the handshake deadline.
+        a_peer.write_all(&[0u8; PREFACE_BYTES]).await.unwrap();
+        let mut buffer = [0u8; PREFACE_BYTES];
+        a.read_exact(&mut buffer).await.unwrap();
+        // `b` is silent: its read fails at the deadline.
+        let error = b.read(&mut buffer).await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(counters.listener.handshake_timeouts.load(Ordering::Relaxed), 1);
+        a.write_all(b"x").await.unwrap();
+        // Closing one connection (a slow consumer) fails its pending read at once.
+        let closer = a.connect_info();
+        let pending = tokio::spawn(async move {
+            let mut byte = [0u8; 1];
+            a.read(&mut byte).await
+        });
+        tokio::task::yield_now().await;
+        closer.close();
+        let error = pending.await.unwrap().unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::ConnectionAborted);
+        assert!(closer.is_closed());
+        // Cancelling the listener-wide token closes the rest.
+        all.cancel();
+        assert_eq!(b.write(b"x").await.unwrap_err().kind(), io::ErrorKind::ConnectionAborted);
+    }
 }

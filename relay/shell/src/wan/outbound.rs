@@ -171,3 +171,70 @@ impl<T> Subscriber<T> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+    use tokio::sync::Semaphore;
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+
+    fn subscriber(
+        closer: Option<ConnectionCloser>,
+    ) -> (Subscriber<u32>, Outbound<u32>, Arc<Semaphore>, Arc<WanCounters>) {
+        let slots = Arc::new(Semaphore::new(1));
+        let permit = Arc::clone(&slots).try_acquire_owned().unwrap();
+        let counters = Arc::new(WanCounters::default());
+        let (subscriber, outbound) =
+            outbound(StreamType::Catalog, permit, closer, Arc::clone(&counters));
+        (subscriber, outbound, slots, counters)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_send_past_its_deadline_is_slow_and_a_final_status_never_waits() {
+        let (subscriber, mut outbound, _slots, _) = subscriber(None);
+        let deadline = Duration::from_millis(100);
+        subscriber.send(1, deadline).await.unwrap();
+        subscriber.send(2, deadline).await.unwrap();
+        // The buffer is full and nobody reads: the third send is slow.
+        assert_eq!(subscriber.send(3, deadline).await, Err(SendFailed::Slow));
+        // A final status on a full queue goes ahead of the queued frames.
+        subscriber.finish(Status::unavailable("bye"));
+        let first = outbound.next().await.unwrap().unwrap_err();
+        assert_eq!(first.code(), tonic::Code::Unavailable);
+        assert!(outbound.next().await.is_none());
+        // With room, it queues behind the frames.
+        let (subscriber, mut outbound, _slots, _) = self::subscriber(None);
+        subscriber.send(7, deadline).await.unwrap();
+        subscriber.finish(Status::unavailable("bye"));
+        assert_eq!(outbound.next().await.unwrap().unwrap(), 7);
+        assert!(outbound.next().await.unwrap().is_err());
+        assert!(outbound.next().await.is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_consumer_releases_its_slot_at_once_and_loses_its_connection_if_unread() {
+        let token = CancellationToken::new();
+        let closer = ConnectionCloser::from_token(token.clone());
+        let (subscriber, outbound, slots, counters) = subscriber(Some(closer));
+        let ending = tokio::spawn(subscriber.end_slow(Status::resource_exhausted("slow")));
+        tokio::task::yield_now().await;
+        assert_eq!(slots.available_permits(), 1, "the admission slot is free at once");
+        assert!(!token.is_cancelled());
+        ending.await.unwrap();
+        assert!(token.is_cancelled(), "unread after the grace: the connection is closed");
+        assert_eq!(counters.snapshot().slow_consumer_ended[StreamType::Catalog as usize], 1);
+        assert_eq!(counters.snapshot().slow_consumer_connections_closed, 1);
+        drop(outbound);
+        // A client that reads the status in time keeps its connection.
+        let token = CancellationToken::new();
+        let closer = ConnectionCloser::from_token(token.clone());
+        let (subscriber, mut outbound, _slots, _) = self::subscriber(Some(closer));
+        let ending = tokio::spawn(subscriber.end_slow(Status::resource_exhausted("slow")));
+        let status = outbound.next().await.unwrap().unwrap_err();
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        ending.await.unwrap();
+        assert!(!token.is_cancelled());
+    }
+}
