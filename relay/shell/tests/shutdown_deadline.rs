@@ -117,31 +117,47 @@ async fn terminate_under_stalled_clients(mut relay: RelayProcess, healthy_before
     assert!(good.message().await.unwrap().is_some());
     tokio::time::sleep(Duration::from_millis(300)).await;
 
+    let mut ordered = health
+        .clone()
+        .watch(HealthCheckRequest { service: String::new() })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut last = ordered.message().await.unwrap().map(|update| update.status);
+
     let sent = Instant::now();
     relay.terminate();
-    let good_end = tokio::spawn(async move {
-        loop {
-            match good.message().await {
-                Ok(Some(_)) => continue,
-                Ok(None) => return (Instant::now(), None),
-                Err(status) => return (Instant::now(), Some(status)),
+    let status = loop {
+        match good.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the catalog stream ended without a status"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    // Same connection, frames in order: a watch that ended first has its end here already.
+    let mut ended = false;
+    while let Some(next) = futures::FutureExt::now_or_never(ordered.message()) {
+        match next {
+            Ok(Some(update)) => last = Some(update.status),
+            Ok(None) | Err(_) => {
+                ended = true;
+                break;
             }
         }
-    });
+    }
+    assert!(ended, "a health watch was still open when the relay streams ended");
+    assert_eq!(last, Some(ServingStatus::NotServing as i32));
     let (exit, took) = relay
         .wait_exit(SHUTDOWN_BOUND + EXIT_SLACK)
         .await
         .expect("the relay did not exit within its shutdown bound");
     assert_eq!(exit.code(), Some(0), "exit status after SIGTERM");
     eprintln!("exited {took:?} after SIGTERM");
-    let (stream_end, status) = good_end.await.unwrap();
-    let status = status.expect("the catalog stream ended without a status");
-    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
     for watcher in watchers {
         let (last, ended_at) = watcher.await.unwrap();
         assert_eq!(last, Some(ServingStatus::NotServing as i32), "the watch's last word");
         assert!(ended_at >= sent, "a health watch ended before SIGTERM");
-        assert!(ended_at <= stream_end, "health watchers end before the relay streams");
     }
     drop((stalled, silent));
 }

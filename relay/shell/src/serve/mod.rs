@@ -6,7 +6,8 @@
 //! listener. [`RunningRelay::shutdown`] stops them in this order:
 //!
 //! 1. mark the relay as shutting down (`/health` and `/ready` answer 503 and gRPC health
-//!    NOT_SERVING from then on; open health `Watch` streams send NOT_SERVING and end);
+//!    NOT_SERVING from then on; open health `Watch` streams send NOT_SERVING and end, and get
+//!    up to 500 ms to do so before anything else changes);
 //! 2. cancel the input planes and wait for them, so no fact is half-delivered;
 //! 3. shut the node down: pools are withdrawn from the catalog (catalog streams receive the
 //!    withdrawal) and every actor stops after its last complete publication (nothing
@@ -480,6 +481,7 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
     });
     let task_stop = stop.clone();
     let shutdown_timeout = config.shutdown_timeout;
+    let watched = service.clone();
     let task = tokio::spawn(async move {
         let mut wan_task = wan_task;
         let wan_result = match &mut wan_task {
@@ -507,6 +509,13 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
         // its open Watch streams say so and end.
         shutting_down_tx.send_replace(true);
         health.begin_shutdown();
+        // Let the watchers hear it before anything else changes (bounded: a watcher that
+        // reads nothing is not waited for).
+        let settle = tokio::time::Instant::now() + HEALTH_WATCH_SETTLE.min(bound / 10);
+        while watched.stats().listener.health_watch_open > 0 && tokio::time::Instant::now() < settle
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         task_stop.cancel();
         // 2. No new facts.
         if tokio::time::timeout_at(planes_until, planes.stop()).await.is_err() {
@@ -555,6 +564,10 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
     });
     Ok(RunningRelay { relay, wan_address, ops_address, stop, task })
 }
+
+/// At shutdown, how long open health `Watch` streams get to deliver NOT_SERVING and end before
+/// the pools are withdrawn (at most a tenth of the shutdown bound).
+const HEALTH_WATCH_SETTLE: Duration = Duration::from_millis(500);
 
 /// What [`start_recording`] hands the node: the recovery transport (wrapped when recording),
 /// the tap and the recorder.
