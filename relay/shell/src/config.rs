@@ -32,6 +32,7 @@
 mod describe;
 #[cfg(test)]
 mod dynamo_cli_tests;
+mod limits;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -48,6 +49,10 @@ use kvrelay_core::model::identity::{DcId, stable_dc_id};
 use crate::event_plane::{NatsSecurity, NatsSecurityError};
 use crate::wan::{WanTlsSettings, WanTlsValues, resolve_wan_tls};
 pub use describe::describe;
+pub use limits::{
+    LISTENER_BYTES_MAX, ListenerLimits, MAX_HEADER_LIST_BYTES_MIN, MAX_REQUEST_BYTES_MIN,
+    SHUTDOWN_TIMEOUT_DEFAULT,
+};
 
 /// Default CKF sizing per pool.
 pub const EXPECTED_UNIQUE_BLOCKS_DEFAULT: u64 = 1_048_576;
@@ -218,6 +223,8 @@ pub struct WanTuning {
     pub max_load_subscribers: usize,
     /// Snapshot chunks encoded at once across the relay.
     pub publication_encoding_concurrency: usize,
+    /// Connection, stream, size and send-deadline limits of the listener.
+    pub limits: ListenerLimits,
 }
 
 impl Default for WanTuning {
@@ -241,6 +248,7 @@ impl Default for WanTuning {
             max_readiness_subscribers: 64,
             max_load_subscribers: 64,
             publication_encoding_concurrency: PUBLICATION_ENCODING_CONCURRENCY_DEFAULT,
+            limits: ListenerLimits::default(),
         }
     }
 }
@@ -282,6 +290,8 @@ pub struct RelayConfig {
     pub pod_uid: Option<String>,
     /// TLS on the WAN listener (`--tls-cert` ...), if any; plaintext otherwise.
     pub wan_tls: Option<WanTlsSettings>,
+    /// `DYN_RELAY_SHUTDOWN_TIMEOUT_MS`: a shutdown completes within this, stalled clients or not.
+    pub shutdown_timeout: Duration,
 }
 
 struct Env<'a>(&'a BTreeMap<String, String>);
@@ -441,6 +451,7 @@ pub fn resolve(
         record: resolve_record(cli, &env)?,
         pod_uid: env.get("POD_UID").map(|uid| uid.trim().to_owned()),
         wan_tls: resolve_wan_tls(&cli.wan_tls, environment, bind.is_some())?,
+        shutdown_timeout: limits::resolve_shutdown_timeout(&env)?,
     })
 }
 
@@ -592,7 +603,10 @@ fn resolve_wan(env: &Env<'_>, listening: bool) -> Result<WanTuning, ConfigError>
         "DYN_RELAY_MAX_READINESS_SUBSCRIBERS",
         "DYN_RELAY_MAX_LOAD_SUBSCRIBERS",
     ];
-    if !listening && let Some(name) = WAN.iter().find(|name| env.get(name).is_some()) {
+    if !listening
+        && let Some(name) =
+            WAN.iter().chain(&limits::LISTENER_LIMIT_VARIABLES).find(|name| env.get(name).is_some())
+    {
         return Err(ConfigError::Conflict { first: name, second: "no --bind listener" });
     }
     let defaults = WanTuning::default();
@@ -684,6 +698,7 @@ fn resolve_wan(env: &Env<'_>, listening: bool) -> Result<WanTuning, ConfigError>
             "DYN_RELAY_PUBLICATION_ENCODING_CONCURRENCY",
             defaults.publication_encoding_concurrency,
         )?,
+        limits: limits::resolve_listener_limits(env)?,
     })
 }
 

@@ -37,8 +37,9 @@ enum Command {
     /// Run beside a real deployment: discovery, event plane and recovery from the environment
     /// (DYN_DISCOVERY_BACKEND, DYN_FILE_KV, ETCD_ENDPOINTS, ETCD_AUTH_*, DYN_EVENT_PLANE,
     /// NATS_SERVER, NATS_AUTH_*, NATS_TLS_*).
-    /// SIGTERM or Ctrl-C ends every WAN stream with UNAVAILABLE, withdraws the pools and
-    /// exits 0.
+    /// SIGTERM or Ctrl-C: gRPC health NOT_SERVING, every WAN stream ends with UNAVAILABLE,
+    /// the pools are withdrawn, the journal syncs, and the process exits 0 within
+    /// DYN_RELAY_SHUTDOWN_TIMEOUT_MS (default 10 s) whatever the clients do.
     Serve(ServeArgs),
     /// Run the relay on an in-process simulated DC and print what a WAN consumer sees.
     Demo(DemoArgs),
@@ -186,15 +187,22 @@ fn run() -> Result<()> {
     kvrelay::logging::init();
     let cli = Cli::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(async move {
+    let result = runtime.block_on(async move {
         match cli.command {
             Command::Serve(args) => serve_command(args).await,
             Command::Demo(args) => demo_command(args).await,
             Command::Watch(args) => watch_command(args).await,
             Command::Query(args) => query_command(args).await,
         }
-    })
+    });
+    // A blocking read stuck on a hung mount must not hold the exit: tasks left after the
+    // bounded shutdown get this long, then the process exits regardless.
+    runtime.shutdown_timeout(RUNTIME_EXIT_GRACE);
+    result
 }
+
+/// How long tasks left behind by the shutdown may run before the process exits.
+const RUNTIME_EXIT_GRACE: Duration = Duration::from_millis(500);
 
 async fn shutdown_signal(limit: Option<u64>) {
     match limit {

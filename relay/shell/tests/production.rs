@@ -544,3 +544,68 @@ async fn a_recording_that_cannot_start_does_not_stop_serving() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_says_not_serving_first_then_withdraws_the_pools_then_ends_the_streams() {
+    use kvrelay_proto::v1 as proto;
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    bounded(async {
+        let nats = NatsServer::start().await;
+        let store = FileStore::new();
+        let worker = Worker::live_only("dynamo", WORKER_A, PUBLISHER_A);
+        worker.register(&store);
+        let relay = start_relay(&store, &nats, None, None).await;
+        let wan = relay.wan_address.unwrap();
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{wan}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = proto::kv_event_relay_client::KvEventRelayClient::new(channel.clone());
+        let request = proto::WatchKvPoolCatalogRequest {
+            subscriber_id: "shutdown-order".into(),
+            contract_marker: kvrelay_proto::CONTRACT_MARKER,
+        };
+        let mut catalog = client.watch_kv_pool_catalog(request).await.unwrap().into_inner();
+        let pools = |update: &proto::KvPoolCatalogUpdate| {
+            update.snapshot.as_ref().map_or(0, |snapshot| snapshot.pools.len())
+        };
+        while pools(&catalog.message().await.unwrap().unwrap()) != 1 {}
+        let mut health = HealthClient::new(channel);
+        let mut watch =
+            health.watch(HealthCheckRequest { service: String::new() }).await.unwrap().into_inner();
+        let mut last = watch.message().await.unwrap().map(|update| update.status);
+        let stopping = kvrelay::runtime::spawn(relay.shutdown());
+        let mut withdrawn = false;
+        let status = loop {
+            match catalog.message().await {
+                Ok(Some(update)) if pools(&update) == 0 && !withdrawn => {
+                    withdrawn = true;
+                    // Same connection, frames in order: the watch ended before the withdrawal
+                    // was sent, so its end is already here.
+                    let mut ended = false;
+                    while let Some(next) = futures::FutureExt::now_or_never(watch.message()) {
+                        match next {
+                            Ok(Some(update)) => last = Some(update.status),
+                            Ok(None) | Err(_) => {
+                                ended = true;
+                                break;
+                            }
+                        }
+                    }
+                    assert!(ended, "the health watch was still open at the pool withdrawal");
+                    assert_eq!(last, Some(ServingStatus::NotServing as i32));
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("the catalog stream ended without a status"),
+                Err(status) => break status,
+            }
+        };
+        assert!(withdrawn, "the pool was not withdrawn before the catalog stream ended");
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        stopping.await.unwrap().unwrap();
+    })
+    .await;
+}

@@ -102,7 +102,20 @@ pub fn describe(config: &RelayConfig) -> Value {
             "maxSubscribersPerPool": wan.max_subscribers_per_pool,
             "maxReadinessSubscribers": wan.max_readiness_subscribers,
             "maxLoadSubscribers": wan.max_load_subscribers,
+            "limits": {
+                "maxConnections": wan.limits.max_connections,
+                "maxStreamsPerConnection": wan.limits.max_streams_per_connection,
+                "maxHeaderListBytes": wan.limits.max_header_list_bytes,
+                "maxRequestBytes": wan.limits.max_request_bytes,
+                "handshakeTimeoutMs": millis(wan.limits.handshake_timeout),
+                "acceptErrorBackoffMs": millis(wan.limits.accept_error_backoff),
+                "subscriberSendTimeoutMs": millis(wan.limits.subscriber_send_timeout),
+                "maxHealthWatchStreams": wan.limits.max_health_watch_streams,
+                "maxReflectionStreams": wan.limits.max_reflection_streams,
+                "drainTimeoutMs": millis(wan.limits.drain_timeout),
+            },
         },
+        "shutdownTimeoutMs": millis(config.shutdown_timeout),
         "discovery": discovery,
         "eventPlane": event_plane,
         "record": config.record.as_ref().map(|record| json!({
@@ -153,6 +166,8 @@ mod tests {
         assert_eq!(document["bind"], "127.0.0.1:5561");
         assert_eq!(document["wan"]["publicationEncodingConcurrency"], 3);
         assert_eq!(document["wan"]["keepaliveIntervalMs"], 20_000);
+        assert_eq!(document["wan"]["limits"]["maxRequestBytes"], 65_536);
+        assert_eq!(document["shutdownTimeoutMs"], 10_000);
         assert_eq!(document["ckf"]["bucketCount"], 524_288);
         assert_eq!(document["eventPlane"]["url"], "nats://127.0.0.1:4222");
         assert!(!document.to_string().contains("hunter2"));

@@ -2,13 +2,21 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
 
 use super::health::{engine_state, health, readiness};
 use super::metrics::{METRICS_CONTENT_TYPE, render_metrics};
@@ -31,7 +39,19 @@ pub const OPS_PATHS: [&str; 5] =
 /// Where each request reads the relay's current state from.
 pub type SnapshotSource = Arc<dyn Fn() -> OpsSnapshot + Send + Sync>;
 
-/// Serve the operations endpoints on `listener` until `shutdown` resolves.
+/// Connections the operations listener serves at once; more are closed at once.
+pub const OPS_CONNECTIONS_MAX: usize = 32;
+/// A request's headers (or, on an idle connection, the next request's) must arrive within
+/// this, or the connection is closed: a slow or silent client cannot hold a slot longer.
+pub const OPS_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Pause after a failed accept.
+pub const OPS_ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// After shutdown, connections still open this much later are dropped.
+pub const OPS_DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Serve the operations endpoints on `listener` until `shutdown` resolves, then drain the open
+/// connections for at most [`OPS_DRAIN_TIMEOUT`]. HTTP/1 with at most
+/// [`OPS_CONNECTIONS_MAX`] connections and the [`OPS_HEADER_READ_TIMEOUT`] header deadline.
 pub async fn serve_ops(
     listener: TcpListener,
     source: SnapshotSource,
@@ -44,7 +64,52 @@ pub async fn serve_ops(
         .route(READY_PATH, get(ready_page))
         .route(ENGINE_STATE_PATH, get(engine_state_page))
         .with_state(source);
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+    let slots = Arc::new(Semaphore::new(OPS_CONNECTIONS_MAX));
+    let stop = CancellationToken::new();
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            accepted = listener.accept() => accepted,
+        };
+        let io = match accepted {
+            Ok((io, _)) => io,
+            Err(error) => {
+                warn!(%error, "operations accept failed");
+                tokio::time::sleep(OPS_ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+            drop(io);
+            continue;
+        };
+        let service = TowerToHyperService::new(app.clone());
+        let stop = stop.clone();
+        connections.spawn(async move {
+            let _permit = permit;
+            let mut builder = http1::Builder::new();
+            builder.timer(TokioTimer::new()).header_read_timeout(OPS_HEADER_READ_TIMEOUT);
+            let connection = builder.serve_connection(TokioIo::new(io), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                biased;
+                _ = connection.as_mut() => return,
+                () = stop.cancelled() => connection.as_mut().graceful_shutdown(),
+            }
+            let _ = connection.await;
+        });
+    }
+    stop.cancel();
+    let drained = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(OPS_DRAIN_TIMEOUT, drained).await.is_err() {
+        warn!("operations connections still open after the drain timeout; dropped");
+        connections.abort_all();
+    }
+    Ok(())
 }
 
 fn json_response(status: StatusCode, body: &impl serde::Serialize) -> Response {

@@ -112,6 +112,7 @@ fn count(value: usize) -> u64 {
 pub fn render_metrics(snapshot: &OpsSnapshot) -> String {
     let mut out = Exposition::default();
     relay_families(&mut out, snapshot);
+    listener_families(&mut out, snapshot);
     host_families(&mut out, snapshot);
     input_families(&mut out, snapshot);
     journal_families(&mut out, snapshot);
@@ -126,6 +127,80 @@ fn build_family(out: &mut Exposition) {
     let labels =
         [("version", crate::build_info::VERSION), ("revision", crate::build_info::REVISION)];
     out.sample(name, &labels, 1);
+}
+
+/// The WAN listener's own defences: connections, slow consumers, health and reflection streams.
+fn listener_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
+    let stats = snapshot.wan.as_ref().map(|wan| wan.stats).unwrap_or_default();
+    let name = "kvrelay_wan_slow_consumer_ended_total";
+    out.family(
+        name,
+        Kind::Counter,
+        "Streams ended because the client took no frame within the send deadline.",
+    );
+    for stream in StreamType::ALL {
+        out.sample(name, &[("stream", stream.label())], stats.slow_consumer_ended[stream as usize]);
+    }
+    let l = stats.listener;
+    for (name, kind, help, value) in [
+        (
+            "kvrelay_wan_slow_consumer_connections_closed_total",
+            Kind::Counter,
+            "Connections closed because a slow consumer's final status could not be delivered.",
+            stats.slow_consumer_connections_closed,
+        ),
+        ("kvrelay_wan_connections", Kind::Gauge, "Open WAN connections.", l.connections_open),
+        (
+            "kvrelay_wan_connections_refused_total",
+            Kind::Counter,
+            "WAN connections closed at once because the connection limit was reached.",
+            l.connections_refused,
+        ),
+        (
+            "kvrelay_wan_accept_errors_total",
+            Kind::Counter,
+            "Failed accepts on the WAN listener (each followed by the back-off).",
+            l.accept_errors,
+        ),
+        (
+            "kvrelay_wan_handshake_timeouts_total",
+            Kind::Counter,
+            "WAN connections closed for not sending the HTTP/2 preface in time.",
+            l.handshake_timeouts,
+        ),
+        (
+            "kvrelay_wan_connections_aborted_at_shutdown_total",
+            Kind::Counter,
+            "WAN connections still open at the shutdown drain deadline, closed.",
+            l.connections_aborted_at_shutdown,
+        ),
+        (
+            "kvrelay_wan_health_watch_streams",
+            Kind::Gauge,
+            "Open health Watch streams.",
+            l.health_watch_open,
+        ),
+        (
+            "kvrelay_wan_health_watch_rejected_total",
+            Kind::Counter,
+            "Health Watch streams refused at their limit.",
+            l.health_watch_rejected,
+        ),
+        (
+            "kvrelay_wan_reflection_streams",
+            Kind::Gauge,
+            "Open reflection streams.",
+            l.reflection_open,
+        ),
+        (
+            "kvrelay_wan_reflection_rejected_total",
+            Kind::Counter,
+            "Reflection streams refused at their limit.",
+            l.reflection_rejected,
+        ),
+    ] {
+        out.single(name, kind, help, value);
+    }
 }
 
 /// relay-facts §13 names.

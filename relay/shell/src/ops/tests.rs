@@ -71,6 +71,7 @@ pub(super) fn snapshot() -> OpsSnapshot {
                 pool_heartbeats: 9,
                 load_updates: 11,
                 terminal_publication_failures: 1,
+                ..WanStats::default()
             },
             tls: Some(WanTlsStats { reloads: 2, reload_failures: 1, handshake_failures: 3 }),
         }),

@@ -3,18 +3,26 @@
 //! [`start`] builds, in order: the recovery client (TCP request plane), the node, the input
 //! planes ([`start_input_planes`]: discovery, event plane, and the `--sources-file` poller), the
 //! WAN listener (whose gRPC health is SERVING exactly while `/ready` holds) and the operations
-//! listener. [`RunningRelay::shutdown`] stops them in the
-//! reverse order of their duties:
+//! listener. [`RunningRelay::shutdown`] stops them in this order:
 //!
 //! 1. mark the relay as shutting down (`/health` and `/ready` answer 503 and gRPC health
-//!    NOT_SERVING from then on);
-//! 2. stop the WAN listener: every open stream ends with UNAVAILABLE and the connections drain;
-//! 3. cancel the input planes and wait for them, so no fact is half-delivered;
-//! 4. shut the node down: pools are withdrawn and every actor stops after its last complete
-//!    publication (nothing half-published);
+//!    NOT_SERVING from then on; open health `Watch` streams send NOT_SERVING and end, and get
+//!    up to 500 ms to do so before anything else changes);
+//! 2. cancel the input planes and wait for them, so no fact is half-delivered;
+//! 3. shut the node down: pools are withdrawn from the catalog (catalog streams receive the
+//!    withdrawal) and every actor stops after its last complete publication (nothing
+//!    half-published; pool streams end with UNAVAILABLE);
+//! 4. stop the WAN listener: every open stream ends with UNAVAILABLE and the connections drain (those still open after the drain
+//!    timeout are closed);
 //! 5. with `--record`, finish the journal (queued records written, a final gap for losses,
 //!    fsync);
 //! 6. stop the operations listener.
+//!
+//! The whole sequence is bounded by `DYN_RELAY_SHUTDOWN_TIMEOUT_MS` (default 10 s): step 2
+//! gives up (logged) after a fifth of the bound (a hung discovery read), step 3 after another
+//! fifth; the WAN listener closes connections still open after its drain timeout (capped at
+//! half the bound) and is abandoned at nine tenths; the journal has until the bound. A step
+//! that gives up leaves its tasks behind for the process exit to end.
 //!
 //! With `--record`, a [`journal::Recorder`] taps the node (every input and recovery answer,
 //! periodic checkpoints) into a fresh subdirectory of the record root; a recorder that cannot
@@ -390,10 +398,15 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
         wan = ?wan_address, ops = ?ops_address, "relay started");
     let planes =
         start_input_planes(&config, node.inputs.clone(), Arc::clone(&options.clock), sources);
-    let service = node.relay_service(Arc::clone(&options.clock), config.wan);
+    // The WAN drain fits in the shutdown bound: at most half of it.
+    let mut wan_tuning = config.wan;
+    wan_tuning.limits.drain_timeout =
+        wan_tuning.limits.drain_timeout.min(config.shutdown_timeout / 2);
+    let service = node.relay_service(Arc::clone(&options.clock), wan_tuning);
     let (shutting_down_tx, shutting_down) = watch::channel(false);
     let (wan_state_tx, wan_state) = watch::channel(WanState::default());
     let stop = CancellationToken::new();
+    let wan_stop = CancellationToken::new();
     let ops_stop = CancellationToken::new();
     let (pool_totals_tx, pool_totals) = watch::channel(PoolTotals::default());
     if ops_listener.is_some() {
@@ -423,11 +436,12 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
         let source = Arc::clone(&source);
         Arc::new(move || ops::readiness(&source()).ready)
     };
+    let health = crate::wan::HealthService::new(ready);
     let wan_task = wan_listener.map(|listener| {
         let service = service.clone();
-        let tuning = config.wan;
-        let ready = ready.clone();
-        let wan_stop = stop.clone();
+        let tuning = wan_tuning;
+        let health = health.clone();
+        let wan_stop = wan_stop.clone();
         wan_state_tx.send_replace(WanState { serving: true, last_error: None });
         let state = wan_state_tx.clone();
         crate::runtime::spawn(async move {
@@ -437,7 +451,7 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
                         service,
                         TcpListenerStream::new(listener),
                         &tuning,
-                        ready,
+                        health,
                         wan_stop.cancelled_owned(),
                     )
                     .await
@@ -445,7 +459,8 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
                 Some(tls) => {
                     let incoming = crate::wan::tls_incoming(listener, tls, wan_stop.clone());
                     let shutdown = wan_stop.cancelled_owned();
-                    crate::wan::serve_with_health(service, incoming, &tuning, ready, shutdown).await
+                    crate::wan::serve_with_health(service, incoming, &tuning, health, shutdown)
+                        .await
                 }
             };
             state.send_replace(WanState {
@@ -464,6 +479,8 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
         })
     });
     let task_stop = stop.clone();
+    let shutdown_timeout = config.shutdown_timeout;
+    let watched = service.clone();
     let task = crate::runtime::spawn(async move {
         let mut wan_task = wan_task;
         let wan_result = match &mut wan_task {
@@ -480,22 +497,63 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
             }
         };
         info!("relay shutting down");
+        let bound = shutdown_timeout;
+        let started = tokio::time::Instant::now();
+        let deadline = started + bound;
+        // Each step has its share of the bound; the journal's sync keeps the rest.
+        let planes_until = started + bound / 5;
+        let node_until = planes_until + bound / 5;
+        let wan_until = deadline - bound / 10;
+        // 1. Health NOT_SERVING: /ready reads this flag; gRPC health answers NOT_SERVING and
+        // its open Watch streams say so and end.
         shutting_down_tx.send_replace(true);
+        health.begin_shutdown();
+        // Let the watchers hear it before anything else changes (bounded: a watcher that
+        // reads nothing is not waited for).
+        let settle = tokio::time::Instant::now() + HEALTH_WATCH_SETTLE.min(bound / 10);
+        while watched.stats().listener.health_watch_open > 0 && tokio::time::Instant::now() < settle
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         task_stop.cancel();
+        // 2. No new facts.
+        if tokio::time::timeout_at(planes_until, planes.stop()).await.is_err() {
+            warn!(
+                "input planes did not stop within the shutdown bound (a hung discovery read?); abandoned"
+            );
+        }
+        // 3. Pools withdrawn from the catalog, actors stopped (pool streams end UNAVAILABLE).
+        if tokio::time::timeout_at(node_until, node.shutdown()).await.is_err() {
+            warn!("pool actors did not stop within the shutdown bound; abandoned");
+        }
+        // 4. Every remaining stream ends UNAVAILABLE; connections drain or are closed.
+        wan_stop.cancel();
         let wan_result = match (wan_result, wan_task) {
             (Some(ended), _) => Some(ended),
-            (None, Some(handle)) => Some(handle.await),
+            (None, Some(mut handle)) => {
+                match tokio::time::timeout_at(wan_until, &mut handle).await {
+                    Ok(ended) => Some(ended),
+                    Err(_) => {
+                        warn!("WAN listener did not stop within the shutdown bound; abandoned");
+                        handle.abort();
+                        None
+                    }
+                }
+            }
             (None, None) => None,
         };
-        planes.stop().await;
-        node.shutdown().await;
         if let Some(recorder) = recorder {
-            let stats = recorder.finish().await;
-            info!(?stats, "journal closed");
+            match tokio::time::timeout_at(deadline, recorder.finish()).await {
+                Ok(stats) => info!(?stats, "journal closed"),
+                Err(_) => warn!("journal did not finish within the shutdown bound"),
+            }
         }
         ops_stop.cancel();
-        if let Some(ops_task) = ops_task {
-            let _ = ops_task.await;
+        if let Some(mut ops_task) = ops_task
+            && tokio::time::timeout_at(deadline, &mut ops_task).await.is_err()
+        {
+            warn!("operations listener did not stop within the shutdown bound; abandoned");
+            ops_task.abort();
         }
         info!("relay stopped");
         match wan_result {
@@ -505,6 +563,10 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
     });
     Ok(RunningRelay { relay, wan_address, ops_address, stop, task })
 }
+
+/// At shutdown, how long open health `Watch` streams get to deliver NOT_SERVING and end before
+/// the pools are withdrawn (at most a tenth of the shutdown bound).
+const HEALTH_WATCH_SETTLE: Duration = Duration::from_millis(500);
 
 /// What [`start_recording`] hands the node: the recovery transport (wrapped when recording),
 /// the tap and the recorder.

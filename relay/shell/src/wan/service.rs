@@ -6,14 +6,15 @@ use std::sync::Arc;
 use futures::Stream;
 use kvrelay_proto::v1 as proto;
 use kvrelay_proto::v1::kv_event_relay_server::KvEventRelay;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast};
 use tokio::time::{Instant, sleep_until};
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::channels::WanViews;
 use super::counters::{LimitScope, StreamType, WanCounters, WanStats};
+use super::listener::ConnectionCloser;
+use super::outbound::{SendFailed, Subscriber, outbound};
 use super::status::into_status;
 use crate::config::WanTuning;
 use crate::publication::{FrameKind, PoolPublications, PublicationError, StreamItem};
@@ -23,9 +24,6 @@ use kvrelay_core::wire::encode;
 use kvrelay_core::wire::{self, FilterEncoder, RelayErrorReason, RelayStatus};
 
 type Streamed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
-
-/// Frames buffered between a stream task and tonic.
-const STREAM_BUFFER: usize = 2;
 
 #[derive(Debug)]
 struct Limits {
@@ -85,6 +83,26 @@ impl RelayService {
     #[must_use]
     pub fn stats(&self) -> WanStats {
         self.counters.snapshot()
+    }
+
+    /// The live counters (shared with the listener layers).
+    pub(crate) fn counters(&self) -> Arc<WanCounters> {
+        Arc::clone(&self.counters)
+    }
+
+    /// A subscriber of `stream` type for `request`'s connection, holding `permit`.
+    fn subscriber<T, R>(
+        &self,
+        stream: StreamType,
+        permit: OwnedSemaphorePermit,
+        request: &Request<R>,
+    ) -> (Subscriber<T>, Streamed<T>)
+    where
+        T: Send + 'static,
+    {
+        let closer = request.extensions().get::<ConnectionCloser>().cloned();
+        let (subscriber, stream) = outbound(stream, permit, closer, Arc::clone(&self.counters));
+        (subscriber, Box::pin(stream))
     }
 
     /// Admit a stream of `stream` type under its total limit, counting a refusal.
@@ -175,40 +193,56 @@ fn unavailable(message: &str) -> Status {
     into_status(RelayStatus::new(RelayErrorReason::PublicationUnavailable, message))
 }
 
-/// Follow a watched value: send it now, on every change, and again after `heartbeat` of quiet.
+/// The status ending a slow consumer of `stream` type (counted as lagged).
+fn slow_consumer(counters: &WanCounters, stream: StreamType) -> Status {
+    counters.lagged(stream);
+    into_status(RelayStatus::new(
+        RelayErrorReason::SubscriberLagged,
+        format!("{} stream: the client took no frame within the send deadline", stream.label()),
+    ))
+}
+
+/// Follow a watched value: send it now, on every change, and again after `heartbeat` of quiet;
+/// each send waits at most `deadline`.
 fn follow_watch<T: Clone + Send + Sync + 'static>(
     mut updates: tokio::sync::watch::Receiver<Arc<T>>,
     heartbeat: std::time::Duration,
-    permit: OwnedSemaphorePermit,
+    deadline: std::time::Duration,
+    subscriber: Subscriber<T>,
+    stream: StreamType,
+    counters: Arc<WanCounters>,
     stop: CancellationToken,
-) -> Streamed<T> {
-    let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
+) {
     crate::runtime::spawn(async move {
-        let _permit = permit;
         loop {
             let current = (**updates.borrow_and_update()).clone();
-            if sender.send(Ok(current)).await.is_err() {
-                return;
+            match subscriber.send(current, deadline).await {
+                Ok(()) => {}
+                Err(SendFailed::Gone) => return,
+                Err(SendFailed::Slow) => {
+                    let status = slow_consumer(&counters, stream);
+                    subscriber.end_slow(status).await;
+                    return;
+                }
             }
-            let deadline = Instant::now() + heartbeat;
+            let next_beat = Instant::now() + heartbeat;
             tokio::select! {
                 biased;
-                () = sender.closed() => return,
+                () = subscriber.closed() => return,
                 () = stop.cancelled() => {
-                    let _ = sender.send(Err(shutting_down())).await;
+                    subscriber.finish(shutting_down());
                     return;
                 }
                 changed = updates.changed() => {
                     if changed.is_err() {
-                        let _ = sender.send(Err(unavailable("relay is shutting down"))).await;
+                        subscriber.finish(unavailable("relay is shutting down"));
                         return;
                     }
                 }
-                () = sleep_until(deadline) => {}
+                () = sleep_until(next_beat) => {}
             }
         }
     });
-    Box::pin(ReceiverStream::new(receiver))
 }
 
 #[tonic::async_trait]
@@ -229,12 +263,17 @@ impl KvEventRelay for RelayService {
     ) -> Result<Response<Self::WatchKvPoolCatalogStream>, Status> {
         wire::validate_catalog_request(request.get_ref()).map_err(into_status)?;
         let permit = self.admit(StreamType::Catalog)?;
-        Ok(Response::new(follow_watch(
+        let (subscriber, stream) = self.subscriber(StreamType::Catalog, permit, &request);
+        follow_watch(
             self.views.catalog.clone(),
             self.tuning.catalog_heartbeat_interval,
-            permit,
+            self.tuning.limits.subscriber_send_timeout,
+            subscriber,
+            StreamType::Catalog,
+            self.counters(),
             self.stop.clone(),
-        )))
+        );
+        Ok(Response::new(stream))
     }
 
     type SubscribeServingReadinessStream = Streamed<proto::ServingReadinessUpdate>;
@@ -245,12 +284,17 @@ impl KvEventRelay for RelayService {
     ) -> Result<Response<Self::SubscribeServingReadinessStream>, Status> {
         wire::validate_readiness_request(request.get_ref()).map_err(into_status)?;
         let permit = self.admit(StreamType::Readiness)?;
-        Ok(Response::new(follow_watch(
+        let (subscriber, stream) = self.subscriber(StreamType::Readiness, permit, &request);
+        follow_watch(
             self.views.readiness.clone(),
             self.tuning.readiness_heartbeat_interval,
-            permit,
+            self.tuning.limits.subscriber_send_timeout,
+            subscriber,
+            StreamType::Readiness,
+            self.counters(),
             self.stop.clone(),
-        )))
+        );
+        Ok(Response::new(stream))
     }
 
     type SubscribeKvPoolLoadStream = Streamed<proto::KvPoolLoadUpdate>;
@@ -263,50 +307,57 @@ impl KvEventRelay for RelayService {
         let permit = self.admit(StreamType::Load)?;
         let mut windows = self.views.load.subscribe();
         let current = Arc::clone(&self.views.load_current.borrow());
-        let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
+        let (subscriber, stream) = self.subscriber(StreamType::Load, permit, &request);
         let stop = self.stop.clone();
         let counters = Arc::clone(&self.counters);
+        let deadline = self.tuning.limits.subscriber_send_timeout;
         crate::runtime::spawn(async move {
-            let _permit = permit;
             let mut last = current.window_sequence;
-            if sender.send(Ok((*current).clone())).await.is_err() {
-                return;
-            }
+            let mut next = Some((*current).clone());
             loop {
+                if let Some(window) = next.take() {
+                    match subscriber.send(window, deadline).await {
+                        Ok(()) => {}
+                        Err(SendFailed::Gone) => return,
+                        Err(SendFailed::Slow) => {
+                            let status = slow_consumer(&counters, StreamType::Load);
+                            subscriber.end_slow(status).await;
+                            return;
+                        }
+                    }
+                }
                 let received = tokio::select! {
                     biased;
-                    () = sender.closed() => return,
+                    () = subscriber.closed() => return,
                     () = stop.cancelled() => {
-                        let _ = sender.send(Err(shutting_down())).await;
+                        subscriber.finish(shutting_down());
                         return;
                     }
                     received = windows.recv() => received,
                 };
-                let outcome = match received {
-                    Ok(window) if window.window_sequence <= last => continue,
+                match received {
+                    Ok(window) if window.window_sequence <= last => {}
                     Ok(window) => {
                         last = window.window_sequence;
                         counters.load_update();
-                        Ok((*window).clone())
+                        next = Some((*window).clone());
                     }
                     Err(broadcast::error::RecvError::Lagged(_)) => {
                         counters.lagged(StreamType::Load);
-                        Err(into_status(RelayStatus::new(
+                        subscriber.finish(into_status(RelayStatus::new(
                             RelayErrorReason::SubscriberLagged,
                             "load stream lagged",
-                        )))
+                        )));
+                        return;
                     }
                     Err(broadcast::error::RecvError::Closed) => {
-                        Err(unavailable("load publisher stopped"))
+                        subscriber.finish(unavailable("load publisher stopped"));
+                        return;
                     }
-                };
-                let terminal = outcome.is_err();
-                if sender.send(outcome).await.is_err() || terminal {
-                    return;
                 }
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+        Ok(Response::new(stream))
     }
 
     type SubscribeKvPoolStream = Streamed<proto::FilterUpdate>;
@@ -325,26 +376,34 @@ impl KvEventRelay for RelayService {
         let encoder = FilterEncoder::new(&self.relay, &subscription.expected_producer);
         let clock = Arc::clone(&self.clock);
         let heartbeat = self.tuning.pool_heartbeat_interval;
-        let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
+        let (subscriber, outbound) = self.subscriber(StreamType::Pool, permit, &request);
         let stop = self.stop.clone();
         let counters = Arc::clone(&self.counters);
+        let send_timeout = self.tuning.limits.subscriber_send_timeout;
+        let snapshot_timeout = self.tuning.snapshot_progress_timeout;
         crate::runtime::spawn(async move {
-            let _permit = permit;
             let mut next_heartbeat = Instant::now() + heartbeat;
             loop {
                 let complete = stream.snapshot_complete();
                 let item = tokio::select! {
                     biased;
-                    () = sender.closed() => return,
+                    () = subscriber.closed() => return,
                     () = stop.cancelled() => {
-                        let _ = sender.send(Err(shutting_down())).await;
+                        subscriber.finish(shutting_down());
                         return;
                     }
                     item = stream.next() => item,
                     () = sleep_until(next_heartbeat), if complete => {
                         let beat = encoder.heartbeat(stream.sequence(), clock.now_unix_us());
-                        if sender.send(Ok(beat)).await.is_err() {
-                            return;
+                        match subscriber.send(beat, send_timeout).await {
+                            Ok(()) => {}
+                            Err(SendFailed::Gone) => return,
+                            Err(SendFailed::Slow) => {
+                                let status =
+                                    Self::pool_status(&counters, PublicationError::SubscriberLagged);
+                                subscriber.end_slow(status).await;
+                                return;
+                            }
                         }
                         counters.pool_heartbeat();
                         next_heartbeat = Instant::now() + heartbeat;
@@ -369,17 +428,28 @@ impl KvEventRelay for RelayService {
                         }
                     }
                     Err(error) => {
-                        let status = Self::pool_status(&counters, error);
-                        let _ = sender.send(Err(status)).await;
+                        subscriber.finish(Self::pool_status(&counters, error));
                         return;
                     }
                 };
-                if sender.send(Ok(update)).await.is_err() {
-                    return;
+                // A chunk the client does not take is a snapshot progress timeout; a frame
+                // after the snapshot is lag.
+                let (deadline, slow) = if complete {
+                    (send_timeout, PublicationError::SubscriberLagged)
+                } else {
+                    (snapshot_timeout, PublicationError::SnapshotProgressTimeout)
+                };
+                match subscriber.send(update, deadline).await {
+                    Ok(()) => {}
+                    Err(SendFailed::Gone) => return,
+                    Err(SendFailed::Slow) => {
+                        subscriber.end_slow(Self::pool_status(&counters, slow)).await;
+                        return;
+                    }
                 }
                 next_heartbeat = Instant::now() + heartbeat;
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+        Ok(Response::new(outbound))
     }
 }
