@@ -298,3 +298,42 @@ fn the_role_grants_exactly_what_kubernetes_discovery_requests() {
         rbac_problems(&container)
     );
 }
+
+/// The Kubernetes API's own schemas, through the PyPI validator `kubernetes-validate` that
+/// `scripts/test.sh` installs: `None` when the manifests are valid objects (strict: no field the
+/// API does not define), else the validator's report. `Err` when the validator is not installed.
+fn schema_errors(manifests: &str) -> Result<Option<String>, String> {
+    let dir = tempfile::tempdir().map_err(|error| error.to_string())?;
+    let path = dir.path().join("manifests.yaml");
+    std::fs::write(&path, manifests).map_err(|error| error.to_string())?;
+    let output = std::process::Command::new("kubernetes-validate")
+        .args(["--strict", "--quiet"])
+        .arg(&path)
+        .output()
+        .map_err(|error| format!("kubernetes-validate: {error}"))?;
+    if output.status.success() {
+        return Ok(None);
+    }
+    let mut report = String::from_utf8_lossy(&output.stdout).into_owned();
+    report.push_str(&String::from_utf8_lossy(&output.stderr));
+    Ok(Some(report))
+}
+
+#[test]
+fn the_manifests_validate_against_the_kubernetes_schemas() {
+    let errors = match schema_errors(MANIFESTS) {
+        Ok(errors) => errors,
+        // scripts/test.sh (and so CI) installs the validator; without PyPI, say what is missing.
+        Err(missing) => {
+            eprintln!("SKIPPED: {missing} (bash scripts/test.sh installs it from PyPI)");
+            return;
+        }
+    };
+    assert_eq!(errors, None, "the manifests are valid Kubernetes objects");
+    let mistyped = MANIFESTS.replacen("replicas: 1", "replicas: one", 1);
+    assert_ne!(mistyped, MANIFESTS);
+    let report = schema_errors(&mistyped).unwrap().expect("a mistyped field is refused");
+    assert!(report.contains("spec.replicas"), "{report}");
+    let unknown = MANIFESTS.replacen("replicas: 1", "replicas: 1\n  replica: 1", 1);
+    assert!(schema_errors(&unknown).unwrap().is_some(), "an unknown field is refused (strict)");
+}

@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use rand_core::Rng;
 use tokio::sync::{mpsc, watch};
-use tokio::task::{AbortHandle, JoinHandle};
+use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
-use super::recovery::RecoveryTransport;
+use super::recovery::{RecoveryCalls, RecoveryTransport};
 use crate::config::WanTuning;
 use crate::journal::{NodeTap, capture_checkpoint};
 use crate::pool::{
@@ -28,7 +28,7 @@ use kvrelay_core::model::identity::{EndpointPath, PoolId, RelayIdentity};
 use kvrelay_core::model::kv_events::SourceKey;
 use kvrelay_core::pool::{PoolOwnership, RankReplacement};
 use kvrelay_core::rng::{RelayRng, rng_from_seed};
-use kvrelay_core::sources::{RankFence, RecoveryFailure, RecoveryRequestId, SourceCommand};
+use kvrelay_core::sources::{RankFence, RecoveryFailure, SourceCommand};
 use kvrelay_core::wire::encode;
 
 /// How a node runs.
@@ -152,9 +152,7 @@ struct Node {
     /// Generations withdrawn by the commands being executed whose streams are still open:
     /// they end right after the catalog update that withdraws them is published.
     withdrawn: Vec<(PoolId, u64)>,
-    /// Recovery calls in flight. A request id is unique only within its pool generation's
-    /// tracker, so the key names the generation too: a cancel never reaches another pool's call.
-    recoveries: BTreeMap<(PoolId, u64, RecoveryRequestId), AbortHandle>,
+    recoveries: RecoveryCalls,
     reports: mpsc::Sender<Internal>,
     publications: Arc<PoolPublications>,
     wan: WanPublisher,
@@ -211,7 +209,7 @@ pub fn start_node_with_tap(
         actors: BTreeMap::new(),
         rank_fences: BTreeMap::new(),
         withdrawn: Vec::new(),
-        recoveries: BTreeMap::new(),
+        recoveries: RecoveryCalls::default(),
         reports,
         publications: Arc::clone(&publications),
         wan,
@@ -285,9 +283,7 @@ impl Node {
         }
         let commands = self.plane.begin_shutdown(self.now(), &mut self.rng);
         self.execute(commands).await;
-        for (_, abort) in std::mem::take(&mut self.recoveries) {
-            abort.abort();
-        }
+        self.recoveries.abort_all();
         for (_, actor) in std::mem::take(&mut self.actors) {
             let _ = actor.shutdown().await;
         }
@@ -533,17 +529,11 @@ impl Node {
                     };
                     let _ = reports.send(Internal::Report(report)).await;
                 });
-                self.recoveries.retain(|_, handle| !handle.is_finished());
-                self.recoveries
-                    .insert((pool_id, layout_generation, request_id), task.abort_handle());
+                self.recoveries.insert(pool_id, layout_generation, request_id, task.abort_handle());
                 Vec::new()
             }
             SourceCommand::CancelRecovery { request_id, .. } => {
-                if let Some(handle) =
-                    self.recoveries.remove(&(pool_id, layout_generation, request_id))
-                {
-                    handle.abort();
-                }
+                self.recoveries.cancel(pool_id, layout_generation, request_id);
                 Vec::new()
             }
         }
