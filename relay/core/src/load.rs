@@ -622,6 +622,10 @@ mod tests {
         let state = pool(&[(9, config(4, 3, Some(1))), (2, config(0, 1, Some(1)))]);
         let ranks: Vec<_> = state.expected_ranks().collect();
         assert_eq!(ranks, vec![rank(2, 0), rank(9, 4), rank(9, 5), rank(9, 6)]);
+        assert!(state.expects(rank(9, 5)));
+        for outside in [rank(9, 3), rank(9, 7), rank(2, 1), rank(5, 0)] {
+            assert!(!state.expects(outside), "{outside:?} is not an expected rank");
+        }
     }
 
     #[test]
