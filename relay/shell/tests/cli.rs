@@ -65,14 +65,17 @@ fn check_config_names_the_bad_setting_and_exits_two() {
     }
 }
 
-/// `scripts/test.sh --plan` with `path` as the whole PATH and no extra tool directories.
+/// `scripts/test.sh --plan` with `path` as the whole PATH, no extra tool directories and an
+/// empty private tool environment.
 fn test_script_plan(path: &std::path::Path) -> String {
+    let tools = tempfile::tempdir().unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/test.sh");
     let output = Command::new("/bin/bash")
         .args([script, "--plan", "-p", "kvrelay"])
         .env_clear()
         .env("PATH", path)
         .env("KVRELAY_TOOL_DIRS", path)
+        .env("KVRELAY_TOOLS", tools.path())
         .output()
         .expect("bash runs");
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
@@ -88,11 +91,12 @@ fn the_test_script_installs_only_what_is_missing_and_runs_the_workspace_tests() 
         [
             "install nats-server (Debian package nats-server)",
             "install etcd (Debian package etcd-server)",
+            "install kubernetes-validate (PyPI package kubernetes-validate)",
             "run cargo test --workspace --all-targets -p kvrelay",
         ]
     );
     let equipped = tempfile::tempdir().unwrap();
-    for tool in ["nats-server", "etcd"] {
+    for tool in ["nats-server", "etcd", "kubernetes-validate"] {
         let path = equipped.path().join(tool);
         std::fs::write(&path, "#!/bin/sh\n").unwrap();
         let mut permissions = std::fs::metadata(&path).unwrap().permissions();
@@ -102,6 +106,11 @@ fn the_test_script_installs_only_what_is_missing_and_runs_the_workspace_tests() 
     let plan = test_script_plan(equipped.path());
     assert_eq!(
         plan.lines().collect::<Vec<_>>(),
-        ["have nats-server", "have etcd", "run cargo test --workspace --all-targets -p kvrelay"]
+        [
+            "have nats-server",
+            "have etcd",
+            "have kubernetes-validate",
+            "run cargo test --workspace --all-targets -p kvrelay"
+        ]
     );
 }
