@@ -484,17 +484,12 @@ fn sim_dc_id() -> DcId {
     stable_dc_id("sim-dc").expect("valid name")
 }
 
-/// The production publication bounds, with the scenario's `[relay]` overrides.
-fn hub_config(bounds: scenario::RelayBounds) -> HubConfig {
-    let defaults = HubConfig::default();
+/// The publication bounds the WAN admission limits name (the rest at their defaults).
+fn hub_config(tuning: &WanTuning) -> HubConfig {
     HubConfig {
-        initialized_hubs_max: bounds
-            .max_initialized_pool_hubs
-            .unwrap_or(defaults.initialized_hubs_max),
-        subscribers_per_pool_max: bounds
-            .max_subscribers_per_pool
-            .unwrap_or(defaults.subscribers_per_pool_max),
-        ..defaults
+        initialized_hubs_max: tuning.max_initialized_pool_hubs,
+        subscribers_per_pool_max: tuning.max_subscribers_per_pool,
+        ..HubConfig::default()
     }
 }
 
@@ -531,7 +526,7 @@ fn node_config(seed: u64, boot: u64, scenario: &Scenario) -> NodeConfig {
     NodeConfig {
         control,
         actor: ActorConfig::default(),
-        hub: hub_config(scenario.relay),
+        hub: hub_config(&wan_tuning(scenario.relay)),
         max_kicks: kvrelay_core::filter::ckf::MAX_KICKS_DEFAULT,
         rng_seed: derive_seed(seed, &format!("sim/node/{boot}")),
         load_window: Duration::from_secs(1),
