@@ -21,8 +21,11 @@ pub const LOAD_WINDOW_MS_DEFAULT: u64 = 1_000;
 
 /// Most endpoints whose latest instance listing is kept. A listing for a further endpoint is
 /// refused and counted ([`instance_listings_refused`]); the endpoint then stays
-/// non-authoritative (UNKNOWN) and expects no rank, which is fail-closed.
+/// non-authoritative (UNKNOWN) and expects no rank, which is fail-closed. Only endpoints with
+/// a live instance or a card count: an empty listing of an endpoint no card serves is pruned
+/// ([`instance_listings_pruned`]), so the table holds at most the live population.
 ///
+/// [`instance_listings_pruned`]: super::ControlCounters::instance_listings_pruned
 /// [`instance_listings_refused`]: super::ControlCounters::instance_listings_refused
 pub const INSTANCE_LISTINGS_MAX: usize = 65_536;
 

@@ -527,6 +527,13 @@ impl ControlPlane {
         }
     }
 
+    /// Endpoints whose latest instance listing is held (at most
+    /// [`INSTANCE_LISTINGS_MAX`]).
+    #[must_use]
+    pub fn instance_listings(&self) -> usize {
+        self.instances.len()
+    }
+
     /// Input counters.
     #[must_use]
     pub fn counters(&self) -> &ControlCounters {
@@ -585,6 +592,13 @@ impl ControlPlane {
     /// plane runs the structural part after every structural change, tests run all of it).
     pub fn check_invariants(&self) -> Result<(), String> {
         self.check_structure()?;
+        let memberships = self.view.memberships();
+        if let Some(endpoint) = self.instances.iter().find_map(|(endpoint, listing)| {
+            (listing.live_workers.is_empty() && !memberships.contains_key(endpoint))
+                .then_some(endpoint)
+        }) {
+            return Err(format!("{endpoint} keeps an empty instance listing without a card"));
+        }
         self.host.check_invariants().map_err(|error| format!("host: {error}"))?;
         for (endpoint, pool) in &self.pools {
             pool.tracker.check_invariants().map_err(|error| format!("{endpoint}: {error}"))?;
@@ -607,6 +621,20 @@ impl ControlPlane {
     fn on_instances(&mut self, listing: EndpointInstances) -> Dirty {
         let EndpointInstances { endpoint, live_workers } = listing;
         let held = self.instances.get(&endpoint);
+        let undiscovered = self.view.membership(&endpoint).is_none();
+        let listed_empty = match &live_workers {
+            Some(live_workers) => live_workers.is_empty(),
+            None => held.is_none_or(|held| held.live_workers.is_empty()),
+        };
+        if undiscovered && listed_empty {
+            // An empty listing of an endpoint no card serves holds nothing a fresh relay would:
+            // it goes, so departed endpoints never fill the listing table.
+            if self.instances.remove(&endpoint).is_some() {
+                self.counters.instance_listings_pruned =
+                    self.counters.instance_listings_pruned.saturating_add(1);
+            }
+            return Dirty::default();
+        }
         if held.is_none() && self.instances.len() >= INSTANCE_LISTINGS_MAX {
             self.counters.instance_listings_refused =
                 self.counters.instance_listings_refused.saturating_add(1);
@@ -793,6 +821,13 @@ impl ControlPlane {
         let memberships = self.view.memberships();
         let before = self.sources.len();
         self.sources.retain(|endpoint, _| memberships.contains_key(endpoint));
+        let listings = self.instances.len();
+        self.instances.retain(|endpoint, listing| {
+            !listing.live_workers.is_empty() || memberships.contains_key(endpoint)
+        });
+        let pruned = (listings - self.instances.len()) as u64;
+        self.counters.instance_listings_pruned =
+            self.counters.instance_listings_pruned.saturating_add(pruned);
         let mut changed = self.sources.len() != before;
         let no_workers = BTreeSet::new();
         for (endpoint, membership) in memberships {

@@ -129,6 +129,9 @@ pub struct ControlCounters {
     pub instance_listings_unchanged: u64,
     /// Instance listings refused at [`INSTANCE_LISTINGS_MAX`](super::INSTANCE_LISTINGS_MAX).
     pub instance_listings_refused: u64,
+    /// Listings dropped because they became empty for an endpoint no card serves (or the card
+    /// went while its listing was empty).
+    pub instance_listings_pruned: u64,
     /// Advertisements of a new publisher incarnation.
     pub adverts_added: u64,
     /// Advertisements identical to one already held.

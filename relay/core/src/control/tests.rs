@@ -544,6 +544,38 @@ fn shutdown_withdraws_every_pool_and_publishes_an_empty_topology() {
 }
 
 #[test]
+fn instance_listings_of_departed_endpoints_are_pruned() {
+    let mut shell = Shell::new();
+    // Endpoints that come and go without a card leave nothing behind.
+    const DEPARTED: usize = 2_000;
+    for index in 0..DEPARTED {
+        let path = format!("dynamo/transient/gen{index}");
+        shell.input(instances(&path, &[WORKER]));
+        shell.input(instances(&path, &[]));
+    }
+    assert_eq!(shell.plane.instance_listings(), 0);
+    assert_eq!(shell.plane.counters().instance_listings_pruned, DEPARTED as u64);
+    // A failed listing of a departed endpoint is not held either.
+    shell.input(DcInput::Instances(EndpointInstances {
+        endpoint: endpoint("dynamo/transient/gen0"),
+        live_workers: None,
+    }));
+    assert_eq!(shell.plane.instance_listings(), 0);
+
+    // A card-served endpoint keeps its authoritative empty listing: it reads UNAVAILABLE, not
+    // UNKNOWN, and is pruned only once its card goes too.
+    shell.aggregated_up();
+    shell.input(instances(BACKEND, &[]));
+    assert_eq!(shell.plane.instance_listings(), 1);
+    assert_eq!(shell.plane.topology_snapshot().entries[0].state, ReadinessState::Unavailable);
+    let id =
+        CardInstanceId { endpoint: endpoint(BACKEND), instance_id: WORKER, model_suffix: None };
+    shell.input(DcInput::CardRemoved { id });
+    assert_eq!(shell.plane.instance_listings(), 0);
+    assert_eq!(shell.plane.counters().instance_listings_pruned, DEPARTED as u64 + 1);
+}
+
+#[test]
 fn ignored_inputs_are_counted() {
     let mut shell = Shell::new();
     let unknown =
