@@ -90,7 +90,7 @@ fn tree_dump_rebuilds_the_same_ownership() {
     }
     let (dump, last) = w.tree_dump(0);
     assert_eq!(last, w.ranks()[0].next_event_id - 1);
-    let mut replacement = RankReplacement::new();
+    let mut replacement = RankReplacement::new(live.table_key());
     for event in &dump {
         replacement.push_event(event).unwrap();
     }

@@ -257,7 +257,7 @@ proptest! {
                     let mut replacements = BTreeMap::new();
                     let mut rebuilt = BTreeMap::new();
                     for (s, dump) in ranks {
-                        let mut replacement = RankReplacement::new();
+                        let mut replacement = RankReplacement::new(h.pool.table_key());
                         let mut lineage = Lineage::new();
                         for store in dump {
                             let accepted = model_store(&mut lineage, store);

@@ -262,7 +262,8 @@ mod tests {
     use kvrelay_core::inputs::{KvEventBatch, RequestPlaneTransport};
     use kvrelay_core::model::identity::EndpointPath;
     use kvrelay_core::model::kv_events::RemoveData;
-    use kvrelay_core::pool::RankReplacement;
+    use kvrelay_core::pool::{RankReplacement, TableKey};
+    use kvrelay_core::rng::rng_from_seed;
 
     use super::*;
 
@@ -340,7 +341,8 @@ mod tests {
 
     /// The relay accepts the dump as a rank replacement with every block in it.
     fn accepted(dump: &RankDump) -> usize {
-        let mut replacement = RankReplacement::new();
+        let key = TableKey::from_rng(&rng_from_seed(0));
+        let mut replacement = RankReplacement::new(key);
         for event in &dump.events {
             replacement.push_event(event).unwrap();
         }

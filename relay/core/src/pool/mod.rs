@@ -13,4 +13,4 @@ pub use publisher::{
     Delta, FenceReason, PUBLICATION_DELAY_MS, PUBLICATION_THRESHOLD_EVENTS, PublicationCadence,
     PublishError, PublishOutcome, Publisher, Snapshot,
 };
-pub use tables::{OWNERS_MAX, OwnerState};
+pub use tables::{OWNERS_MAX, OwnerState, TableKey};

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use thiserror::Error;
 
-use super::tables::{LineageTable, OWNERS_MAX, OwnerState, OwnerTable};
+use super::tables::{LineageTable, OWNERS_MAX, OwnerState, OwnerTable, TableKey};
 use crate::filter::ckf::{BucketImage, CkfAllocationError, CkfFormat, CuckooFilter};
 use crate::model::hashing::{ExternalBlockHash, SequenceHash};
 use crate::model::kv_events::{KvCacheEventData, Residency, RouterEvent, SourceKey, StoreData};
@@ -123,7 +123,7 @@ pub struct OwnershipCounters {
 }
 
 /// A replay-ordered rebuild of one rank's lineage, validated as it is built.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct RankReplacement {
     lineage: LineageTable,
     /// Mappings in replay order, so installation is deterministic.
@@ -131,10 +131,11 @@ pub struct RankReplacement {
 }
 
 impl RankReplacement {
-    /// An empty replacement (replacing a rank with it removes the rank's blocks).
+    /// An empty replacement (replacing a rank with it removes the rank's blocks), hashing its
+    /// dump's block ids under `key` (the pool's [`PoolOwnership::table_key`]).
     #[must_use]
-    pub fn new() -> Self {
-        Self::default()
+    pub fn new(key: TableKey) -> Self {
+        RankReplacement { lineage: LineageTable::new(key), order: Vec::new() }
     }
 
     /// Add one event of a replay-ordered dump: only primary stores are accepted, parents must
@@ -194,7 +195,8 @@ fn plan_store(lineage: &LineageTable, store: &StoreData) -> Result<StorePlan, Ap
     };
     plan.new_mappings.reserve(store.blocks.len());
     // Long chains index their own new mappings so duplicate ids stay O(1) to find.
-    let mut batch = (store.blocks.len() > BATCH_INDEX_MIN_BLOCKS).then(LineageTable::default);
+    let mut batch =
+        (store.blocks.len() > BATCH_INDEX_MIN_BLOCKS).then(|| LineageTable::new(lineage.key()));
     for block in &store.blocks {
         let canonical = match previous {
             None => SequenceHash::root(block.tokens_hash),
@@ -235,25 +237,36 @@ pub struct PoolOwnership {
     filter: CuckooFilter,
     sources: BTreeMap<SourceKey, LineageTable>,
     owners: OwnerTable,
+    /// The key every table of this pool hashes under.
+    table_key: TableKey,
     /// Owned canonical hashes without residency.
     omitted_owned: u64,
     counters: OwnershipCounters,
 }
 
 impl PoolOwnership {
-    /// An empty pool with a filter of `format`; `rng` supplies cuckoo kick choices.
+    /// An empty pool with a filter of `format`; `rng` supplies cuckoo kick choices and, on a
+    /// stream of its own, the pool's [`TableKey`].
     pub fn new(
         format: CkfFormat,
         max_kicks: u32,
         rng: RelayRng,
     ) -> Result<Self, CkfAllocationError> {
+        let table_key = TableKey::from_rng(&rng);
         Ok(PoolOwnership {
             filter: CuckooFilter::new(format, max_kicks, rng)?,
             sources: BTreeMap::new(),
-            owners: OwnerTable::default(),
+            owners: OwnerTable::new(table_key),
+            table_key,
             omitted_owned: 0,
             counters: OwnershipCounters::default(),
         })
+    }
+
+    /// The secret key of this pool's tables, for building its [`RankReplacement`]s.
+    #[must_use]
+    pub fn table_key(&self) -> TableKey {
+        self.table_key
     }
 
     /// The pool's filter.
@@ -374,7 +387,7 @@ impl PoolOwnership {
 
     /// Commit a store; returns the number of capacity omissions.
     fn store(&mut self, source: SourceKey, store: &StoreData) -> Result<u32, ApplyError> {
-        let empty = LineageTable::default();
+        let empty = LineageTable::new(self.table_key);
         let lineage = self.sources.get(&source).unwrap_or(&empty);
         let plan = plan_store(lineage, store)?;
         if plan.new_mappings.is_empty() && plan.reoffers.is_empty() {
@@ -390,7 +403,8 @@ impl PoolOwnership {
         if !self.owners.try_reserve(additional) {
             return Err(ApplyError::AllocationFailed);
         }
-        let lineage = self.sources.entry(source).or_default();
+        let key = self.table_key;
+        let lineage = self.sources.entry(source).or_insert_with(|| LineageTable::new(key));
         if !lineage.try_reserve(additional) {
             return Err(ApplyError::AllocationFailed);
         }

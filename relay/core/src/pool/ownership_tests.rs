@@ -375,8 +375,12 @@ fn failure_dispositions_follow_the_reference_table() {
     );
 }
 
+fn replacement_key() -> TableKey {
+    TableKey::from_rng(&rng_from_seed(9))
+}
+
 fn replacement(events: &[RouterEvent]) -> RankReplacement {
-    let mut replacement = RankReplacement::new();
+    let mut replacement = RankReplacement::new(replacement_key());
     for event in events {
         replacement.push_event(event).expect("dump event accepted");
     }
@@ -406,7 +410,7 @@ fn recovery_rebuild_has_logical_parity_with_live_application() {
 
 #[test]
 fn dump_rejects_child_before_parent_and_non_stores() {
-    let mut r = RankReplacement::new();
+    let mut r = RankReplacement::new(replacement_key());
     assert_eq!(
         r.push_event(&stored(A, Some(1), &[(2, 22)])),
         Err(ApplyError::ParentBlockNotFound(1))
@@ -436,7 +440,7 @@ fn replacing_one_shared_owner_publishes_nothing() {
         .unwrap();
     assert!(p.take_publication().is_empty());
     // Replacing B's share with nothing keeps the block, owned by A.
-    p.replace_ranks(BTreeMap::from([(B, RankReplacement::new())])).unwrap();
+    p.replace_ranks(BTreeMap::from([(B, RankReplacement::new(replacement_key()))])).unwrap();
     assert!(p.take_publication().is_empty());
     assert_eq!(owners(&p, root(11)), 1);
     p.check_invariants().unwrap();
@@ -471,7 +475,7 @@ fn batched_rank_replacement_replaces_several_ranks_at_once() {
     apply(&mut p, &stored(B, None, &[(1, 13)]));
     p.replace_ranks(BTreeMap::from([
         (A, replacement(&[stored(A, None, &[(5, 21)])])),
-        (A1, RankReplacement::new()),
+        (A1, RankReplacement::new(replacement_key())),
     ]))
     .unwrap();
     p.check_invariants().unwrap();
@@ -491,7 +495,7 @@ fn saturated_replacement_counts_omissions_and_stays_consistent() {
     assert_eq!(p.counters().capacity_omissions, 2);
     p.check_invariants().unwrap();
     // Freeing B's rank readmits the omitted blocks of A during the next replacement.
-    p.replace_ranks(BTreeMap::from([(B, RankReplacement::new())])).unwrap();
+    p.replace_ranks(BTreeMap::from([(B, RankReplacement::new(replacement_key()))])).unwrap();
     assert_eq!(p.omitted_block_count(), 0);
     p.check_invariants().unwrap();
 }

@@ -1,48 +1,87 @@
 //! Compact hash tables of the exact ownership state.
 //!
-//! Keys are already hash-like (engine block ids, canonical sequence hashes), so a fixed folded
-//! multiply is enough to spread them; it has no random state, so iteration order is the same on
-//! every run with the same history. Entries are packed to keep the exact state small: a lineage
-//! entry is 16 bytes and an owner entry 12 bytes.
+//! The keys are engine block ids and canonical sequence hashes, both chosen by the DC's workers,
+//! so the tables hash them under a secret [`TableKey`]: without one a publisher could pick ids
+//! that share one probe sequence and make every operation linear. The key comes from the pool's
+//! seeded RNG, so a run with the same seed and history lays the tables out, and iterates them,
+//! in the same order. Entries are packed to keep the exact state small: a lineage entry is
+//! 16 bytes and an owner entry 12 bytes.
 
 use hashbrown::HashTable;
+use rand_core::{Rng, SeedableRng};
 
-/// Spread a 64-bit key over the table: folded 128-bit multiply by an odd constant.
-#[inline]
-fn spread(key: u64) -> u64 {
-    let product = u128::from(key) * 0x9E37_79B9_7F4A_7C15_u128;
-    (product as u64) ^ ((product >> 64) as u64)
+use crate::rng::RelayRng;
+
+/// The ChaCha stream the table key is drawn from, apart from the stream of the filter's kick
+/// choices so that keying the tables leaves the filter's placement unchanged.
+const TABLE_KEY_STREAM: u64 = 0x7461_626c_652d_6b65;
+
+/// The secret key of one pool's table hash: a keyed folded multiply (the construction of
+/// well-known fast keyed hashes), one 128-bit multiply per lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableKey {
+    xor: u64,
+    /// Odd, so the multiply is a bijection before folding.
+    multiplier: u64,
+}
+
+impl TableKey {
+    /// Draw a key from a pool's generator, on a stream of its own (`rng` is not advanced).
+    #[must_use]
+    pub fn from_rng(rng: &RelayRng) -> Self {
+        let mut keys = RelayRng::from_seed(rng.get_seed());
+        keys.set_stream(TABLE_KEY_STREAM);
+        TableKey { xor: keys.next_u64(), multiplier: keys.next_u64() | 1 }
+    }
+
+    /// Spread a 64-bit key over a table: folded 128-bit multiply of the keyed input.
+    #[inline]
+    fn spread(self, key: u64) -> u64 {
+        let product = u128::from(key ^ self.xor) * u128::from(self.multiplier);
+        (product as u64) ^ ((product >> 64) as u64)
+    }
 }
 
 /// One source's engine vocabulary: external block id → canonical sequence hash.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct LineageTable {
+    key: TableKey,
     table: HashTable<(u64, u64)>,
 }
 
 impl LineageTable {
+    pub(crate) fn new(key: TableKey) -> Self {
+        LineageTable { key, table: HashTable::new() }
+    }
+
+    pub(crate) fn key(&self) -> TableKey {
+        self.key
+    }
+
     #[inline]
     pub(crate) fn get(&self, external: u64) -> Option<u64> {
-        self.table.find(spread(external), |entry| entry.0 == external).map(|entry| entry.1)
+        self.table.find(self.key.spread(external), |entry| entry.0 == external).map(|entry| entry.1)
     }
 
     /// Insert a mapping the caller has checked is absent.
     #[inline]
     pub(crate) fn insert_new(&mut self, external: u64, canonical: u64) {
         debug_assert!(self.get(external).is_none());
-        self.table.insert_unique(spread(external), (external, canonical), |entry| spread(entry.0));
+        self.table.insert_unique(self.key.spread(external), (external, canonical), |entry| {
+            self.key.spread(entry.0)
+        });
     }
 
     #[inline]
     pub(crate) fn remove(&mut self, external: u64) -> Option<u64> {
-        match self.table.find_entry(spread(external), |entry| entry.0 == external) {
+        match self.table.find_entry(self.key.spread(external), |entry| entry.0 == external) {
             Ok(occupied) => Some(occupied.remove().0.1),
             Err(_) => None,
         }
     }
 
     pub(crate) fn try_reserve(&mut self, additional: usize) -> bool {
-        self.table.try_reserve(additional, |entry| spread(entry.0)).is_ok()
+        self.table.try_reserve(additional, |entry| self.key.spread(entry.0)).is_ok()
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -96,16 +135,23 @@ impl OwnerEntry {
 }
 
 /// Canonical hash → owner count and residency. Absent means no owner.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct OwnerTable {
+    key: TableKey,
     table: HashTable<OwnerEntry>,
 }
 
 impl OwnerTable {
+    pub(crate) fn new(key: TableKey) -> Self {
+        OwnerTable { key, table: HashTable::new() }
+    }
+
     #[inline]
     pub(crate) fn get(&self, canonical: u64) -> Option<OwnerState> {
         let key = canonical;
-        self.table.find(spread(key), |entry| ({ entry.canonical }) == key).map(|e| e.owner_state())
+        self.table
+            .find(self.key.spread(key), |entry| ({ entry.canonical }) == key)
+            .map(|e| e.owner_state())
     }
 
     /// Add `added` owners (the caller checked the sum stays within [`OWNERS_MAX`]); returns the
@@ -116,9 +162,9 @@ impl OwnerTable {
         let entry = self
             .table
             .entry(
-                spread(key),
+                self.key.spread(key),
                 |entry| ({ entry.canonical }) == key,
-                |entry| spread(entry.canonical),
+                |entry| self.key.spread(entry.canonical),
             )
             .or_insert(OwnerEntry { canonical, state: 0 });
         let entry = entry.into_mut();
@@ -132,8 +178,10 @@ impl OwnerTable {
     /// (owners 0 means the entry is gone), or `None` if the canonical hash had no owner.
     pub(crate) fn remove_owners(&mut self, canonical: u64, removed: u32) -> Option<OwnerState> {
         let key = canonical;
-        let mut occupied =
-            self.table.find_entry(spread(key), |entry| ({ entry.canonical }) == key).ok()?;
+        let mut occupied = self
+            .table
+            .find_entry(self.key.spread(key), |entry| ({ entry.canonical }) == key)
+            .ok()?;
         let before = occupied.get().owner_state();
         let owners = before.owners.saturating_sub(removed);
         if owners == 0 {
@@ -149,7 +197,8 @@ impl OwnerTable {
     #[inline]
     pub(crate) fn set_resident(&mut self, canonical: u64, resident: bool) {
         let key = canonical;
-        if let Some(entry) = self.table.find_mut(spread(key), |entry| ({ entry.canonical }) == key)
+        if let Some(entry) =
+            self.table.find_mut(self.key.spread(key), |entry| ({ entry.canonical }) == key)
         {
             let state = entry.state;
             entry.state = if resident { state | RESIDENT_BIT } else { state & OWNERS_MAX };
@@ -157,7 +206,7 @@ impl OwnerTable {
     }
 
     pub(crate) fn try_reserve(&mut self, additional: usize) -> bool {
-        self.table.try_reserve(additional, |entry| spread(entry.canonical)).is_ok()
+        self.table.try_reserve(additional, |entry| self.key.spread(entry.canonical)).is_ok()
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -177,6 +226,35 @@ impl OwnerTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rng::rng_from_seed;
+
+    fn test_key() -> TableKey {
+        TableKey::from_rng(&rng_from_seed(1))
+    }
+
+    #[test]
+    fn the_key_follows_the_seed_and_leaves_the_generator_alone() {
+        let rng = rng_from_seed(7);
+        assert_eq!(TableKey::from_rng(&rng), TableKey::from_rng(&rng_from_seed(7)));
+        assert_ne!(TableKey::from_rng(&rng), TableKey::from_rng(&rng_from_seed(8)));
+        let mut drawn = rng.clone();
+        let _ = TableKey::from_rng(&drawn);
+        assert_eq!(drawn.next_u64(), rng_from_seed(7).next_u64());
+    }
+
+    /// Ids chosen to share one bucket under a known key spread out under another: an attacker
+    /// who does not know the pool's key cannot aim its block ids at one probe sequence.
+    #[test]
+    fn ids_aimed_at_one_bucket_under_one_key_scatter_under_another() {
+        const BUCKET_BITS: u64 = 0xFFF;
+        let known = TableKey::from_rng(&rng_from_seed(1));
+        let secret = TableKey::from_rng(&rng_from_seed(2));
+        let aimed: Vec<u64> =
+            (0u64..).filter(|id| known.spread(*id) & BUCKET_BITS == 0).take(64).collect();
+        let buckets: std::collections::BTreeSet<u64> =
+            aimed.iter().map(|id| secret.spread(*id) & BUCKET_BITS).collect();
+        assert!(buckets.len() > 56, "64 aimed ids fell into {} buckets", buckets.len());
+    }
 
     #[test]
     fn owner_entries_are_twelve_bytes() {
@@ -185,7 +263,7 @@ mod tests {
 
     #[test]
     fn owner_counts_and_residency_are_independent() {
-        let mut owners = OwnerTable::default();
+        let mut owners = OwnerTable::new(test_key());
         assert_eq!(owners.add_owners(7, 1), OwnerState { owners: 1, resident: false });
         owners.set_resident(7, true);
         assert_eq!(owners.add_owners(7, 2), OwnerState { owners: 3, resident: true });
@@ -201,7 +279,7 @@ mod tests {
 
     #[test]
     fn lineage_maps_external_ids() {
-        let mut lineage = LineageTable::default();
+        let mut lineage = LineageTable::new(test_key());
         lineage.insert_new(1, 100);
         lineage.insert_new(2, 200);
         assert_eq!(lineage.get(1), Some(100));

@@ -1283,7 +1283,7 @@ fn execute(pool: &mut PoolOwnership, commands: &[SourceCommand]) {
             SourceCommand::ReplaceRanks { ranks } => {
                 let mut replacements = BTreeMap::new();
                 for dump in ranks {
-                    let mut replacement = RankReplacement::new();
+                    let mut replacement = RankReplacement::new(pool.table_key());
                     for event in &dump.events {
                         replacement.push_event(event).unwrap();
                     }

@@ -465,7 +465,7 @@ impl Node {
                 let mut commands = Vec::new();
                 for dump in ranks {
                     self.rank_fences.insert((pool_id, layout_generation, dump.source), dump.fence);
-                    let mut replacement = RankReplacement::new();
+                    let mut replacement = RankReplacement::new(actor.table_key());
                     let built =
                         dump.events.iter().try_for_each(|event| replacement.push_event(event));
                     match built {

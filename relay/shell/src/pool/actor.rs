@@ -41,7 +41,7 @@ use super::script::{
 use crate::runtime::{BlockingExecutor, run_blocking};
 use kvrelay_core::model::identity::LaneLease;
 use kvrelay_core::model::kv_events::{RouterEvent, SourceKey};
-use kvrelay_core::pool::{ApplyError, OwnershipCounters, PoolOwnership, RankReplacement};
+use kvrelay_core::pool::{ApplyError, OwnershipCounters, PoolOwnership, RankReplacement, TableKey};
 use kvrelay_core::pool::{
     Delta, FenceReason, PUBLICATION_DELAY_MS, PUBLICATION_THRESHOLD_EVENTS, PublicationCadence,
     PublishError, PublishOutcome, Publisher, Snapshot,
@@ -227,6 +227,7 @@ pub struct PoolActorHandle {
     permits: Arc<Semaphore>,
     permits_max: u32,
     fence: CancellationToken,
+    table_key: TableKey,
 }
 
 /// The actor's journaling role (see [`PublicationMode`]).
@@ -456,6 +457,7 @@ pub fn spawn_pool_actor_with(
     let permits_max = config.pending_block_permits.max(1);
     let permits = Arc::new(Semaphore::new(permits_max as usize));
     let fence = CancellationToken::new();
+    let table_key = pool.table_key();
     let (deltas, _) = broadcast::channel(config.delta_broadcast_capacity.max(1));
     let core = ActorCore {
         pool,
@@ -472,7 +474,7 @@ pub fn spawn_pool_actor_with(
         served: None,
     };
     let task = crate::runtime::spawn(run(core, mailbox, config, executor, faults, fence.clone()));
-    (PoolActorHandle { commands, permits, permits_max, fence }, task)
+    (PoolActorHandle { commands, permits, permits_max, fence, table_key }, task)
 }
 
 async fn run(
@@ -657,6 +659,12 @@ async fn barrier_snapshot(
 }
 
 impl PoolActorHandle {
+    /// The key the pool's tables hash under; rank replacements for it are built with it.
+    #[must_use]
+    pub fn table_key(&self) -> TableKey {
+        self.table_key
+    }
+
     async fn send(&self, command: Command) -> Result<(), ActorGone> {
         self.commands.send(command).await.map_err(|_| ActorGone)
     }

@@ -187,7 +187,7 @@ async fn replace_and_reset_rank_publish_at_once() {
     let remove = subscription.deltas.recv().await.unwrap();
     assert_eq!((add.sequence, remove.sequence), (1, 2));
     assert!(remove.images.iter().all(|image| image.word == 0));
-    let mut replacement = RankReplacement::new();
+    let mut replacement = RankReplacement::new(actor.table_key());
     replacement.push_event(&store(7, None)).unwrap();
     let replaced = actor
         .replace_ranks(BTreeMap::from([(SourceKey { worker_id: 1, dp_rank: 0 }, replacement)]))
