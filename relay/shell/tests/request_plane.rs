@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use fake_worker::*;
 use kvrelay::request_plane::{
-    PayloadCodec, QueryPhase, RecoveryClient, RecoveryClientConfig, RecoveryError,
+    CALL_HOME_HANDSHAKE_TIMEOUT, CALL_HOME_HANDSHAKES_IN_FLIGHT_MAX, PayloadCodec, QueryPhase,
+    RecoveryClient, RecoveryClientConfig, RecoveryError,
 };
 use kvrelay::runtime::TokioBlockingExecutor;
 use kvrelay_core::inputs::{RecoveryTarget, RequestPlaneTransport};
@@ -511,24 +512,97 @@ async fn json_codec_queries_use_json_bodies_and_wrappers() {
     .await;
 }
 
+/// A worker that answers a tree dump `delay` after the request, and signals when it has the
+/// request (so the query is pending from then until the answer).
+fn answer_after(delay: Duration, asked: Arc<tokio::sync::Notify>) -> Script {
+    let frames = answer_frames(captured_tree_dump_body());
+    Arc::new(move |_| {
+        asked.notify_one();
+        Reply {
+            ack: Some(Vec::new()),
+            call_home: Some(frames.clone()),
+            call_home_delay: delay,
+            ..Reply::default()
+        }
+    })
+}
+
+/// Open a connection to the response listener and wait (bounded) until the relay closes it.
+async fn closed_by_listener(address: std::net::SocketAddr, sent: &[u8]) -> bool {
+    let mut connection = TcpStream::connect(address).await.unwrap();
+    let _ = connection.write_all(sent).await;
+    let mut probe = [0u8; 8];
+    let read = tokio::time::timeout(Duration::from_secs(5), connection.read(&mut probe)).await;
+    matches!(read, Ok(Ok(0)) | Ok(Err(_)))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_call_homes_are_closed_and_counted() {
     bounded(async {
-        let client = client(RecoveryClientConfig::new(20)).await;
-        let mut stranger = TcpStream::connect(client.response_address()).await.unwrap();
+        let client = Arc::new(client(RecoveryClientConfig::new(20)).await);
+        let address = client.response_address();
         let handshake =
             br#"{"subject":"00000000-0000-4000-8000-000000000000","stream_type":"response"}"#;
-        stranger.write_all(&two_part(handshake, b"")).await.unwrap();
-        let mut probe = [0u8; 8];
-        let read = tokio::time::timeout(Duration::from_secs(5), stranger.read(&mut probe)).await;
-        assert!(matches!(read, Ok(Ok(0))), "the listener closes an unmatched call-home");
-        assert_eq!(client.stats().call_homes_unmatched, 1);
+        let stranger = two_part(handshake, b"");
+        // With no query pending, every connection is closed unread.
+        assert!(closed_by_listener(address, &stranger).await);
+        assert!(closed_by_listener(address, &[0xff; 24]).await);
+        assert_eq!(client.stats().call_homes_unmatched, 2);
+        assert_eq!(client.stats().call_homes_malformed, 0);
 
-        let mut garbage = TcpStream::connect(client.response_address()).await.unwrap();
-        garbage.write_all(&[0xff; 24]).await.unwrap();
-        let read = tokio::time::timeout(Duration::from_secs(5), garbage.read(&mut probe)).await;
-        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))));
+        // While one is pending, handshakes are read: a foreign subject and garbage are refused
+        // and the real answer still arrives.
+        let asked = Arc::new(tokio::sync::Notify::new());
+        let worker =
+            FakeWorker::start(answer_after(Duration::from_millis(500), Arc::clone(&asked))).await;
+        let query = {
+            let client = Arc::clone(&client);
+            let target = worker.target();
+            kvrelay::runtime::spawn(async move {
+                client.query(&target, dump_request(), Duration::from_secs(5)).await
+            })
+        };
+        asked.notified().await;
+        assert!(closed_by_listener(address, &stranger).await);
+        assert!(closed_by_listener(address, &[0xff; 24]).await);
+        assert_eq!(client.stats().call_homes_unmatched, 3);
         assert_eq!(client.stats().call_homes_malformed, 1);
+        assert!(query.await.unwrap().is_ok());
+    })
+    .await;
+}
+
+/// Connections that never send a handshake cannot keep a worker's answer out: at the bound the
+/// oldest unfinished handshake is closed to admit the newest, so the answer, which sends its
+/// handshake at once, gets through long before the silent ones would time out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_call_homes_cannot_hold_the_handshake_slots() {
+    bounded(async {
+        const SILENT: usize = CALL_HOME_HANDSHAKES_IN_FLIGHT_MAX + 16;
+        let client = Arc::new(client(RecoveryClientConfig::new(22)).await);
+        let asked = Arc::new(tokio::sync::Notify::new());
+        let worker =
+            FakeWorker::start(answer_after(Duration::from_millis(300), Arc::clone(&asked))).await;
+        let started = tokio::time::Instant::now();
+        let query = {
+            let client = Arc::clone(&client);
+            let target = worker.target();
+            kvrelay::runtime::spawn(async move {
+                client.query(&target, dump_request(), Duration::from_secs(10)).await
+            })
+        };
+        asked.notified().await;
+        let mut silent = Vec::with_capacity(SILENT);
+        for _ in 0..SILENT {
+            silent.push(TcpStream::connect(client.response_address()).await.unwrap());
+        }
+        let answer = query.await.unwrap();
+        assert!(answer.is_ok(), "{answer:?}");
+        assert!(
+            started.elapsed() < CALL_HOME_HANDSHAKE_TIMEOUT,
+            "the answer waited for silent handshakes to time out"
+        );
+        assert!(client.stats().call_homes_refused >= 16, "{:?}", client.stats());
     })
     .await;
 }

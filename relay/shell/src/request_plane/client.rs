@@ -6,7 +6,12 @@
 //! - The client owns one TCP listener (the response listener, advertised in every request) and
 //!   one accept task. The accept task reads each incoming connection's handshake (bounded in
 //!   time, at most [`CALL_HOME_HANDSHAKES_IN_FLIGHT_MAX`] at once) and hands the connection to
-//!   the pending query whose subject it names; unknown subjects are closed and counted.
+//!   the pending query whose subject it names; unknown subjects are closed and counted. The
+//!   listener is unauthenticated (Dynamo's workers present nothing but the subject), so it
+//!   defends by position: a connection while no query is pending is closed at once, and at the
+//!   handshake bound the oldest unfinished handshake is closed to admit the new connection. A
+//!   worker's call-home sends its handshake as soon as it connects, so connections that never
+//!   send one cannot hold the slots an answer needs.
 //! - Each worker address (`host:port` of its request-plane server) has one pooled request
 //!   connection, and **at most one query in flight**. Decision: Dynamo's worker serves recovery
 //!   queries one at a time (a 1-permit semaphore guards tree dumps), so pipelining would only
@@ -31,7 +36,7 @@ use std::time::Duration;
 use rand_core::Rng;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedMutexGuard, Semaphore, oneshot};
+use tokio::sync::{OwnedMutexGuard, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{debug, warn};
 
@@ -68,7 +73,8 @@ pub const PENDING_QUERIES_MAX: usize = 1024;
 /// Default bound of worker addresses with a pooled connection.
 pub const WORKER_CONNECTIONS_MAX: usize = 1024;
 
-/// Call-home connections whose handshake is being read at once; more are closed on accept.
+/// Call-home connections whose handshake is being read at once; at the bound the oldest is
+/// closed to make room for the newest.
 pub const CALL_HOME_HANDSHAKES_IN_FLIGHT_MAX: usize = 64;
 
 /// Default bound of reading one call-home handshake.
@@ -227,7 +233,8 @@ pub struct RequestPlaneStats {
     pub connections_reused: u64,
     /// Call-home connections whose subject matched no pending query (late or foreign).
     pub call_homes_unmatched: u64,
-    /// Call-home connections closed because too many handshakes were in flight.
+    /// Call-home connections closed unread because [`CALL_HOME_HANDSHAKES_IN_FLIGHT_MAX`]
+    /// newer ones arrived before their handshake did.
     pub call_homes_refused: u64,
     /// Call-home connections with an unreadable or late handshake.
     pub call_homes_malformed: u64,
@@ -718,9 +725,32 @@ async fn read_growing<R: AsyncRead + Unpin>(reader: &mut R, length: usize) -> io
     Ok(buffer)
 }
 
+/// The call-home handshakes being read, oldest first. Each is cancelled when it finishes (its
+/// task holds a drop guard), so the live ones are those not yet cancelled.
+#[derive(Default)]
+struct HandshakeSlots {
+    open: std::collections::VecDeque<CancellationToken>,
+}
+
+impl HandshakeSlots {
+    /// A slot for a new handshake under `stop`; at the bound the oldest unfinished handshake
+    /// is cancelled first, and `true` says one was.
+    fn admit(&mut self, stop: &CancellationToken) -> (CancellationToken, bool) {
+        self.open.retain(|slot| !slot.is_cancelled());
+        let evicted = self.open.len() >= CALL_HOME_HANDSHAKES_IN_FLIGHT_MAX;
+        if evicted && let Some(oldest) = self.open.pop_front() {
+            oldest.cancel();
+        }
+        let slot = stop.child_token();
+        self.open.push_back(slot.clone());
+        debug_assert!(self.open.len() <= CALL_HOME_HANDSHAKES_IN_FLIGHT_MAX);
+        (slot, evicted)
+    }
+}
+
 /// Accept call-home connections until `stop` fires; route each by its handshake.
 async fn accept_call_homes(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
-    let handshakes = Arc::new(Semaphore::new(CALL_HOME_HANDSHAKES_IN_FLIGHT_MAX));
+    let mut slots = HandshakeSlots::default();
     let mut backoff = Duration::from_millis(1);
     loop {
         let accepted = tokio::select! {
@@ -731,16 +761,20 @@ async fn accept_call_homes(listener: TcpListener, shared: Arc<Shared>, stop: Can
         match accepted {
             Ok((stream, _peer)) => {
                 backoff = Duration::from_millis(1);
-                let Ok(permit) = Arc::clone(&handshakes).try_acquire_owned() else {
-                    shared.count(|stats| bump(&mut stats.call_homes_refused));
+                if lock(&shared.pending).is_empty() {
+                    // No query asked for an answer: nothing this connection says can match.
+                    shared.count(|stats| bump(&mut stats.call_homes_unmatched));
                     drop(stream);
                     continue;
-                };
+                }
+                let (slot, evicted) = slots.admit(&stop);
+                if evicted {
+                    shared.count(|stats| bump(&mut stats.call_homes_refused));
+                }
                 let shared = Arc::clone(&shared);
-                let stop = stop.clone();
                 crate::runtime::spawn(async move {
-                    let _permit = permit;
-                    route_call_home(stream, &shared, &stop).await;
+                    let _finished = slot.clone().drop_guard();
+                    route_call_home(stream, &shared, &slot).await;
                 });
             }
             Err(error) => {
@@ -756,11 +790,12 @@ async fn accept_call_homes(listener: TcpListener, shared: Arc<Shared>, stop: Can
     }
 }
 
-/// Read a call-home handshake and hand the connection to the query it names.
-async fn route_call_home(mut stream: TcpStream, shared: &Shared, stop: &CancellationToken) {
+/// Read a call-home handshake and hand the connection to the query it names, unless `slot` is
+/// cancelled first (shutdown, or a newer connection took the slot).
+async fn route_call_home(mut stream: TcpStream, shared: &Shared, slot: &CancellationToken) {
     let read = tokio::select! {
         biased;
-        () = stop.cancelled() => return,
+        () = slot.cancelled() => return,
         read = tokio::time::timeout(shared.config.handshake_timeout, read_handshake(&mut stream)) => read,
     };
     let subject = match read {

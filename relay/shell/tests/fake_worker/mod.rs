@@ -62,6 +62,8 @@ pub struct Reply {
     pub call_home: Option<Vec<Vec<u8>>>,
     /// What the worker does with the call-home connection after its frames.
     pub end: CallHomeEnd,
+    /// How long the worker waits after the request before it calls home.
+    pub call_home_delay: Duration,
 }
 
 /// How a fake worker ends a call-home connection.
@@ -135,6 +137,7 @@ pub async fn serve_connection(
         if let Some(frames) = reply.call_home {
             let address = request.info_text("address");
             let subject = request.info_text("subject");
+            tokio::time::sleep(reply.call_home_delay).await;
             if let Ok(mut home) = TcpStream::connect(address).await {
                 let handshake = format!(r#"{{"subject":"{subject}","stream_type":"response"}}"#);
                 let mut bytes = two_part(handshake.as_bytes(), b"");
