@@ -1530,6 +1530,8 @@ mod tests {
             endpoint_count: 2,
             active_endpoint_count: 2 - fenced,
             fenced_endpoint_count: fenced,
+            budget_refused_endpoint_count: 0,
+            pools_max: 2_048,
         };
         let control = ControlHealth {
             healthy,

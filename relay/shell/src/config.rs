@@ -266,6 +266,8 @@ pub struct RelayConfig {
     pub expected_unique_blocks: u64,
     /// The filter format every pool uses.
     pub ckf_format: CkfFormat,
+    /// `DYN_RELAY_POOL_FILTER_BYTES_MAX`: the bytes all pools' filters may take together.
+    pub pool_filter_bytes_max: u64,
     /// WAN listener, if any.
     pub bind: Option<SocketAddr>,
     /// Live-reloaded namespace source list, if any. With it, `scope` watches every namespace
@@ -439,6 +441,7 @@ pub fn resolve(
         dc_id,
         scope,
         expected_unique_blocks,
+        pool_filter_bytes_max: limits::resolve_pool_filter_bytes_max(&env, &ckf_format)?,
         ckf_format,
         bind,
         sources_file: cli.sources_file.clone(),

@@ -609,3 +609,54 @@ async fn shutdown_says_not_serving_first_then_withdraws_the_pools_then_ends_the_
     })
     .await;
 }
+
+/// `DYN_RELAY_POOL_FILTER_BYTES_MAX` room for one filter: a second pool waits (counted, the
+/// relay stays ready and keeps serving the first), and gets the budget once the first goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_beyond_the_filter_budget_wait_and_the_relay_stays_ready() {
+    bounded(async {
+        let nats = NatsServer::start().await;
+        let store = FileStore::new();
+        let dynamo = Worker::live_only("dynamo", WORKER_A, PUBLISHER_A);
+        dynamo.register(&store);
+        let discovery = [
+            ("DYN_DISCOVERY_BACKEND", "file".to_owned()),
+            ("DYN_FILE_KV", store.root.display().to_string()),
+        ];
+        let mut config = relay_config(&discovery, &nats, None, None, &[]);
+        config.pool_filter_bytes_max = config.ckf_format.filter_bytes();
+        let relay = kvrelay::serve::start(config, start_options(7)).await.unwrap();
+        let ops = relay.ops_address.unwrap();
+        let consumer = start_consumer(&relay);
+        converge(&consumer, "the first pool", pool_ready).await;
+
+        let ver = Worker::live_only("ver", WORKER_C, PUBLISHER_C);
+        ver.register(&store);
+        let waiting = tokio::time::timeout(CONVERGE, async {
+            loop {
+                let (_, text) = http_get_async(ops, "/metrics").await;
+                if metric(&text, "kvrelay_pool_budget_waiting_endpoint_count") == Some(1) {
+                    return text;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await
+        .expect("the second pool was never counted as waiting for the budget");
+        assert_eq!(metric(&waiting, "kvrelay_pools_max"), Some(1));
+        assert_eq!(metric(&waiting, "kv_dc_relay_catalog_pool_count"), Some(1));
+        assert_eq!(metric(&waiting, "kvrelay_healthy"), Some(1));
+        assert_eq!(http_get_async(ops, "/ready").await.0, 200);
+
+        dynamo.unregister(&store);
+        converge(&consumer, "the second pool in the freed budget", |snapshot| {
+            pool_ready(snapshot)
+                && snapshot.pools[0].descriptor.serving_endpoint.to_string()
+                    == "ver/backend/generate"
+        })
+        .await;
+        consumer.shutdown().await;
+        relay.shutdown().await.unwrap();
+    })
+    .await;
+}

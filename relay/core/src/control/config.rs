@@ -46,12 +46,15 @@ pub struct ControlConfig {
     pub source_tracker: SourceTrackerConfig,
     /// The load window interval carried in every window.
     pub load_window_ms: NonZeroU64,
+    /// Most bytes the filters of all held pools take together
+    /// ([`HostConfig::pool_filter_bytes_max`](crate::host::HostConfig::pool_filter_bytes_max)).
+    pub pool_filter_bytes_max: u64,
 }
 
 impl ControlConfig {
     /// The reference defaults for `relay` in data center `dc_id` watching `scope`:
     /// [`EXPECTED_UNIQUE_BLOCKS_DEFAULT`], [`AmbiguityPolicy::Report`], the default tracker
-    /// bounds and [`LOAD_WINDOW_MS_DEFAULT`].
+    /// bounds, [`LOAD_WINDOW_MS_DEFAULT`] and the default pool filter budget.
     #[must_use]
     pub fn new(relay: RelayIdentity, dc_id: DcId, scope: DiscoveryScope) -> Self {
         ControlConfig {
@@ -62,6 +65,7 @@ impl ControlConfig {
             ambiguity_policy: AmbiguityPolicy::Report,
             source_tracker: SourceTrackerConfig::default(),
             load_window_ms: NonZeroU64::new(LOAD_WINDOW_MS_DEFAULT).unwrap_or(NonZeroU64::MIN),
+            pool_filter_bytes_max: crate::host::POOL_FILTER_BYTES_MAX_DEFAULT,
         }
     }
 }

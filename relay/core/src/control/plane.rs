@@ -216,9 +216,13 @@ impl ControlPlane {
             ambiguity_policy,
             source_tracker,
             load_window_ms,
+            pool_filter_bytes_max,
         } = config;
-        let host_config = HostConfig::for_expected_blocks(relay, dc_id, expected_unique_blocks)
-            .map_err(ControlError::CkfFormat)?;
+        let host_config = HostConfig {
+            pool_filter_bytes_max,
+            ..HostConfig::for_expected_blocks(relay, dc_id, expected_unique_blocks)
+                .map_err(ControlError::CkfFormat)?
+        };
         let host = EndpointHost::new(host_config)
             .map_err(|error| ControlError::Registry(Box::new(error)))?;
         let tracker_template =

@@ -36,7 +36,7 @@ pub use faults::{
 };
 pub use pools::{HeldPool, PoolRegistry, RegistryError};
 pub use slots::{
-    EndpointHost, HostCommand, HostConfig, HostHealth, RETRY_BACKOFF_MAX, RETRY_BACKOFF_MIN,
-    RetireReason, SlotFence, SlotLifecycle, SlotStatus, SourceBinding, StopMode, TargetDisposition,
-    retry_backoff,
+    EndpointHost, HostCommand, HostConfig, HostHealth, POOL_FILTER_BYTES_MAX_DEFAULT,
+    RETRY_BACKOFF_MAX, RETRY_BACKOFF_MIN, RetireReason, SlotFence, SlotLifecycle, SlotStatus,
+    SourceBinding, StopMode, TargetDisposition, retry_backoff,
 };

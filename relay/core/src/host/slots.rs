@@ -111,6 +111,9 @@ pub enum SlotFence {
     StartFailed,
     /// The last generation was fenced; a retry is scheduled.
     GenerationFenced,
+    /// The filters of the pools already held fill [`HostConfig::pool_filter_bytes_max`]; the
+    /// slot attaches once a pool is released.
+    PoolBudget,
 }
 
 /// Why a generation is retired.
@@ -246,7 +249,15 @@ pub struct HostConfig {
     pub dc_id: DcId,
     /// The CKF format of every producer.
     pub ckf_format: CkfFormat,
+    /// Most bytes the filters of all held pools may take together: each pool preallocates
+    /// its whole filter, so this bounds what discovery records can make the relay allocate.
+    /// A pool that would exceed it is not started ([`SlotFence::PoolBudget`]).
+    pub pool_filter_bytes_max: u64,
 }
+
+/// [`HostConfig::pool_filter_bytes_max`] unless the operator sets one: 2,048 pools at the
+/// default sizing (4 MiB filters for 1,048,576 expected blocks), 64 at the largest (128 MiB).
+pub const POOL_FILTER_BYTES_MAX_DEFAULT: u64 = 8 << 30;
 
 impl HostConfig {
     /// The configuration with the relay's CKF format for `expected_unique_blocks`.
@@ -259,7 +270,20 @@ impl HostConfig {
             relay,
             dc_id,
             ckf_format: CkfFormat::for_expected_blocks(expected_unique_blocks)?,
+            pool_filter_bytes_max: POOL_FILTER_BYTES_MAX_DEFAULT,
         })
+    }
+
+    /// Bytes of one pool's filter under [`HostConfig::ckf_format`].
+    #[must_use]
+    pub fn pool_filter_bytes(&self) -> u64 {
+        self.ckf_format.filter_bytes()
+    }
+
+    /// How many pools fit [`HostConfig::pool_filter_bytes_max`].
+    #[must_use]
+    pub fn pools_max(&self) -> u64 {
+        self.pool_filter_bytes_max / self.pool_filter_bytes().max(1)
     }
 }
 
@@ -297,6 +321,10 @@ pub struct HostHealth {
     pub endpoint_count: usize,
     /// Slots with a published generation.
     pub active_endpoint_count: usize,
+    /// Slots that want a pool but wait for the pool budget ([`SlotFence::PoolBudget`]).
+    pub budget_refused_endpoint_count: usize,
+    /// Pools the filter budget admits at once.
+    pub pools_max: u64,
     /// Fenced slots.
     pub fenced_endpoint_count: usize,
 }
@@ -356,6 +384,8 @@ struct Slot {
     consecutive_failures: u32,
     retry_at: Option<Duration>,
     last_failure: Option<SlotFence>,
+    /// The last attach pass wanted a pool here and found the pool budget full.
+    budget_refused: bool,
     faults: PendingActorFaults,
     recovery_in_flight: bool,
 }
@@ -371,6 +401,7 @@ impl Slot {
             consecutive_failures: 0,
             retry_at: None,
             last_failure: None,
+            budget_refused: false,
             faults: PendingActorFaults::new(),
             recovery_in_flight: false,
         }
@@ -433,6 +464,9 @@ impl Slot {
             Desire::Pool { .. } if self.retry_at.is_some() => {
                 (SlotLifecycle::Fenced, self.last_failure)
             }
+            Desire::Pool { .. } if self.budget_refused => {
+                (SlotLifecycle::Fenced, Some(SlotFence::PoolBudget))
+            }
             Desire::Pool { .. } => (SlotLifecycle::Discovered, None),
         }
     }
@@ -494,6 +528,8 @@ fn desire_of(
 #[derive(Debug, Clone)]
 pub struct EndpointHost {
     relay: RelayIdentity,
+    /// Pools the filter budget admits at once (at least one).
+    pools_max: u64,
     registry: PoolRegistry,
     slots: BTreeMap<EndpointPath, Slot>,
     /// The next slot incarnation; starts at 1.
@@ -507,6 +543,7 @@ impl EndpointHost {
     pub fn new(config: HostConfig) -> Result<Self, RegistryError> {
         Ok(EndpointHost {
             relay: config.relay,
+            pools_max: config.pools_max().max(1),
             registry: PoolRegistry::new(
                 config.relay.relay_incarnation,
                 config.dc_id,
@@ -561,14 +598,22 @@ impl EndpointHost {
         let mut active_endpoint_count = 0;
         let mut fenced_endpoint_count = 0;
         for slot in self.slots.values() {
-            match slot.lifecycle(self.shutting_down).0 {
-                SlotLifecycle::Active => active_endpoint_count += 1,
-                SlotLifecycle::Fenced => fenced_endpoint_count += 1,
+            match slot.lifecycle(self.shutting_down) {
+                (SlotLifecycle::Active, _) => active_endpoint_count += 1,
+                // Waiting for the pool budget is a capacity condition of this relay, not a
+                // fault of the endpoint: it is reported apart and leaves the host healthy, so
+                // records that ask for more pools than fit cannot make the relay unready.
+                (SlotLifecycle::Fenced, Some(SlotFence::PoolBudget)) => {}
+                (SlotLifecycle::Fenced, _) => fenced_endpoint_count += 1,
                 _ => {}
             }
         }
+        let budget_refused_endpoint_count =
+            self.slots.values().filter(|slot| slot.budget_refused).count();
         HostHealth {
             healthy: !self.shutting_down && self.last_error.is_none() && fenced_endpoint_count == 0,
+            budget_refused_endpoint_count,
+            pools_max: self.pools_max,
             shutting_down: self.shutting_down,
             host_last_error: self.last_error.as_ref().map(ToString::to_string),
             endpoint_count: self.slots.len(),
@@ -1045,7 +1090,9 @@ impl EndpointHost {
 
         // Phase 3: attach where a pool is wanted and none is held.
         if !shutting_down {
+            let pools_max = self.pools_max;
             for (endpoint, slot) in &mut self.slots {
+                slot.budget_refused = false;
                 if slot.retry_at.is_some_and(|retry_at| retry_at <= now) {
                     slot.retry_at = None;
                 }
@@ -1055,6 +1102,11 @@ impl EndpointHost {
                 let Desire::Pool { binding, .. } = &slot.desire else {
                     continue;
                 };
+                // Generations still retiring hold their filters until released, so they count.
+                if self.registry.held_count() as u64 >= pools_max {
+                    slot.budget_refused = true;
+                    continue;
+                }
                 match self.registry.attach(endpoint, binding.domain) {
                     Ok(producer) => {
                         slot.held = Some(HeldGeneration {

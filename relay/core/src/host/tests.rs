@@ -1039,3 +1039,42 @@ fn catalog_snapshot_serializes_for_snapshot_tests() {
     let health = serde_json::to_value(harness.host.health()).unwrap();
     assert_eq!(health["active_endpoint_count"], 1);
 }
+
+// ---- pool budget ---------------------------------------------------------------------------
+
+#[test]
+fn pools_beyond_the_filter_budget_wait_without_making_the_host_unhealthy() {
+    let mut config = config(relay());
+    config.pool_filter_bytes_max = 2 * config.pool_filter_bytes() + 1;
+    let mut harness = Harness::new();
+    harness.host = EndpointHost::new(config).unwrap();
+    let paths = ["prod/a/generate", "prod/b/generate", "prod/c/generate"];
+    for (index, path) in paths.iter().enumerate() {
+        harness.upsert(card_id(path, index as u64 + 1), aggregated(&format!("model-{index}")));
+        harness.source_up(path);
+    }
+    let commands = harness.settle();
+    assert_eq!(start_generations(&commands).len(), 2, "{:?}", kinds(&commands));
+    let mut published = harness.catalog_endpoints();
+    published.sort();
+    assert_eq!(published, paths[..2]);
+    let waiting = harness.host.slot(&endpoint(paths[2])).unwrap();
+    assert_eq!(
+        (waiting.lifecycle, waiting.fence),
+        (SlotLifecycle::Fenced, Some(SlotFence::PoolBudget))
+    );
+    let health = harness.host.health();
+    assert!(health.healthy, "{health:?}");
+    assert_eq!((health.budget_refused_endpoint_count, health.fenced_endpoint_count), (1, 0));
+    assert_eq!(health.pools_max, 2);
+
+    // Once a pool is withdrawn and released, the waiting endpoint gets the budget.
+    harness.source_down(paths[0]);
+    let commands = harness.settle();
+    assert!(kinds(&commands).contains(&"release"), "{:?}", kinds(&commands));
+    let mut published = harness.catalog_endpoints();
+    published.sort();
+    assert_eq!(published, paths[1..]);
+    assert_eq!(harness.lifecycle(paths[2]), SlotLifecycle::Active);
+    assert_eq!(harness.host.health().budget_refused_endpoint_count, 0);
+}

@@ -75,7 +75,9 @@ pub fn describe(config: &RelayConfig) -> Value {
             "bucketCount": config.ckf_format.bucket_count,
             "fingerprintBits": config.ckf_format.fingerprint_bits,
             "slotsPerBucket": config.ckf_format.slots_per_bucket,
+            "filterBytes": config.ckf_format.filter_bytes(),
         },
+        "poolFilterBytesMax": config.pool_filter_bytes_max,
         "bind": config.bind.map(|address| address.to_string()),
         "opsBind": config.ops_bind.map(|address| address.to_string()),
         "producer": {
@@ -169,6 +171,8 @@ mod tests {
         assert_eq!(document["wan"]["limits"]["maxRequestBytes"], 65_536);
         assert_eq!(document["shutdownTimeoutMs"], 10_000);
         assert_eq!(document["ckf"]["bucketCount"], 524_288);
+        assert_eq!(document["ckf"]["filterBytes"], 4 << 20);
+        assert_eq!(document["poolFilterBytesMax"], 8u64 << 30);
         assert_eq!(document["eventPlane"]["url"], "nats://127.0.0.1:4222");
         assert!(!document.to_string().contains("hunter2"));
     }

@@ -7,6 +7,9 @@
 
 use std::time::Duration;
 
+use kvrelay_core::filter::ckf::CkfFormat;
+use kvrelay_core::host::POOL_FILTER_BYTES_MAX_DEFAULT;
+
 use super::{ConfigError, Env, invalid, millis, parse_positive};
 
 /// Largest accepted `DYN_RELAY_MAX_HEADER_LIST_BYTES` / `DYN_RELAY_MAX_REQUEST_BYTES`: 16 MiB.
@@ -159,6 +162,29 @@ pub(super) fn resolve_shutdown_timeout(env: &Env<'_>) -> Result<Duration, Config
     millis(env, "DYN_RELAY_SHUTDOWN_TIMEOUT_MS", SHUTDOWN_TIMEOUT_DEFAULT.as_millis() as u64)
 }
 
+/// `DYN_RELAY_POOL_FILTER_BYTES_MAX`: the bytes the filters of all pools may take together
+/// (default [`POOL_FILTER_BYTES_MAX_DEFAULT`]); at least one pool's filter of `ckf_format`,
+/// since a smaller budget could never start a pool.
+pub(super) fn resolve_pool_filter_bytes_max(
+    env: &Env<'_>,
+    ckf_format: &CkfFormat,
+) -> Result<u64, ConfigError> {
+    const SETTING: &str = "DYN_RELAY_POOL_FILTER_BYTES_MAX";
+    let Some(value) = env.get(SETTING) else {
+        return Ok(POOL_FILTER_BYTES_MAX_DEFAULT);
+    };
+    let budget = parse_positive(SETTING, value, u64::MAX)?;
+    if budget < ckf_format.filter_bytes() {
+        let reason = format!(
+            "must hold at least one pool's filter ({} bytes at the configured expected unique \
+             blocks)",
+            ckf_format.filter_bytes()
+        );
+        return Err(invalid(SETTING, value, reason));
+    }
+    Ok(budget)
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -216,5 +242,23 @@ mod tests {
         }
         let error = resolve_shutdown_timeout(&Env(&env(&[("DYN_RELAY_SHUTDOWN_TIMEOUT_MS", "0")])));
         assert!(error.is_err());
+    }
+
+    #[test]
+    fn the_pool_budget_holds_at_least_one_filter() {
+        const SETTING: &str = "DYN_RELAY_POOL_FILTER_BYTES_MAX";
+        let format = CkfFormat::for_expected_blocks(1 << 20).unwrap();
+        let resolve = |value: Option<&str>| {
+            let pairs: Vec<(&str, &str)> =
+                value.map(|value| (SETTING, value)).into_iter().collect();
+            resolve_pool_filter_bytes_max(&Env(&env(&pairs)), &format)
+        };
+        assert_eq!(resolve(None).unwrap(), POOL_FILTER_BYTES_MAX_DEFAULT);
+        assert_eq!(resolve(Some("4194304")).unwrap(), 4 << 20);
+        for bad in ["4194303", "0", "-1", "lots"] {
+            let error = resolve(Some(bad)).unwrap_err().to_string();
+            assert!(error.contains(SETTING), "{bad}: {error}");
+        }
+        assert!(resolve(Some("1")).unwrap_err().to_string().contains("4194304 bytes"));
     }
 }

@@ -567,6 +567,21 @@ impl Node {
             stopped,
             control: Some(health),
         };
+        let refused = |status: &NodeStatus| {
+            status.control.as_ref().map_or(0, |control| control.host.budget_refused_endpoint_count)
+        };
+        let (before, after) = (refused(&self.status.borrow()), refused(&status));
+        if after > before {
+            let pools_max = status.control.as_ref().map_or(0, |control| control.host.pools_max);
+            tracing::warn!(
+                waiting = after,
+                pools_max,
+                "pool filter budget full (DYN_RELAY_POOL_FILTER_BYTES_MAX): endpoints wait for a \
+                 pool to be released"
+            );
+        } else if after == 0 && before > 0 {
+            tracing::info!("every endpoint that wants a pool has one again");
+        }
         self.status.send_if_modified(|current| {
             let changed = *current != status;
             *current = status;

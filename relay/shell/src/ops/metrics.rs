@@ -422,6 +422,18 @@ fn host_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
         count(host.map_or(0, |host| host.fenced_endpoint_count)),
     );
     out.single(
+        "kvrelay_pool_budget_waiting_endpoint_count",
+        Kind::Gauge,
+        "Endpoint slots that want a pool but wait for the pool filter budget.",
+        count(host.map_or(0, |host| host.budget_refused_endpoint_count)),
+    );
+    out.single(
+        "kvrelay_pools_max",
+        Kind::Gauge,
+        "Pools the filter budget (DYN_RELAY_POOL_FILTER_BYTES_MAX) admits at once.",
+        host.map_or(0, |host| host.pools_max),
+    );
+    out.single(
         "kvrelay_dc_inputs_total",
         Kind::Counter,
         "DC inputs handled by the node.",

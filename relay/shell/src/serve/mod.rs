@@ -146,6 +146,7 @@ impl RecoveryTransport for TcpRecovery {
 pub fn node_config(config: &RelayConfig, relay: RelayIdentity, seed: u64) -> NodeConfig {
     let mut control = ControlConfig::new(relay, config.dc_id, config.scope.clone());
     control.expected_unique_blocks = config.expected_unique_blocks;
+    control.pool_filter_bytes_max = config.pool_filter_bytes_max;
     control.load_window_ms =
         std::num::NonZeroU64::new(config.wan.load_window.as_millis().max(1) as u64)
             .unwrap_or(std::num::NonZeroU64::MIN);

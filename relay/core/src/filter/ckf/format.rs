@@ -78,6 +78,15 @@ impl CkfFormat {
         Ok(Self::v1(DEFAULT_SEED, bucket_count_for_expected_blocks(expected_unique_blocks)?))
     }
 
+    /// Bytes of a filter of this format: every slot holds one fingerprint.
+    #[must_use]
+    pub fn filter_bytes(&self) -> u64 {
+        let slot_bytes = u64::from(self.fingerprint_bits.div_ceil(8));
+        self.bucket_count
+            .saturating_mul(u64::from(self.slots_per_bucket))
+            .saturating_mul(slot_bytes)
+    }
+
     /// Accept only the one executable shape: version 1, 16-bit fingerprints, 4 slots, and a
     /// power-of-two bucket count in `2..=2^24`.
     pub fn validate(&self) -> Result<(), CkfFormatError> {
