@@ -17,6 +17,7 @@ pub mod policy;
 pub mod query;
 pub mod render;
 pub mod render_json;
+pub mod render_table;
 pub mod state;
 pub mod tls;
 

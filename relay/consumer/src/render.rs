@@ -332,7 +332,7 @@ pub fn answer_lines(model: &str, answers: &[QueryAnswer]) -> Vec<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
@@ -344,7 +344,7 @@ mod tests {
         EndpointPath, RelayIdentity, resolve_indexer_domain, stable_dc_id,
     };
 
-    fn pool(generation: u64, sequence: Option<u64>) -> PoolReplicaState {
+    pub(crate) fn pool(generation: u64, sequence: Option<u64>) -> PoolReplicaState {
         let endpoint: EndpointPath = "dynamo/backend/generate".parse().unwrap();
         let domain =
             resolve_indexer_domain("tiny-llm", 16, HashFormat::StandardV1, &endpoint, None)
@@ -385,7 +385,7 @@ mod tests {
         }
     }
 
-    fn snapshot(pools: Vec<PoolReplicaState>) -> ConsumerSnapshot {
+    pub(crate) fn snapshot(pools: Vec<PoolReplicaState>) -> ConsumerSnapshot {
         ConsumerSnapshot {
             relay: Some(RelayIdentity { drt_instance_id: 0x11, relay_incarnation: 0x1234 }),
             catalog_revision: Some(3),

@@ -20,6 +20,7 @@ pub mod pool;
 pub mod publication;
 pub mod request_plane;
 pub mod runtime;
+pub mod screen;
 pub mod serve;
 #[cfg(test)]
 mod test_pki;

@@ -13,9 +13,10 @@ use kvrelay::config::{self, CliValues};
 use kvrelay::demo::{Demo, DemoOptions};
 use kvrelay::runtime::os_seed;
 use kvrelay::runtime::{SystemWallClock, TokioBlockingExecutor, WallClock};
+use kvrelay::screen::Screen;
 use kvrelay::serve::ServeOptions;
 use kvrelay::wan::serve;
-use kvrelay_consumer::{ConsumerConfig, RelayConsumer, render, render_json};
+use kvrelay_consumer::{ConsumerConfig, RelayConsumer, render, render_json, render_table};
 use kvrelay_core::rng::{derive_seed, rng_from_seed};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -327,18 +328,23 @@ async fn demo_command(args: DemoArgs) -> Result<()> {
     let deadline = shutdown_signal(args.duration_secs);
     tokio::pin!(deadline);
     let mut summaries = tokio::time::interval(Duration::from_secs(2));
+    let mut screen = Screen::new(true);
     loop {
         tokio::select! {
             biased;
             () = &mut deadline => break,
             _ = summaries.tick() => {
                 let snapshot = consumer.snapshot();
-                println!("---");
-                for line in render::snapshot_lines(&snapshot) {
-                    println!("{line}");
-                }
-                for line in render::answer_lines("tiny-llm", &consumer.query(&prompt, "tiny-llm")) {
-                    println!("{line}");
+                let mut lines = if screen.redraws() {
+                    render_table::table_lines(&snapshot)
+                } else {
+                    let mut lines = vec!["---".to_owned()];
+                    lines.extend(render::snapshot_lines(&snapshot));
+                    lines
+                };
+                lines.extend(render::answer_lines("tiny-llm", &consumer.query(&prompt, "tiny-llm")));
+                if !screen.frame(&lines)? {
+                    break;
                 }
             }
         }
@@ -359,16 +365,18 @@ async fn watch_command(args: RemoteArgs) -> Result<()> {
     let mut changes = consumer.changes();
     let mut previous = consumer.snapshot();
     let mut previous_json = render_json::snapshot_json(&previous);
-    if args.json {
-        println!("{previous_json}");
+    // JSON lines are for programs: never redrawn, even on a terminal.
+    let mut screen = Screen::new(!args.json);
+    let mut reading = if args.json {
+        screen.lines(&[previous_json.to_string()])?
+    } else if screen.redraws() {
+        screen.frame(&render_table::table_lines(&previous))?
     } else {
-        for line in render::snapshot_lines(&previous) {
-            println!("{line}");
-        }
-    }
+        screen.lines(&render::snapshot_lines(&previous))?
+    };
     let deadline = shutdown_signal(args.duration_secs);
     tokio::pin!(deadline);
-    loop {
+    while reading {
         tokio::select! {
             biased;
             () = &mut deadline => break,
@@ -380,13 +388,13 @@ async fn watch_command(args: RemoteArgs) -> Result<()> {
                 if args.json {
                     let current_json = render_json::snapshot_json(&current);
                     if current_json != previous_json {
-                        println!("{current_json}");
+                        reading = screen.lines(&[current_json.to_string()])?;
                         previous_json = current_json;
                     }
+                } else if screen.redraws() {
+                    reading = screen.frame(&render_table::table_lines(&current))?;
                 } else {
-                    for line in render::change_lines(Some(&previous), &current) {
-                        println!("{line}");
-                    }
+                    reading = screen.lines(&render::change_lines(Some(&previous), &current))?;
                 }
                 previous = current;
             }
@@ -410,13 +418,12 @@ async fn query_command(args: QueryArgs) -> Result<()> {
     )?;
     tokio::time::sleep(Duration::from_secs(args.settle_secs)).await;
     let answers = consumer.query(&args.tokens, &args.model);
-    if args.json {
-        println!("{}", render_json::answers_json(&args.model, &answers));
+    let lines = if args.json {
+        vec![render_json::answers_json(&args.model, &answers).to_string()]
     } else {
-        for line in render::answer_lines(&args.model, &answers) {
-            println!("{line}");
-        }
-    }
+        render::answer_lines(&args.model, &answers)
+    };
+    Screen::new(false).lines(&lines)?;
     consumer.shutdown().await;
     Ok(())
 }
