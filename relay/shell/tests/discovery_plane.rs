@@ -954,3 +954,37 @@ async fn file_backend_reads_changed_files_only_and_a_relist_finds_exactly_the_dr
         "{changed:#?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_widened_namespace_selection_is_read_at_once_not_at_the_next_relist() {
+    let store = FileStore::new();
+    write_worker(&store, T0_US);
+    let (facts_tx, mut facts_rx) = mpsc::channel(16);
+    let (limit_tx, limit_rx) = watch::channel(Some(BTreeSet::new()));
+    let sink = DiscoverySink::new(facts_tx).with_namespace_limit(limit_rx);
+    let cancel = CancellationToken::new();
+    let task = kvrelay::runtime::spawn(run_file_discovery(
+        FileDiscoveryConfig::new(&store.root),
+        watch_all(),
+        sink,
+        Arc::new(ManualWallClock::new(T0_US)),
+        cancel.clone(),
+    ));
+    // Nothing is selected: the first poll lists no card (the files are read and stamped).
+    let empty = receive_until(&mut facts_rx, Duration::from_secs(5), "empty listing", |facts| {
+        !facts.is_empty()
+    })
+    .await;
+    assert_eq!(empty, vec![DcInput::CardsListed { cards: Vec::new() }]);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The selection widens: the unchanged files are read again by the next poll, not 30 s on.
+    let widened = tokio::time::Instant::now();
+    limit_tx.send_replace(Some(["dynamo".to_owned()].into_iter().collect()));
+    let arrived =
+        receive_until(&mut facts_rx, Duration::from_secs(5), "widened", |facts| facts.len() >= 3)
+            .await;
+    assert!(widened.elapsed() <= Duration::from_secs(2), "{:?}", widened.elapsed());
+    assert!(arrived.contains(&live(&[INSTANCE])), "{arrived:#?}");
+    cancel.cancel();
+    assert!(task.await.unwrap().is_ok());
+}

@@ -294,6 +294,10 @@ pub enum WatchBatch {
     },
 }
 
+/// Most batches kept while the watchers of one stream are being confirmed (etcd confirms each
+/// creation at once; a confirmed watcher's history replay may arrive meanwhile).
+const EARLY_BATCHES_MAX: usize = 1024;
+
 /// An open watch stream: one gRPC `Watch` call carrying one watcher per watched prefix.
 #[derive(Debug)]
 pub struct WatchStream {
@@ -589,6 +593,12 @@ impl EtcdClient {
                     stream.compacted = Some(compact_revision);
                     stream.early.clear();
                     return Ok(stream);
+                }
+                Some(_) if stream.early.len() >= EARLY_BATCHES_MAX => {
+                    return Err(EtcdError::Protocol {
+                        call: "watch",
+                        reason: "too many answers before every watcher was confirmed",
+                    });
                 }
                 Some(batch) => stream.early.push_back(batch),
                 None => {}
