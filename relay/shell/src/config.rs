@@ -310,6 +310,11 @@ impl Env<'_> {
     }
 }
 
+/// The period of the discovery backends' reconciling relist, in milliseconds.
+pub const RELIST_INTERVAL_ENV: &str = "DYN_RELAY_DISCOVERY_RELIST_INTERVAL_MS";
+/// Its default: relay-facts §12's reconcile interval.
+const RELIST_INTERVAL_DEFAULT_MS: u64 = 30_000;
+
 /// The sources file guard variable (empty counts as unset).
 const CONNECTION_REVISION_ENV: &str = "DYN_RELAY_CONNECTION_REVISION";
 
@@ -449,7 +454,15 @@ pub fn resolve(
         ops_bind,
         producer,
         wan,
-        discovery: resolve_discovery(&env)?,
+        discovery: {
+            let mut discovery = resolve_discovery(&env)?;
+            discovery.set_relist_interval(millis(
+                &env,
+                RELIST_INTERVAL_ENV,
+                RELIST_INTERVAL_DEFAULT_MS,
+            )?);
+            discovery
+        },
         event_plane: resolve_event_plane(&env)?,
         record: resolve_record(cli, &env)?,
         pod_uid: env.get("POD_UID").map(|uid| uid.trim().to_owned()),
@@ -799,6 +812,37 @@ mod tests {
             }
         );
         assert_eq!(config.record, None);
+    }
+
+    #[test]
+    fn the_discovery_relist_interval_defaults_to_30_s_and_is_validated() {
+        let default = resolve(&cli_dc(), &env(&[])).unwrap();
+        assert_eq!(default.discovery.relist_interval(), Duration::from_secs(30));
+        for backend in [
+            vec![],
+            vec![("DYN_DISCOVERY_BACKEND", "file"), ("DYN_FILE_KV", "/tmp/kv")],
+            vec![
+                ("DYN_DISCOVERY_BACKEND", "kubernetes"),
+                ("KVRELAY_KUBE_API_URL", "http://127.0.0.1:8001"),
+                ("POD_NAMESPACE", "dynamo"),
+            ],
+        ] {
+            let mut pairs = backend.clone();
+            pairs.push((RELIST_INTERVAL_ENV, "2500"));
+            let config = resolve(&cli_dc(), &env(&pairs)).unwrap();
+            assert_eq!(
+                config.discovery.relist_interval(),
+                Duration::from_millis(2500),
+                "{backend:?}"
+            );
+        }
+        for bad in ["0", "", "soon", "-5"] {
+            let error = resolve(&cli_dc(), &env(&[(RELIST_INTERVAL_ENV, bad)])).unwrap_err();
+            assert!(
+                matches!(&error, ConfigError::Invalid { setting, .. } if *setting == RELIST_INTERVAL_ENV),
+                "{bad:?}: {error}"
+            );
+        }
     }
 
     #[test]

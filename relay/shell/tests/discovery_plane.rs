@@ -403,14 +403,30 @@ struct RelayUnderTest {
 
 impl RelayUnderTest {
     fn start(config: EtcdDiscoveryConfig) -> Self {
+        Self::start_scoped(config, watch_all())
+    }
+
+    fn start_scoped(config: EtcdDiscoveryConfig, scope: DiscoveryScope) -> Self {
         let (facts_tx, facts) = mpsc::channel(64);
         let (channels_tx, channels) = mpsc::channel(64);
         let (stats_tx, stats) = watch::channel(DiscoveryStats::default());
         let sink = DiscoverySink::new(facts_tx).with_channels(channels_tx).with_stats(stats_tx);
         let cancel = CancellationToken::new();
-        let task =
-            kvrelay::runtime::spawn(run_etcd_discovery(config, watch_all(), sink, cancel.clone()));
+        let task = kvrelay::runtime::spawn(run_etcd_discovery(config, scope, sink, cancel.clone()));
         RelayUnderTest { facts, channels, stats, cancel, task }
+    }
+
+    /// Wait until the published stats satisfy `done`.
+    async fn stats_until(&self, what: &str, done: impl Fn(&DiscoveryStats) -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !done(&self.stats.borrow()) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{what}: not within 30 s; stats {:?}",
+                self.stats.borrow()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     async fn until(&mut self, what: &str, done: impl Fn(&[DcInput]) -> bool) -> Vec<DcInput> {
@@ -690,4 +706,285 @@ async fn etcd_with_authentication_discovers_with_the_password_and_refuses_a_wron
     refused.stop().await;
     // Anonymous calls are refused once authentication is on.
     assert!(admin.range_prefix(b"v1/", 16, 1 << 10).await.is_err());
+}
+
+// ---------------------------------------------------------------------------------------------
+// etcd: one query per configured namespace.
+
+/// `worker_keys` of a worker registered in `namespace` instead of `dynamo`.
+fn worker_keys_in(namespace: &str, instance: u64, publisher: u64) -> Vec<(String, String)> {
+    worker_keys(instance, publisher)
+        .into_iter()
+        .map(|(key, value)| {
+            (
+                key.replace("/dynamo/", &format!("/{namespace}/")),
+                value.replace("\"dynamo\"", &format!("\"{namespace}\"")),
+            )
+        })
+        .collect()
+}
+
+async fn register_worker_in(client: &mut EtcdClient, namespace: &str, publisher: u64) -> u64 {
+    let lease = client.lease_grant(120).await.unwrap();
+    let instance = u64::try_from(lease).unwrap();
+    for (key, value) in worker_keys_in(namespace, instance, publisher) {
+        client.put(key.as_bytes(), value.as_bytes(), lease).await.unwrap();
+    }
+    instance
+}
+
+fn live_in(namespace: &str, workers: &[u64]) -> DcInput {
+    DcInput::Instances(EndpointInstances {
+        endpoint: EndpointPath::new(namespace, "backend", "generate").unwrap(),
+        live_workers: Some(workers.iter().copied().collect()),
+    })
+}
+
+fn alpha_and_beta() -> DiscoveryScope {
+    DiscoveryScope::namespaces(vec!["alpha".into(), "beta".into()], Vec::new()).unwrap()
+}
+
+/// A gauge of etcd's own `/metrics` (served on its plaintext client port).
+async fn etcd_gauge(port: u16, name: &str) -> Option<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    let request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut body = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut body))
+        .await
+        .ok()?
+        .ok()?;
+    body.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_queries_each_configured_namespace_and_never_reads_the_others() {
+    let etcd = EtcdProcess::start().await;
+    let mut client = EtcdClient::connect(&etcd.url(), &etcd_options()).await.unwrap();
+    let alpha = register_worker_in(&mut client, "alpha", PUBLISHER).await;
+    let beta = register_worker_in(&mut client, "beta", PUBLISHER + 1).await;
+    let gamma = register_worker_in(&mut client, "gamma", PUBLISHER + 2).await;
+    let mut relay = RelayUnderTest::start_scoped(relay_config(etcd.url()), alpha_and_beta());
+    let listed = relay
+        .until("initial listing", |facts| {
+            contains(facts, &live_in("alpha", &[alpha]))
+                && contains(facts, &live_in("beta", &[beta]))
+        })
+        .await;
+    let DcInput::CardsListed { cards } = &listed[0] else { panic!("{listed:#?}") };
+    let namespaces: Vec<&str> = cards.iter().map(|(id, _)| id.endpoint.namespace()).collect();
+    assert_eq!(namespaces, vec!["alpha", "beta"]);
+    assert!(!listed.iter().any(|fact| format!("{fact:?}").contains(&format!("{gamma}"))));
+    relay.stats_until("two namespace streams", |stats| stats.watch_streams == 2).await;
+    // etcd itself holds one watch stream per namespace, with one watcher per record prefix.
+    assert_eq!(
+        etcd_gauge(etcd.client_port, "etcd_debugging_mvcc_watch_stream_total").await,
+        Some(2.0)
+    );
+    assert_eq!(etcd_gauge(etcd.client_port, "etcd_debugging_mvcc_watcher_total").await, Some(8.0));
+
+    // Registrations in gamma are never sent to the relay; beta's are.
+    for publisher in 0..5 {
+        register_worker_in(&mut client, "gamma", PUBLISHER + 10 + publisher).await;
+    }
+    let second_beta = register_worker_in(&mut client, "beta", PUBLISHER + 3).await;
+    relay
+        .until("second beta worker", |facts| {
+            contains(facts, &live_in("beta", &[beta, second_beta]))
+        })
+        .await;
+    relay.stats_until("beta's four events", |stats| stats.watch_events >= 4).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(relay.stats.borrow().watch_events, 4, "{:?}", relay.stats.borrow());
+
+    // An adapter card without its base card is a soft error, listed by name.
+    let orphan_key = format!("v1/mdc/alpha/backend/generate/{:x}/ad-1", alpha + 1);
+    let orphan = model_record(alpha + 1, Some("ad-1"), "").replace("\"dynamo\"", "\"alpha\"");
+    client.put(orphan_key.as_bytes(), orphan.as_bytes(), 0).await.unwrap();
+    relay
+        .stats_until("orphan adapter reported", |stats| stats.soft_errors.current_total == 1)
+        .await;
+    let soft = relay.stats.borrow().soft_errors.clone();
+    assert_eq!(soft.listed[0].key, format!("alpha/backend/generate/{:x}/ad-1", alpha + 1));
+    assert_eq!(soft.listed[0].kind, kvrelay_core::discovery::SoftErrorKind::OrphanAdapter);
+
+    let stats = relay.stop().await;
+    assert_eq!((stats.rebinds, stats.reconnects, stats.transport_errors), (0, 0, 0), "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_reconciling_relists_of_an_unchanged_store_emit_nothing() {
+    let etcd = EtcdProcess::start().await;
+    let mut client = EtcdClient::connect(&etcd.url(), &etcd_options()).await.unwrap();
+    let alpha = register_worker_in(&mut client, "alpha", PUBLISHER).await;
+    let beta = register_worker_in(&mut client, "beta", PUBLISHER + 1).await;
+    for scope in [watch_all(), alpha_and_beta()] {
+        let config = EtcdDiscoveryConfig {
+            reconcile_interval: Duration::from_millis(200),
+            ..relay_config(etcd.url())
+        };
+        let mut relay = RelayUnderTest::start_scoped(config, scope.clone());
+        // The whole listing: cards, both instance sets, both sources.
+        relay
+            .until("initial listing", |facts| {
+                contains(facts, &live_in("alpha", &[alpha]))
+                    && contains(facts, &live_in("beta", &[beta]))
+                    && facts.iter().filter(|f| matches!(f, DcInput::SourceAdvertised(_))).count()
+                        == 2
+            })
+            .await;
+        relay.stats_until("three reconciling relists", |stats| stats.relists >= 3).await;
+        assert!(relay.facts.try_recv().is_err(), "{scope:?}: a relist of the same state emitted");
+        // A change between relists still arrives once (by the watch or by the next relist).
+        let late = register_worker_in(
+            &mut client,
+            "alpha",
+            PUBLISHER + 2 + scope.endpoint_prefixes().len() as u64,
+        )
+        .await;
+        let arrived = relay
+            .until("late worker", |facts| {
+                facts.iter().any(|fact| {
+                    matches!(fact, DcInput::Instances(set)
+                    if set.live_workers.as_ref().is_some_and(|live| live.contains(&late)))
+                })
+            })
+            .await;
+        relay.stats_until("two more relists", |stats| stats.relists >= 5).await;
+        let mut again = Vec::new();
+        while let Ok(fact) = relay.facts.try_recv() {
+            again.push(fact);
+        }
+        assert!(
+            !again.iter().chain(&arrived).any(|fact| matches!(fact, DcInput::CardsListed { .. })),
+            "{scope:?}: {again:#?}"
+        );
+        let stats = relay.stop().await;
+        assert_eq!(stats.transport_errors, 0, "{stats:?}");
+        client.lease_revoke(i64::try_from(late).unwrap()).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_one_namespace_stream_ends_every_query_is_relisted_and_rewatched() {
+    let etcd = EtcdProcess::start().await;
+    let mut client = EtcdClient::connect(&etcd.url(), &etcd_options()).await.unwrap();
+    let alpha = register_worker_in(&mut client, "alpha", PUBLISHER).await;
+    let beta = register_worker_in(&mut client, "beta", PUBLISHER + 1).await;
+    // The relay decodes messages of at most 64 KiB: a larger event breaks the stream that
+    // carries it (beta's) and no other.
+    let mut config = relay_config(etcd.url());
+    config.connect.message_bytes_max = 64 << 10;
+    let mut relay = RelayUnderTest::start_scoped(config, alpha_and_beta());
+    relay
+        .until("initial listing", |facts| {
+            contains(facts, &live_in("alpha", &[alpha]))
+                && contains(facts, &live_in("beta", &[beta]))
+        })
+        .await;
+    relay.stats_until("two namespace streams", |stats| stats.watch_streams == 2).await;
+
+    let big_key = b"v1/mdc/beta/backend/generate/ffff";
+    client.put(big_key, &vec![b' '; 100 << 10], 0).await.unwrap();
+    client.delete(big_key).await.unwrap();
+    relay.stats_until("rebound", |stats| stats.rebinds == 1 && stats.watch_streams == 2).await;
+    let stats = relay.stats.borrow().clone();
+    assert_eq!(stats.reconnects, 0, "rebound on the same connection: {stats:?}");
+    assert_eq!(stats.transport_errors, 1, "{stats:?}");
+    assert!(stats.last_error.as_deref().unwrap_or("").contains("watch"), "{stats:?}");
+    // Both queries were listed again (one relist of both) and both streams work.
+    assert_eq!(stats.listings, 2, "{stats:?}");
+    let late_alpha = register_worker_in(&mut client, "alpha", PUBLISHER + 2).await;
+    let late_beta = register_worker_in(&mut client, "beta", PUBLISHER + 3).await;
+    let after = relay
+        .until("both namespaces after the rebind", |facts| {
+            contains(facts, &live_in("alpha", &[alpha, late_alpha]))
+                && contains(facts, &live_in("beta", &[beta, late_beta]))
+        })
+        .await;
+    // The relist found nothing new, so nothing was re-announced.
+    assert!(!after.iter().any(|fact| matches!(fact, DcInput::CardsListed { .. })), "{after:#?}");
+    relay.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// File backend: reads only what changed, reconciles every relist interval.
+
+#[tokio::test(start_paused = true)]
+async fn file_backend_reads_changed_files_only_and_a_relist_finds_exactly_the_drift() {
+    let store = FileStore::new();
+    let clock = Arc::new(ManualWallClock::new(T0_US));
+    let config = FileDiscoveryConfig {
+        relist_interval: Duration::from_secs(30),
+        ..FileDiscoveryConfig::new(&store.root)
+    };
+    let mut backend = FileDiscovery::new(config, watch_all(), clock.clone()).unwrap();
+    write_worker(&store, T0_US);
+    assert_eq!(facts(&backend.poll_once().await.unwrap()).len(), 3);
+
+    // The card is rewritten with the same size and modification time (a rewrite within the
+    // time's granularity): polls trust the unchanged stamp and do not read it.
+    let rewritten = model_record(INSTANCE, None, "").replace("16384", "32768");
+    store.write(CARD_FILE, &rewritten, T0_US);
+    for _ in 0..3 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(backend.poll_once().await.unwrap().is_empty());
+    }
+    assert_eq!(backend.stats().relists, 0);
+
+    // The reconciling relist reads every file and reports exactly the drift.
+    tokio::time::advance(Duration::from_secs(30)).await;
+    let drift = facts(&backend.poll_once().await.unwrap());
+    assert_eq!(drift.len(), 1, "{drift:#?}");
+    assert!(matches!(&drift[0], DcInput::CardUpserted { id, card }
+        if *id == card_id(INSTANCE, None) && card.runtime_config.total_kv_blocks == Some(32768)));
+    assert_eq!(backend.stats().relists, 1);
+    // The next relist finds the same state and reports nothing.
+    tokio::time::advance(Duration::from_secs(30)).await;
+    assert!(backend.poll_once().await.unwrap().is_empty());
+    assert_eq!(backend.stats().relists, 2);
+
+    // A changed stamp is read at once, without waiting for a relist.
+    store.write(CARD_FILE, &model_record(INSTANCE, None, ""), T0_US + 1);
+    let changed = facts(&backend.poll_once().await.unwrap());
+    assert!(
+        matches!(&changed[..], [DcInput::CardUpserted { card, .. }]
+        if card.runtime_config.total_kv_blocks == Some(16384)),
+        "{changed:#?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_widened_namespace_selection_is_read_at_once_not_at_the_next_relist() {
+    let store = FileStore::new();
+    write_worker(&store, T0_US);
+    let (facts_tx, mut facts_rx) = mpsc::channel(16);
+    let (limit_tx, limit_rx) = watch::channel(Some(BTreeSet::new()));
+    let sink = DiscoverySink::new(facts_tx).with_namespace_limit(limit_rx);
+    let cancel = CancellationToken::new();
+    let task = kvrelay::runtime::spawn(run_file_discovery(
+        FileDiscoveryConfig::new(&store.root),
+        watch_all(),
+        sink,
+        Arc::new(ManualWallClock::new(T0_US)),
+        cancel.clone(),
+    ));
+    // Nothing is selected: the first poll lists no card (the files are read and stamped).
+    let empty = receive_until(&mut facts_rx, Duration::from_secs(5), "empty listing", |facts| {
+        !facts.is_empty()
+    })
+    .await;
+    assert_eq!(empty, vec![DcInput::CardsListed { cards: Vec::new() }]);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The selection widens: the unchanged files are read again by the next poll, not 30 s on.
+    let widened = tokio::time::Instant::now();
+    limit_tx.send_replace(Some(["dynamo".to_owned()].into_iter().collect()));
+    let arrived =
+        receive_until(&mut facts_rx, Duration::from_secs(5), "widened", |facts| facts.len() >= 3)
+            .await;
+    assert!(widened.elapsed() <= Duration::from_secs(2), "{:?}", widened.elapsed());
+    assert!(arrived.contains(&live(&[INSTANCE])), "{arrived:#?}");
+    cancel.cancel();
+    assert!(task.await.unwrap().is_ok());
 }

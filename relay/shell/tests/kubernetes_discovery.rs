@@ -554,3 +554,42 @@ async fn kvrelay_serve_discovers_through_the_kubernetes_api_and_gets_ready() {
             .all(|(_, auth)| auth.as_deref() == Some("Bearer emulator-token-7"))
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconciling_relists_of_an_unchanged_cluster_emit_nothing() {
+    let emulator = Emulator::start(TOKEN, None).await;
+    emulator.put(METADATA, worker_metadata("worker-0", 0xa0, 0x1a0));
+    emulator.put(SLICES, slice("backend-slice", &[("worker-0", true)]));
+    let mut relay = Relay::start(&emulator, TOKEN, |config| {
+        config.reconcile_interval = Duration::from_millis(200);
+    });
+    relay
+        .until("first listing", |facts| {
+            facts.contains(&live(&[0xa0]))
+                && facts.iter().any(|f| matches!(f, DcInput::SourceAdvertised(_)))
+        })
+        .await;
+    relay.stats_until("three reconciling relists", |stats| stats.relists >= 3).await;
+    assert!(relay.facts.try_recv().is_err(), "a relist of the same cluster emitted facts");
+    // A worker that joins between relists arrives once, as differences (never a new listing).
+    emulator.put(METADATA, worker_metadata("worker-1", 0xb0, 0x1b0));
+    emulator.put(SLICES, slice("backend-slice", &[("worker-0", true), ("worker-1", true)]));
+    let joined = relay.until("worker-1", |facts| facts.contains(&live(&[0xa0, 0xb0]))).await;
+    relay.stats_until("two more relists", |stats| stats.relists >= 5).await;
+    let mut later = Vec::new();
+    while let Ok(fact) = relay.facts.try_recv() {
+        later.push(fact);
+    }
+    assert!(
+        !joined.iter().chain(&later).any(|f| matches!(f, DcInput::CardsListed { .. })),
+        "{joined:#?} {later:#?}"
+    );
+    assert!(
+        joined
+            .iter()
+            .chain(&later)
+            .any(|f| matches!(f, DcInput::CardUpserted { id, .. } if *id == card(0xb0)))
+    );
+    let stats = relay.stop().await;
+    assert_eq!(stats.transport_errors, 0, "{stats:?}");
+}

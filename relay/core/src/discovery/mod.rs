@@ -24,6 +24,7 @@ mod membership;
 mod projection;
 mod render;
 mod scope;
+mod soft_errors;
 mod view;
 
 #[cfg(test)]
@@ -34,6 +35,7 @@ pub use membership::{
     AdapterMembership, EndpointMembership, ModelRegistration, ModelTarget, QuerySemantics,
     UnknownWorkerRole, WorkerRole, WorkerTopology,
 };
-pub use projection::{is_valid_request_name, pool_claims, slugify};
+pub use projection::{card_soft_errors, is_valid_request_name, pool_claims, slugify};
 pub use scope::{DiscoveryQuery, DiscoveryScope, NamespaceSelection, ScopeError};
+pub use soft_errors::{SoftDiscoveryError, SoftErrorKind, card_key};
 pub use view::{CardChange, DiscoveryView, MembershipChanges};

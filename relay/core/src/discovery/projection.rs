@@ -17,6 +17,7 @@ use super::membership::{
     AdapterMembership, EndpointMembership, ModelRegistration, ModelTarget, QuerySemantics,
     WorkerRole, WorkerTopology,
 };
+use super::soft_errors::{SoftDiscoveryError, SoftErrorKind, card_key};
 use crate::inputs::{CardInstanceId, LoraInfo, ModelCard, RuntimeConfig};
 use crate::model::hashing::HashFormat;
 use crate::model::identity::{DcId, EndpointPath, IndexerDomainId, PoolId, resolve_indexer_domain};
@@ -97,6 +98,10 @@ struct LocalProjection {
     runtime_configs: BTreeMap<u64, RuntimeConfig>,
     worker_topology: BTreeMap<u64, WorkerTopology>,
     conflicts: Vec<MaterializationConflict>,
+    /// Claims on this endpoint whose aliases are all valid names, with the card they came from
+    /// (for naming an alias the whole view finds ambiguous).
+    alias_sources: BTreeMap<String, CardInstanceId>,
+    soft_errors: Vec<SoftDiscoveryError>,
 }
 
 impl LocalProjection {
@@ -121,6 +126,23 @@ struct AdapterCard<'a> {
 pub(super) fn project<'a>(
     cards: impl IntoIterator<Item = (&'a CardInstanceId, &'a ModelCard)>,
 ) -> BTreeMap<EndpointPath, EndpointMembership> {
+    project_with_soft_errors(cards).0
+}
+
+/// The soft errors of a card set (see [`super::SoftErrorKind`]): orphan adapter cards, invalid
+/// aliases and aliases the set makes ambiguous, in sorted order, each once. A function of the
+/// card set like the projection itself; it does not need the cards legacy-normalized (the
+/// normalization touches no field these errors depend on).
+#[must_use]
+pub fn card_soft_errors<'a>(
+    cards: impl IntoIterator<Item = (&'a CardInstanceId, &'a ModelCard)>,
+) -> Vec<SoftDiscoveryError> {
+    project_with_soft_errors(cards).1
+}
+
+fn project_with_soft_errors<'a>(
+    cards: impl IntoIterator<Item = (&'a CardInstanceId, &'a ModelCard)>,
+) -> (BTreeMap<EndpointPath, EndpointMembership>, Vec<SoftDiscoveryError>) {
     let mut by_endpoint: BTreeMap<&EndpointPath, Vec<(&CardInstanceId, &ModelCard)>> =
         BTreeMap::new();
     for (id, card) in cards {
@@ -131,15 +153,18 @@ pub(super) fn project<'a>(
         .map(|(endpoint, cards)| project_endpoint(endpoint, &cards))
         .collect();
     let ambiguous = ambiguous_names(&locals);
+    let mut soft_errors = Vec::new();
     let mut memberships: BTreeMap<EndpointPath, EndpointMembership> = locals
         .into_iter()
         .map(|local| {
-            let membership = finalize(local, &ambiguous);
+            let membership = finalize(local, &ambiguous, &mut soft_errors);
             (membership.endpoint.clone(), membership)
         })
         .collect();
     fence_duplicate_domains(&mut memberships);
-    memberships
+    soft_errors.sort();
+    soft_errors.dedup();
+    (memberships, soft_errors)
 }
 
 fn query_semantics_of(card: &ModelCard) -> QuerySemantics {
@@ -148,13 +173,26 @@ fn query_semantics_of(card: &ModelCard) -> QuerySemantics {
     QuerySemantics { kv_block_size: card.kv_cache_block_size, hash_format }
 }
 
-/// Valid aliases of a base card: invalid names and the model's own name are dropped.
-fn valid_aliases(card: &ModelCard) -> BTreeSet<String> {
-    card.aliases
-        .iter()
-        .filter(|alias| is_valid_request_name(alias) && **alias != card.display_name)
-        .cloned()
-        .collect()
+/// Valid aliases of a base card: invalid names (each a soft error) and the model's own name
+/// are dropped.
+fn valid_aliases(
+    id: &CardInstanceId,
+    card: &ModelCard,
+    soft_errors: &mut Vec<SoftDiscoveryError>,
+) -> BTreeSet<String> {
+    let mut valid = BTreeSet::new();
+    for alias in &card.aliases {
+        if !is_valid_request_name(alias) {
+            soft_errors.push(SoftDiscoveryError::new(
+                SoftErrorKind::InvalidAlias,
+                &card_key(id),
+                &format!("alias {alias:?} is empty or has surrounding whitespace"),
+            ));
+        } else if *alias != card.display_name {
+            valid.insert(alias.clone());
+        }
+    }
+    valid
 }
 
 /// Steps 1–6 for one endpoint.
@@ -170,6 +208,8 @@ fn project_endpoint(
         runtime_configs: BTreeMap::new(),
         worker_topology: BTreeMap::new(),
         conflicts: Vec::new(),
+        alias_sources: BTreeMap::new(),
+        soft_errors: Vec::new(),
     };
 
     // Step 1: base cards have neither suffix nor LoRA metadata, adapter cards have both.
@@ -245,13 +285,15 @@ fn project_endpoint(
     }
 
     // Step 5: one base card per worker; record its runtime config, unit and base claim.
-    let mut base_by_worker: BTreeMap<u64, Vec<&ModelCard>> = BTreeMap::new();
+    let mut base_by_worker: BTreeMap<u64, Vec<(&CardInstanceId, &ModelCard)>> = BTreeMap::new();
     for &(id, card) in &base_cards {
-        base_by_worker.entry(id.instance_id).or_default().push(card);
+        base_by_worker.entry(id.instance_id).or_default().push((id, card));
     }
     let mut single_base: BTreeMap<u64, &ModelCard> = BTreeMap::new();
+    let mut shared_base: BTreeSet<u64> = BTreeSet::new();
     for (worker_id, worker_cards) in base_by_worker {
-        let [card] = worker_cards.as_slice() else {
+        let [(id, card)] = worker_cards.as_slice() else {
+            shared_base.insert(worker_id);
             local.conflict(
                 ConflictScope::ServingTopology,
                 ConflictSubject::Worker(worker_id),
@@ -259,7 +301,7 @@ fn project_endpoint(
             );
             continue;
         };
-        single_base.insert(worker_id, card);
+        single_base.insert(worker_id, *card);
         local.runtime_configs.insert(worker_id, card.runtime_config.clone());
         local.worker_topology.insert(
             worker_id,
@@ -269,19 +311,23 @@ fn project_endpoint(
                 needs: card.needs.clone(),
             },
         );
+        let aliases = valid_aliases(id, card, &mut local.soft_errors);
         if is_valid_request_name(&card.display_name) {
+            for alias in &aliases {
+                local.alias_sources.entry(alias.clone()).or_insert_with(|| (*id).clone());
+            }
             local.claims.push(Claim {
                 binding: Binding {
                     model: card.display_name.clone(),
                     target: ModelTarget::Base { base_model: card.display_name.clone() },
                 },
-                aliases: valid_aliases(card),
+                aliases,
             });
         }
     }
 
     // Step 6: adapters bind to their worker's base card.
-    project_adapters(&mut local, &adapter_cards, &single_base);
+    project_adapters(&mut local, &adapter_cards, &single_base, &shared_base);
     local
 }
 
@@ -293,11 +339,23 @@ fn project_adapters(
     local: &mut LocalProjection,
     adapter_cards: &[AdapterCard<'_>],
     single_base: &BTreeMap<u64, &ModelCard>,
+    shared_base: &BTreeSet<u64>,
 ) {
     let mut groups: AdapterGroups = BTreeMap::new();
     for adapter in adapter_cards {
-        // Orphan: no (unambiguous) base card on the same worker. A soft error, ignored.
+        // Orphan: no (unambiguous) base card on the same worker. A soft error: the adapter is
+        // left out, the rest of the endpoint stands.
         let Some(base) = single_base.get(&adapter.id.instance_id) else {
+            let reason = if shared_base.contains(&adapter.id.instance_id) {
+                "its worker has more than one base card on this endpoint"
+            } else {
+                "its worker has no base card on this endpoint"
+            };
+            local.soft_errors.push(SoftDiscoveryError::new(
+                SoftErrorKind::OrphanAdapter,
+                &card_key(adapter.id),
+                reason,
+            ));
             continue;
         };
         let mut malformed = false;
@@ -397,7 +455,11 @@ fn ambiguous_names(locals: &[LocalProjection]) -> BTreeSet<String> {
 
 /// Steps 7–8 for one endpoint: drop ambiguous claims and aliases, group claims into
 /// registrations, keep adapters that kept their registration, derive roles, sort conflicts.
-fn finalize(local: LocalProjection, ambiguous: &BTreeSet<String>) -> EndpointMembership {
+fn finalize(
+    local: LocalProjection,
+    ambiguous: &BTreeSet<String>,
+    soft_errors: &mut Vec<SoftDiscoveryError>,
+) -> EndpointMembership {
     let LocalProjection {
         endpoint,
         domain,
@@ -406,7 +468,10 @@ fn finalize(local: LocalProjection, ambiguous: &BTreeSet<String>) -> EndpointMem
         runtime_configs,
         worker_topology,
         mut conflicts,
+        alias_sources,
+        soft_errors: local_soft_errors,
     } = local;
+    soft_errors.extend(local_soft_errors);
 
     let mut registered: BTreeMap<Binding, BTreeSet<String>> = BTreeMap::new();
     for claim in claims {
@@ -419,7 +484,21 @@ fn finalize(local: LocalProjection, ambiguous: &BTreeSet<String>) -> EndpointMem
             continue;
         }
         let aliases = registered.entry(claim.binding).or_default();
-        aliases.extend(claim.aliases.into_iter().filter(|alias| !ambiguous.contains(alias)));
+        for alias in claim.aliases {
+            if !ambiguous.contains(&alias) {
+                aliases.insert(alias);
+                continue;
+            }
+            // An alias that is also some binding's model name makes that model's claim a
+            // conflict; an alias that only other aliases share would vanish without a trace.
+            if let Some(id) = alias_sources.get(&alias) {
+                soft_errors.push(SoftDiscoveryError::new(
+                    SoftErrorKind::AmbiguousAlias,
+                    &card_key(id),
+                    &format!("alias {alias:?} names more than one binding; it is dropped"),
+                ));
+            }
+        }
     }
     adapters.retain(|served_model, adapter| {
         registered.contains_key(&Binding {

@@ -1188,3 +1188,123 @@ mod properties {
         }
     }
 }
+
+// ---- soft errors ---------------------------------------------------------------------------
+
+fn soft_errors_of(cards: &[(CardInstanceId, ModelCard)]) -> Vec<SoftDiscoveryError> {
+    card_soft_errors(cards.iter().map(|(id, card)| (id, card)))
+}
+
+#[test]
+fn a_clean_card_set_has_no_soft_errors() {
+    let path = "prod/backend/generate";
+    let cards = vec![
+        (
+            base_id(path, 1),
+            ModelCard { aliases: vec!["llama".into(), MODEL.into()], ..card(MODEL) },
+        ),
+        (adapter_id(path, 1, "sql"), adapter("sql", "sql", None)),
+    ];
+    assert!(soft_errors_of(&cards).is_empty());
+}
+
+#[test]
+fn an_orphan_adapter_is_a_soft_error_and_the_rest_stands() {
+    let path = "prod/backend/generate";
+    let cards = vec![
+        (base_id(path, 1), card(MODEL)),
+        (adapter_id(path, 1, "doc"), adapter("doc", "doc", None)),
+        // No base card on worker 9.
+        (adapter_id(path, 9, "sql"), adapter("sql", "sql", None)),
+    ];
+    assert_eq!(
+        soft_errors_of(&cards),
+        vec![SoftDiscoveryError::new(
+            SoftErrorKind::OrphanAdapter,
+            "prod/backend/generate/9/sql",
+            "its worker has no base card on this endpoint",
+        )]
+    );
+    let view = view_of(cards);
+    let member = membership(&view, path);
+    assert!(member.conflicts.is_empty());
+    assert_eq!(member.adapters.keys().collect::<Vec<_>>(), vec!["doc"]);
+}
+
+#[test]
+fn an_adapter_on_a_worker_with_two_base_cards_is_an_orphan() {
+    // A listing may report two distinct cards for one identity.
+    let path = "prod/backend/generate";
+    let cards = vec![
+        (base_id(path, 3), card(MODEL)),
+        (base_id(path, 3), ModelCard { aliases: vec!["other".into()], ..card(MODEL) }),
+        (adapter_id(path, 3, "doc"), adapter("doc", "doc", None)),
+    ];
+    assert_eq!(
+        soft_errors_of(&cards),
+        vec![SoftDiscoveryError::new(
+            SoftErrorKind::OrphanAdapter,
+            "prod/backend/generate/3/doc",
+            "its worker has more than one base card on this endpoint",
+        )]
+    );
+}
+
+#[test]
+fn invalid_aliases_are_soft_errors_once_per_card_and_alias() {
+    let path = "prod/backend/generate";
+    let cards = vec![(
+        base_id(path, 1),
+        ModelCard {
+            aliases: vec!["llama".into(), " padded".into(), String::new(), " padded".into()],
+            ..card(MODEL)
+        },
+    )];
+    let errors = soft_errors_of(&cards);
+    assert_eq!(
+        errors,
+        vec![
+            SoftDiscoveryError::new(
+                SoftErrorKind::InvalidAlias,
+                "prod/backend/generate/1",
+                "alias \" padded\" is empty or has surrounding whitespace",
+            ),
+            SoftDiscoveryError::new(
+                SoftErrorKind::InvalidAlias,
+                "prod/backend/generate/1",
+                "alias \"\" is empty or has surrounding whitespace",
+            ),
+        ]
+    );
+    // The valid alias is still registered.
+    let view = view_of(cards);
+    assert_eq!(membership(&view, path).registrations, vec![base_registration(MODEL, &["llama"])]);
+}
+
+#[test]
+fn an_alias_two_bindings_claim_is_a_soft_error_on_each_endpoint() {
+    let cards = vec![
+        (
+            base_id("prod/a/generate", 1),
+            ModelCard { aliases: vec!["shared".into(), "only-a".into()], ..card("model/a") },
+        ),
+        (
+            base_id("staging/b/generate", 2),
+            ModelCard { aliases: vec!["shared".into()], ..card("model/b") },
+        ),
+    ];
+    let reason = "alias \"shared\" names more than one binding; it is dropped";
+    assert_eq!(
+        soft_errors_of(&cards),
+        vec![
+            SoftDiscoveryError::new(SoftErrorKind::AmbiguousAlias, "prod/a/generate/1", reason),
+            SoftDiscoveryError::new(SoftErrorKind::AmbiguousAlias, "staging/b/generate/2", reason),
+        ]
+    );
+    // The same binding claiming one alias from two endpoints is not ambiguous.
+    let same = vec![
+        (base_id("prod/a/generate", 1), ModelCard { aliases: vec!["x".into()], ..card(MODEL) }),
+        (base_id("prod/b/generate", 2), ModelCard { aliases: vec!["x".into()], ..card(MODEL) }),
+    ];
+    assert!(soft_errors_of(&same).is_empty());
+}

@@ -39,7 +39,7 @@ pub fn describe(config: &RelayConfig) -> Value {
         NamespaceSelection::Namespaces(names) => json!(names),
     };
     #[allow(unreachable_patterns, reason = "backends added later print their kind only")]
-    let discovery = match &config.discovery {
+    let mut discovery = match &config.discovery {
         DiscoveryBackend::File(file) => json!({"backend": "file", "root": file.root}),
         DiscoveryBackend::Etcd(etcd) => json!({
             "backend": "etcd",
@@ -53,6 +53,12 @@ pub fn describe(config: &RelayConfig) -> Value {
         }),
         _ => json!({"backend": "other"}),
     };
+    if let Value::Object(fields) = &mut discovery {
+        fields.insert(
+            "relistIntervalMs".to_owned(),
+            json!(millis(config.discovery.relist_interval())),
+        );
+    }
     let event_plane = match &config.event_plane {
         EventPlane::Nats { url, .. } => json!({"plane": "nats", "url": without_userinfo(url)}),
         EventPlane::Zmq => json!({"plane": "zmq"}),
@@ -174,6 +180,7 @@ mod tests {
         assert_eq!(document["ckf"]["filterBytes"], 4 << 20);
         assert_eq!(document["poolFilterBytesMax"], 8u64 << 30);
         assert_eq!(document["eventPlane"]["url"], "nats://127.0.0.1:4222");
+        assert_eq!(document["discovery"]["relistIntervalMs"], 30_000);
         assert!(!document.to_string().contains("hunter2"));
     }
 }

@@ -211,6 +211,30 @@ async fn authenticate(
         .map_err(|_| EtcdError::Protocol { call: "authenticate", reason: "token is not ASCII" })
 }
 
+/// How many more keys listings may read, shared by concurrent listings of one snapshot.
+#[derive(Debug)]
+pub struct KeyBudget {
+    max: usize,
+    taken: std::sync::atomic::AtomicUsize,
+}
+
+impl KeyBudget {
+    /// A budget of `max` keys.
+    #[must_use]
+    pub fn new(max: usize) -> Self {
+        KeyBudget { max, taken: std::sync::atomic::AtomicUsize::new(0) }
+    }
+
+    /// Take one key; [`EtcdError::TooManyKeys`] once `max` were taken.
+    fn take(&self) -> Result<(), EtcdError> {
+        let taken = self.taken.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if taken >= self.max {
+            return Err(EtcdError::TooManyKeys { max: self.max });
+        }
+        Ok(())
+    }
+}
+
 /// Every key under a prefix, read at one revision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrefixSnapshot {
@@ -270,19 +294,50 @@ pub enum WatchBatch {
     },
 }
 
-/// An open prefix watch.
+/// Most batches kept while the watchers of one stream are being confirmed (etcd confirms each
+/// creation at once; a confirmed watcher's history replay may arrive meanwhile).
+const EARLY_BATCHES_MAX: usize = 1024;
+
+/// An open watch stream: one gRPC `Watch` call carrying one watcher per watched prefix.
 #[derive(Debug)]
 pub struct WatchStream {
     responses: tonic::Streaming<proto::WatchResponse>,
-    /// A compaction reported in the creation answer, delivered by the first `next`.
+    /// A compaction reported while the watchers were created, delivered by the first `next`.
     compacted: Option<i64>,
+    /// Batches that arrived before every watcher was confirmed, delivered first, in order.
+    early: std::collections::VecDeque<WatchBatch>,
+}
+
+/// A watch response, classified; `None` for a creation answer.
+fn classify(response: proto::WatchResponse) -> Result<Option<WatchBatch>, EtcdError> {
+    if response.canceled {
+        return match cancellation(&response) {
+            Some(compact_revision) => Ok(Some(WatchBatch::Compacted { compact_revision })),
+            None => Err(EtcdError::WatchCanceled { reason: response.cancel_reason }),
+        };
+    }
+    if response.created {
+        return Ok(None);
+    }
+    if response.events.is_empty() {
+        let revision = response.header.map_or(0, |header| header.revision);
+        return Ok(Some(WatchBatch::Progress { revision }));
+    }
+    Ok(Some(WatchBatch::Events(response.events.into_iter().filter_map(watch_event).collect())))
 }
 
 impl WatchStream {
-    /// The next batch. Errors end the watch (the stream broke, etcd canceled it).
+    /// The next batch. Errors end the watch (the stream broke, etcd canceled a watcher).
+    ///
+    /// With several watchers on the stream, events come in revision order per watcher, not
+    /// across watchers (their prefixes are disjoint, so each key's history stays in order), and
+    /// a progress notification speaks for one watcher only.
     pub async fn next(&mut self) -> Result<WatchBatch, EtcdError> {
         if let Some(compact_revision) = self.compacted.take() {
             return Ok(WatchBatch::Compacted { compact_revision });
+        }
+        if let Some(batch) = self.early.pop_front() {
+            return Ok(batch);
         }
         loop {
             let response = self
@@ -291,22 +346,9 @@ impl WatchStream {
                 .await
                 .map_err(|status| EtcdError::Rpc { call: "watch", status: Box::new(status) })?
                 .ok_or(EtcdError::WatchEnded)?;
-            if response.canceled {
-                return match cancellation(&response) {
-                    Some(compact_revision) => Ok(WatchBatch::Compacted { compact_revision }),
-                    None => Err(EtcdError::WatchCanceled { reason: response.cancel_reason }),
-                };
+            if let Some(batch) = classify(response)? {
+                return Ok(batch);
             }
-            if response.created {
-                continue;
-            }
-            if response.events.is_empty() {
-                let revision = response.header.map_or(0, |header| header.revision);
-                return Ok(WatchBatch::Progress { revision });
-            }
-            return Ok(WatchBatch::Events(
-                response.events.into_iter().filter_map(watch_event).collect(),
-            ));
         }
     }
 }
@@ -419,9 +461,31 @@ impl EtcdClient {
         page_keys: i64,
         keys_max: usize,
     ) -> Result<PrefixSnapshot, EtcdError> {
+        let budget = KeyBudget::new(keys_max);
+        self.range_prefix_at(prefix, 0, page_keys, &budget).await
+    }
+
+    /// The store's current revision (one single-key read).
+    pub async fn current_revision(&mut self) -> Result<i64, EtcdError> {
+        let request =
+            proto::RangeRequest { key: b"v1/".to_vec(), count_only: true, ..Default::default() };
+        let response = bounded("range", self.request_timeout, self.kv.range(request)).await?;
+        header_revision("range", response.header)
+    }
+
+    /// Every key under `prefix` at `revision` (0: the current one), `page_keys` keys per
+    /// call; each key read takes one unit of `budget`, shared by concurrent listings, and an
+    /// exhausted budget is [`EtcdError::TooManyKeys`]. A compacted `revision` fails the call.
+    pub async fn range_prefix_at(
+        &mut self,
+        prefix: &[u8],
+        revision: i64,
+        page_keys: i64,
+        budget: &KeyBudget,
+    ) -> Result<PrefixSnapshot, EtcdError> {
         let range_end = prefix_range_end(prefix);
         let mut start = prefix.to_vec();
-        let mut revision = 0;
+        let mut revision = revision;
         let mut kvs = Vec::new();
         loop {
             let request = proto::RangeRequest {
@@ -443,9 +507,7 @@ impl EtcdClient {
             }
             let more = response.more;
             for kv in response.kvs {
-                if kvs.len() >= keys_max {
-                    return Err(EtcdError::TooManyKeys { max: keys_max });
-                }
+                budget.take()?;
                 kvs.push((kv.key, kv.value));
             }
             if !more {
@@ -468,45 +530,84 @@ impl EtcdClient {
         prefix: &[u8],
         start_revision: i64,
     ) -> Result<WatchStream, EtcdError> {
-        let create = proto::WatchRequest {
-            request_union: Some(proto::watch_request::RequestUnion::CreateRequest(
-                proto::WatchCreateRequest {
-                    key: prefix.to_vec(),
-                    range_end: prefix_range_end(prefix),
-                    start_revision,
-                    progress_notify: true,
-                    ..Default::default()
-                },
-            )),
-        };
+        self.watch_prefixes(&[prefix.to_vec()], start_revision).await
+    }
+
+    /// Watch every key under each of `prefixes` from `start_revision` on (inclusive), one
+    /// watcher per prefix on a single gRPC stream, with progress notifications. Returns once
+    /// etcd confirmed every watcher (or reported a start revision compacted, which the first
+    /// [`WatchStream::next`] returns); batches that arrive meanwhile are kept for `next`.
+    pub async fn watch_prefixes(
+        &mut self,
+        prefixes: &[Vec<u8>],
+        start_revision: i64,
+    ) -> Result<WatchStream, EtcdError> {
+        if prefixes.is_empty() {
+            return Err(EtcdError::Protocol { call: "watch", reason: "no prefix to watch" });
+        }
+        let creates: Vec<proto::WatchRequest> = prefixes
+            .iter()
+            .map(|prefix| proto::WatchRequest {
+                request_union: Some(proto::watch_request::RequestUnion::CreateRequest(
+                    proto::WatchCreateRequest {
+                        key: prefix.clone(),
+                        range_end: prefix_range_end(prefix),
+                        start_revision,
+                        progress_notify: true,
+                        ..Default::default()
+                    },
+                )),
+            })
+            .collect();
         // The request side stays open for the life of the watch: etcd ends a watch stream
         // whose client side closed.
-        let requests = tokio_stream::once(create).chain(tokio_stream::pending());
+        let requests = tokio_stream::iter(creates).chain(tokio_stream::pending());
         let timeout = self.request_timeout;
-        let mut responses = bounded("watch", timeout, self.watch.watch(requests)).await?;
-        let first = match tokio::time::timeout(timeout, responses.message()).await {
-            Err(_) => return Err(EtcdError::Timeout { call: "watch", after: timeout }),
-            Ok(Err(status)) => {
-                return Err(EtcdError::Rpc { call: "watch", status: Box::new(status) });
-            }
-            Ok(Ok(None)) => return Err(EtcdError::WatchEnded),
-            Ok(Ok(Some(first))) => first,
-        };
-        if first.canceled {
-            return match cancellation(&first) {
-                Some(compact_revision) => {
-                    Ok(WatchStream { responses, compacted: Some(compact_revision) })
+        let responses = bounded("watch", timeout, self.watch.watch(requests)).await?;
+        let mut stream =
+            WatchStream { responses, compacted: None, early: std::collections::VecDeque::new() };
+        let mut unconfirmed = prefixes.len();
+        let deadline = tokio::time::Instant::now() + timeout;
+        while unconfirmed > 0 {
+            let response = match tokio::time::timeout_at(deadline, stream.responses.message()).await
+            {
+                Err(_) => return Err(EtcdError::Timeout { call: "watch", after: timeout }),
+                Ok(Err(status)) => {
+                    return Err(EtcdError::Rpc { call: "watch", status: Box::new(status) });
                 }
-                None => Err(EtcdError::WatchCanceled { reason: first.cancel_reason }),
+                Ok(Ok(None)) => return Err(EtcdError::WatchEnded),
+                Ok(Ok(Some(response))) => response,
             };
+            // A creation answer (or a cancellation instead of one) confirms one watcher; other
+            // answers belong to a watcher already confirmed, so the first one must confirm.
+            let confirms = response.created || response.canceled;
+            if !confirms && unconfirmed == prefixes.len() {
+                return Err(EtcdError::Protocol {
+                    call: "watch",
+                    reason: "first answer is not created",
+                });
+            }
+            match classify(response)? {
+                Some(WatchBatch::Compacted { compact_revision }) => {
+                    // The watcher is gone and the caller relists: the rest does not matter.
+                    stream.compacted = Some(compact_revision);
+                    stream.early.clear();
+                    return Ok(stream);
+                }
+                Some(_) if stream.early.len() >= EARLY_BATCHES_MAX => {
+                    return Err(EtcdError::Protocol {
+                        call: "watch",
+                        reason: "too many answers before every watcher was confirmed",
+                    });
+                }
+                Some(batch) => stream.early.push_back(batch),
+                None => {}
+            }
+            if confirms {
+                unconfirmed -= 1;
+            }
         }
-        if !first.created {
-            return Err(EtcdError::Protocol {
-                call: "watch",
-                reason: "first answer is not created",
-            });
-        }
-        Ok(WatchStream { responses, compacted: None })
+        Ok(stream)
     }
 
     /// Put `value` under `key`, attached to `lease` (0 = none); returns the new revision.

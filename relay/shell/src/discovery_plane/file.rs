@@ -18,7 +18,19 @@
 //!   more than four times as many directory entries): the differ never sees a truncated
 //!   listing, which would read as mass removal.
 //!
+//! A poll reads a file's bytes only when its size or modification time differs from the last
+//! read (an owner's refresh changes the time, so a live file is re-read every ~3.3 s); an
+//! unchanged file keeps what the differ holds. Every `relist_interval` (30 s,
+//! `DYN_RELAY_DISCOVERY_RELIST_INTERVAL_MS`) and after the namespace selection changed, a poll
+//! reads every file: this reconciling relist emits nothing when the store matches what was
+//! emitted, and exactly the difference when a file changed without its size or time changing.
+//!
+//! Problems with single files and failed polls are logged at warn once per distinct problem
+//! (while it persists) and at debug on the polls after.
+//!
 //! The backend only reads; it never deletes expired files (Dynamo's own processes do).
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -59,6 +71,8 @@ pub struct FileDiscoveryConfig {
     pub retry_backoff_initial: Duration,
     /// Longest delay after failed polls (default 5 s).
     pub retry_backoff_max: Duration,
+    /// Time between polls that read every file, changed or not (default 30 s).
+    pub relist_interval: Duration,
 }
 
 impl FileDiscoveryConfig {
@@ -73,6 +87,7 @@ impl FileDiscoveryConfig {
             files_max: DISCOVERY_RECORDS_MAX,
             retry_backoff_initial: Duration::from_millis(100),
             retry_backoff_max: Duration::from_secs(5),
+            relist_interval: Duration::from_secs(30),
         }
     }
 
@@ -84,6 +99,9 @@ impl FileDiscoveryConfig {
         }
         if self.ttl.is_zero() {
             return invalid("ttl", "must be positive");
+        }
+        if self.relist_interval.is_zero() {
+            return invalid("relist_interval", "must be positive");
         }
         if self.record_bytes_max == 0 || self.record_bytes_max > DISCOVERY_RECORD_BYTES_MAX {
             return invalid("record_bytes_max", "must be within 1..=4 MiB");
@@ -133,6 +151,47 @@ pub fn is_expired(modified_unix_us: u64, now_unix_us: u64, ttl: Duration) -> boo
     now_unix_us.saturating_sub(modified_unix_us) > ttl_us
 }
 
+/// What a file looked like when it was last read: a poll that finds the same skips the read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    len: u64,
+    modified_unix_us: u64,
+}
+
+/// Most distinct problems remembered between polls; beyond it problems are logged at debug.
+const PROBLEMS_MAX: usize = 1024;
+
+/// Problems (file errors, failed polls) of the current and the previous poll: each distinct
+/// one is logged at warn when it first shows, at debug while it persists from poll to poll.
+#[derive(Debug, Default)]
+struct Problems {
+    previous: BTreeSet<String>,
+    current: BTreeSet<String>,
+    /// Problems logged at warn so far.
+    warned: u64,
+}
+
+impl Problems {
+    /// Log `problem` (a complete sentence naming what and where).
+    fn report(&mut self, problem: String) {
+        if self.previous.contains(&problem) || self.current.contains(&problem) {
+            debug!(problem, "file discovery problem persists");
+        } else if self.current.len() < PROBLEMS_MAX {
+            warn!(problem, "file discovery problem");
+            self.warned = self.warned.saturating_add(1);
+        } else {
+            debug!(problem, "file discovery problem (too many to warn about)");
+            return;
+        }
+        self.current.insert(problem);
+    }
+
+    /// The poll is over: problems it did not report are forgotten.
+    fn end_poll(&mut self) {
+        self.previous = std::mem::take(&mut self.current);
+    }
+}
+
 /// The file backend's state: its configuration, the differ and the stats. [`FileDiscovery::poll_once`]
 /// is one step; [`run_file_discovery`] loops it.
 #[derive(Debug)]
@@ -141,6 +200,11 @@ pub struct FileDiscovery {
     differ: RecordDiffer,
     clock: Arc<dyn WallClock>,
     stats: DiscoveryStats,
+    /// The stamp of every file the last poll read or skipped as unchanged, by key.
+    stamps: BTreeMap<String, FileStamp>,
+    /// When the next poll reads every file (`None`: the next poll does).
+    next_relist: Option<tokio::time::Instant>,
+    problems: Problems,
 }
 
 impl FileDiscovery {
@@ -156,6 +220,9 @@ impl FileDiscovery {
             differ: RecordDiffer::new(scope, KeyForm::FilePath),
             clock,
             stats: DiscoveryStats::default(),
+            stamps: BTreeMap::new(),
+            next_relist: None,
+            problems: Problems::default(),
         })
     }
 
@@ -168,16 +235,37 @@ impl FileDiscovery {
     /// Read the store once and return what changed since the previous poll (the first
     /// successful poll reports everything, as `CardsListed` plus instance sets, adverts and
     /// channels). On error nothing is applied.
+    ///
+    /// The poll reads every file if a relist is due (the first poll, every `relist_interval` of
+    /// tokio time, after a namespace change), else only files whose size or modification time
+    /// changed since they were last read.
     pub async fn poll_once(&mut self) -> Result<Vec<DiscoveryOutput>, FileScanError> {
         let now_unix_us = self.clock.now_unix_us();
-        let entries = match self.scan(now_unix_us).await {
+        let now = tokio::time::Instant::now();
+        let relist = self.next_relist.is_none_or(|due| now >= due);
+        let mut scan = Scan { relist, stamps: BTreeMap::new(), problems: Vec::new() };
+        let scanned = self.scan(now_unix_us, &mut scan).await;
+        for problem in scan.problems {
+            self.problems.report(problem);
+        }
+        let entries = match scanned {
             Ok(entries) => entries,
             Err(error) => {
                 self.stats.transport_errors = self.stats.transport_errors.saturating_add(1);
                 self.stats.last_error = Some(error.to_string());
+                self.problems.report(format!("poll failed: {error}"));
+                self.problems.end_poll();
                 return Err(error);
             }
         };
+        self.problems.end_poll();
+        self.stamps = scan.stamps;
+        if relist {
+            if self.next_relist.is_some() {
+                self.stats.relists = self.stats.relists.saturating_add(1);
+            }
+            self.next_relist = Some(now + self.config.relist_interval);
+        }
         let unreadable =
             entries.iter().filter(|entry| matches!(entry.value, EntryValue::Unreadable)).count();
         self.stats.unreadable_entries =
@@ -185,11 +273,22 @@ impl FileDiscovery {
         let outputs = self.differ.apply_listing(entries, ListingMode::Poll);
         self.stats.listings = self.stats.listings.saturating_add(1);
         self.stats.records = self.differ.counters().clone();
+        self.stats.soft_errors = self.differ.soft_errors().clone();
         Ok(outputs)
     }
 
+    /// Make the next poll read every file (the namespace selection changed: files skipped as
+    /// out of scope must be read now that they may be in it).
+    fn relist_next(&mut self) {
+        self.next_relist = None;
+    }
+
     /// List every bucket into one listing.
-    async fn scan(&self, now_unix_us: u64) -> Result<Vec<ListingEntry>, FileScanError> {
+    async fn scan(
+        &self,
+        now_unix_us: u64,
+        scan: &mut Scan,
+    ) -> Result<Vec<ListingEntry>, FileScanError> {
         let root = &self.config.root;
         match tokio::fs::metadata(root).await {
             Ok(metadata) if metadata.is_dir() => {}
@@ -202,7 +301,7 @@ impl FileDiscovery {
         let mut entries = Vec::new();
         let mut seen = 0usize;
         for bucket in DISCOVERY_BUCKETS {
-            self.scan_bucket(bucket, now_unix_us, &mut entries, &mut seen).await?;
+            self.scan_bucket(bucket, now_unix_us, &mut entries, &mut seen, scan).await?;
         }
         Ok(entries)
     }
@@ -213,6 +312,7 @@ impl FileDiscovery {
         now_unix_us: u64,
         entries: &mut Vec<ListingEntry>,
         seen: &mut usize,
+        scan: &mut Scan,
     ) -> Result<(), FileScanError> {
         let directory = self.config.root.join("v1").join(bucket);
         let list_error = |source| FileScanError::ListDirectory { path: directory.clone(), source };
@@ -241,7 +341,7 @@ impl FileDiscovery {
                     reason: "file name is not UTF-8",
                 })
             } else {
-                match self.read_entry(&entry.path(), now_unix_us).await {
+                match self.read_entry(&key, &entry.path(), now_unix_us, scan).await {
                     Some(value) => value,
                     None => continue,
                 }
@@ -255,13 +355,20 @@ impl FileDiscovery {
     }
 
     /// The value of one file, or `None` if it is not a live record file (gone, expired, a
-    /// directory).
-    async fn read_entry(&self, path: &Path, now_unix_us: u64) -> Option<EntryValue> {
+    /// directory); [`EntryValue::Unchanged`] if it is stamped as last read (and no relist is
+    /// due).
+    async fn read_entry(
+        &self,
+        key: &str,
+        path: &Path,
+        now_unix_us: u64,
+        scan: &mut Scan,
+    ) -> Option<EntryValue> {
         let metadata = match tokio::fs::metadata(path).await {
             Ok(metadata) => metadata,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
             Err(error) => {
-                warn!(path = %path.display(), %error, "cannot stat a discovery file");
+                scan.problems.push(format!("cannot stat {}: {error}", path.display()));
                 return Some(EntryValue::Unreadable);
             }
         };
@@ -273,7 +380,7 @@ impl FileDiscovery {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |since| u64::try_from(since.as_micros()).unwrap_or(u64::MAX)),
             Err(error) => {
-                warn!(path = %path.display(), %error, "a discovery file has no modification time");
+                scan.problems.push(format!("{} has no modification time: {error}", path.display()));
                 return Some(EntryValue::Unreadable);
             }
         };
@@ -281,33 +388,53 @@ impl FileDiscovery {
             debug!(path = %path.display(), "discovery file expired");
             return None;
         }
+        let stamp = FileStamp { len: metadata.len(), modified_unix_us };
+        if !scan.relist && self.stamps.get(key) == Some(&stamp) {
+            scan.stamps.insert(key.to_owned(), stamp);
+            return Some(EntryValue::Unchanged);
+        }
         let max = self.config.record_bytes_max;
         let too_large = |bytes: usize| {
             EntryValue::Rejected(InputError::TooLarge { what: "discovery record", bytes, max })
         };
         if metadata.len() > max as u64 {
+            scan.stamps.insert(key.to_owned(), stamp);
             return Some(too_large(usize::try_from(metadata.len()).unwrap_or(usize::MAX)));
         }
         let file = match tokio::fs::File::open(path).await {
             Ok(file) => file,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
             Err(error) => {
-                warn!(path = %path.display(), %error, "cannot open a discovery file");
+                scan.problems.push(format!("cannot open {}: {error}", path.display()));
                 return Some(EntryValue::Unreadable);
             }
         };
         // The file may have grown since the stat: read at most one byte past the limit.
         let mut bytes = Vec::with_capacity(usize::try_from(metadata.len()).unwrap_or(0));
         let limit = u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1);
-        match file.take(limit).read_to_end(&mut bytes).await {
-            Ok(_) if bytes.len() > max => Some(too_large(bytes.len())),
-            Ok(_) => Some(EntryValue::Bytes(bytes)),
+        let value = match file.take(limit).read_to_end(&mut bytes).await {
+            Ok(_) if bytes.len() > max => too_large(bytes.len()),
+            Ok(_) => EntryValue::Bytes(bytes),
             Err(error) => {
-                warn!(path = %path.display(), %error, "cannot read a discovery file");
-                Some(EntryValue::Unreadable)
+                scan.problems.push(format!("cannot read {}: {error}", path.display()));
+                return Some(EntryValue::Unreadable);
             }
-        }
+        };
+        // A file that changed while it was read has a newer stamp than `stamp`: the next poll
+        // reads it again.
+        scan.stamps.insert(key.to_owned(), stamp);
+        Some(value)
     }
+}
+
+/// One poll's scratch state.
+struct Scan {
+    /// Read every file, stamped or not.
+    relist: bool,
+    /// The stamps of the files read or skipped.
+    stamps: BTreeMap<String, FileStamp>,
+    /// Problems met, in order.
+    problems: Vec<String>,
 }
 
 /// Run the file backend until `cancel` fires (`Ok(())`) or the sink closes
@@ -331,6 +458,7 @@ pub async fn run_file_discovery(
         if let Some(limit) = sink.namespace_limit_change(backend.differ.namespace_limit()) {
             info!(namespaces = ?limit, "file discovery scope narrowed");
             backend.differ.set_namespace_limit(limit);
+            backend.relist_next();
         }
         let delay = match backend.poll_once().await {
             Ok(outputs) => {
@@ -343,7 +471,8 @@ pub async fn run_file_discovery(
                 poll_interval
             }
             Err(error) => {
-                warn!(%error, "file discovery poll failed; retrying");
+                // `poll_once` logged the failure (at warn the first time).
+                debug!(%error, "file discovery poll failed; retrying");
                 sink.publish_stats(backend.stats());
                 backoff.next_delay()
             }
@@ -371,6 +500,46 @@ mod tests {
     }
 
     #[test]
+    fn a_problem_warns_once_while_it_persists_and_again_after_it_cleared() {
+        let mut problems = Problems::default();
+        for _ in 0..3 {
+            problems.report("cannot open v1/mdc/x: permission denied".into());
+            problems.report("cannot open v1/mdc/x: permission denied".into());
+            problems.end_poll();
+        }
+        assert_eq!(problems.warned, 1);
+        problems.report("cannot open v1/mdc/y: permission denied".into());
+        problems.end_poll();
+        assert_eq!(problems.warned, 2);
+        // x was not reported by the last poll: it is forgotten, so it warns again.
+        problems.report("cannot open v1/mdc/x: permission denied".into());
+        assert_eq!(problems.warned, 3);
+    }
+
+    #[tokio::test]
+    async fn a_failed_poll_warns_once_per_distinct_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("missing");
+        let clock: Arc<dyn WallClock> = Arc::new(crate::runtime::ManualWallClock::new(0));
+        let mut backend = FileDiscovery::new(
+            FileDiscoveryConfig::new(&root),
+            DiscoveryScope::watch_all(Vec::new()).unwrap(),
+            clock,
+        )
+        .unwrap();
+        for _ in 0..4 {
+            assert!(backend.poll_once().await.is_err());
+        }
+        assert_eq!(backend.problems.warned, 1);
+        assert_eq!(backend.stats().transport_errors, 4);
+        std::fs::create_dir_all(&root).unwrap();
+        assert!(backend.poll_once().await.is_ok());
+        std::fs::remove_dir(&root).unwrap();
+        assert!(backend.poll_once().await.is_err());
+        assert_eq!(backend.problems.warned, 2);
+    }
+
+    #[test]
     fn configuration_limits_are_checked() {
         let valid = FileDiscoveryConfig::new("/tmp/x");
         assert!(valid.validate().is_ok());
@@ -380,6 +549,10 @@ mod tests {
                 "poll_interval",
             ),
             (FileDiscoveryConfig { ttl: Duration::ZERO, ..valid.clone() }, "ttl"),
+            (
+                FileDiscoveryConfig { relist_interval: Duration::ZERO, ..valid.clone() },
+                "relist_interval",
+            ),
             (
                 FileDiscoveryConfig {
                     record_bytes_max: DISCOVERY_RECORD_BYTES_MAX + 1,

@@ -32,7 +32,9 @@
 //!   a watch `ERROR` event) drops the resource versions and relists both resources; the relist
 //!   is applied as a [`ListingMode::Relist`], so nothing seen before is lost or duplicated. A
 //!   watch the server closes (its `timeoutSeconds`) is reopened from the last version seen, and
-//!   both are relisted every `reconcile_interval` (30 s).
+//!   both are relisted every `reconcile_interval` (30 s,
+//!   `DYN_RELAY_DISCOVERY_RELIST_INTERVAL_MS`); that reconciling relist reports only what
+//!   drifted, as differences (nothing when the cluster matches what was reported).
 //! - **Bounded.** List pages hold at most `page_limit` items and `list_bytes_max` bytes; a watch
 //!   line (one object) and a listed object are at most `object_bytes_max` bytes; at most
 //!   [`DISCOVERY_RECORDS_MAX`] objects per resource and records per listing are held. An object
@@ -643,6 +645,8 @@ struct KubeWatcher {
     stats: DiscoveryStats,
     /// The resource versions to watch from; `None` until listed (or after a `410`).
     versions: Option<(String, String)>,
+    /// The next relist is the periodic reconciliation: it reports what drifted as differences.
+    reconciling: bool,
     /// Object versions already counted as rejected (at most [`DISCOVERY_RECORDS_MAX`]; emptied
     /// when full).
     rejected: BTreeSet<String>,
@@ -749,8 +753,15 @@ impl KubeWatcher {
         self.stats.revision = metadata_version.parse().unwrap_or(0);
         self.versions = Some((metadata_version, readiness_version));
         self.stats.listings = self.stats.listings.saturating_add(1);
-        let outputs = self.differ.apply_listing(self.view.listing(), ListingMode::Relist);
+        let mode = if std::mem::take(&mut self.reconciling) {
+            self.stats.relists = self.stats.relists.saturating_add(1);
+            ListingMode::Poll
+        } else {
+            ListingMode::Relist
+        };
+        let outputs = self.differ.apply_listing(self.view.listing(), mode);
         self.stats.records = self.differ.counters().clone();
+        self.stats.soft_errors = self.differ.soft_errors().clone();
         debug!(
             metadata = self.view.metadata.len(),
             readiness = self.view.ready.len(),
@@ -808,6 +819,7 @@ impl KubeWatcher {
         self.stats.watch_events = self.stats.watch_events.saturating_add(1);
         let outputs = self.differ.apply_listing(self.view.listing(), ListingMode::Poll);
         self.stats.records = self.differ.counters().clone();
+        self.stats.soft_errors = self.differ.soft_errors().clone();
         Ok(outputs)
     }
 
@@ -897,6 +909,7 @@ impl KubeWatcher {
                     () = DiscoverySink::namespace_limit_changed(&mut namespaces) => break,
                     _ = reconcile.tick() => {
                         self.versions = None;
+                        self.reconciling = true;
                         break;
                     }
                     line = metadata.next_line() => (Resource::Metadata, line),
@@ -966,6 +979,7 @@ pub async fn run_kube_discovery(
         differ: RecordDiffer::new(scope, KeyForm::Logical),
         stats: DiscoveryStats::default(),
         versions: None,
+        reconciling: false,
         rejected: BTreeSet::new(),
     };
     let mut sessions = 0u64;

@@ -10,13 +10,20 @@
 //! - [`run_file_discovery`] polls `v1/{instances,mdc,event_channels,event_sources}/` under the
 //!   root every second, treats files whose modification time is older than the TTL (10 s) as
 //!   gone, and feeds each poll to the differ as one complete listing;
-//! - [`run_etcd_discovery`] lists the `v1/` prefix, then watches it from the listed revision;
-//!   it keeps the last applied revision and re-watches from it after a reconnect (backoff
-//!   100 ms doubling to 5 s), relists when that revision was compacted, and relists every 30 s
-//!   to reconcile (relay-facts §9.1);
+//! - [`run_etcd_discovery`] lists and watches the whole `v1/` prefix when every namespace is
+//!   selected, else one query per namespace (its four record prefixes), opened concurrently
+//!   and all rebound when any one stream ends; the whole-store watch keeps the last applied
+//!   revision and re-watches from it after a reconnect (backoff 100 ms doubling to 5 s),
+//!   relists when that revision was compacted, and both relist every 30 s to reconcile
+//!   (relay-facts §9.1);
 //! - [`run_kube_discovery`] lists and watches the worker-metadata resources and their readiness
 //!   in one Kubernetes namespace, relists on `410 Gone` and every 30 s, and feeds the ready
 //!   workers' records to the differ as one complete listing of logical keys.
+//!
+//! The reconciling relist's period is `DYN_RELAY_DISCOVERY_RELIST_INTERVAL_MS` (default 30 s);
+//! for the file backend it is the period of a poll that reads every file, changed or not. A
+//! reconciling relist that finds what was already reported emits nothing; one that finds drift
+//! emits exactly the difference.
 //!
 //! Shared rules:
 //!
@@ -38,6 +45,7 @@ mod file;
 mod kube_client;
 pub mod kubernetes;
 mod records;
+mod soft_errors;
 
 #[cfg(test)]
 mod records_tests;
@@ -52,10 +60,12 @@ use crate::runtime::WallClock;
 use kvrelay_core::discovery::DiscoveryScope;
 use kvrelay_core::inputs::{DcInput, InputCounters};
 
-pub use etcd::{EtcdDiscoveryConfig, run_etcd_discovery};
+pub use etcd::{
+    EtcdDiscoveryConfig, EtcdQueries, NAMESPACE_QUERIES_MAX, namespace_prefixes, run_etcd_discovery,
+};
 pub use etcd_client::{
-    EtcdClient, EtcdConnectOptions, EtcdError, PrefixSnapshot, WatchBatch, WatchEvent, WatchStream,
-    prefix_range_end, proto,
+    EtcdClient, EtcdConnectOptions, EtcdError, KeyBudget, PrefixSnapshot, WatchBatch, WatchEvent,
+    WatchStream, prefix_range_end, proto,
 };
 pub use etcd_security::{
     ETCD_AUTH_CA, ETCD_AUTH_CLIENT_CERT, ETCD_AUTH_CLIENT_KEY, ETCD_AUTH_PASSWORD,
@@ -70,6 +80,7 @@ pub use records::{
     ChannelChange, DISCOVERY_BUCKETS, DISCOVERY_RECORDS_MAX, DiscoveryOutput, EntryValue, KeyForm,
     ListingEntry, ListingMode, RecordDiffer,
 };
+pub use soft_errors::{SOFT_ERRORS_LISTED, SOFT_ERRORS_TRACKED, SoftErrorLog, SoftErrorReport};
 
 /// Environment variable naming the discovery backend (Dynamo's; default `etcd`).
 pub const DISCOVERY_BACKEND_ENV: &str = "DYN_DISCOVERY_BACKEND";
@@ -143,10 +154,20 @@ pub struct DiscoveryStats {
     /// etcd watches whose start revision had been compacted, Kubernetes watches or lists whose
     /// resource version expired (`410 Gone`); each forces a relist.
     pub compactions: u64,
+    /// Periodic reconciling relists done (etcd, Kubernetes; file: full re-reads).
+    pub relists: u64,
     /// Kubernetes objects (or watch lines) skipped as malformed or oversized.
     pub rejected_objects: u64,
     /// etcd: the last revision whose effects were applied (0 before the first listing).
     pub revision: i64,
+    /// etcd: watch streams open now (one for the whole store, or one per queried namespace).
+    pub watch_streams: u64,
+    /// etcd: namespace query sets rebound (every query relisted and rewatched) on a live
+    /// connection because one of their streams ended, erred or was compacted.
+    pub rebinds: u64,
+    /// Soft discovery errors: records left out while the rest stands (orphan adapters,
+    /// invalid or ambiguous aliases, unreadable or doubly spelled keys).
+    pub soft_errors: SoftErrorReport,
     /// The last transport error, as text.
     pub last_error: Option<String>,
 }
@@ -310,6 +331,26 @@ pub enum DiscoveryBackend {
 }
 
 impl DiscoveryBackend {
+    /// Set the period of the reconciling relist (`DYN_RELAY_DISCOVERY_RELIST_INTERVAL_MS`):
+    /// etcd's and Kubernetes' reconcile interval, the file backend's full re-read.
+    pub fn set_relist_interval(&mut self, interval: Duration) {
+        match self {
+            DiscoveryBackend::File(config) => config.relist_interval = interval,
+            DiscoveryBackend::Etcd(config) => config.reconcile_interval = interval,
+            DiscoveryBackend::Kubernetes(config) => config.reconcile_interval = interval,
+        }
+    }
+
+    /// The period of the reconciling relist.
+    #[must_use]
+    pub fn relist_interval(&self) -> Duration {
+        match self {
+            DiscoveryBackend::File(config) => config.relist_interval,
+            DiscoveryBackend::Etcd(config) => config.reconcile_interval,
+            DiscoveryBackend::Kubernetes(config) => config.reconcile_interval,
+        }
+    }
+
     /// Read the backend the way Dynamo's runtime does, from the process environment:
     /// `DYN_DISCOVERY_BACKEND` (`etcd` when unset, `file`, `kubernetes`), `DYN_FILE_KV`,
     /// `ETCD_ENDPOINTS`, and the Kubernetes settings of [`KubeDiscoveryConfig::from_lookup`].

@@ -40,16 +40,23 @@
 //! - **Only the four record buckets.** Keys outside `v1/{instances,mdc,event_channels,
 //!   event_sources}/` belong to other Dynamo subsystems sharing the store; they are ignored
 //!   without being counted. Keys inside them that do not parse are counted as malformed.
+//! - **Soft errors are reported, not dropped.** A card set's orphan adapters, invalid and
+//!   ambiguous aliases ([`card_soft_errors`], recomputed whenever a card changes), keys a
+//!   transport could not read and second spellings of a listed key are held in a
+//!   [`SoftErrorLog`] whose report ([`RecordDiffer::soft_errors`]) the transports publish.
 //! - **Bounded.** At most [`DISCOVERY_RECORDS_MAX`] keys are held; a listing or put beyond it is
 //!   counted as [`InputErrorKind::TooMany`](kvrelay_core::inputs::InputErrorKind) and the extra keys are
 //!   ignored (transports refuse such listings before they get here, see the backends).
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use tracing::{debug, warn};
+use tracing::warn;
 use xxhash_rust::xxh3::xxh3_128;
 
-use kvrelay_core::discovery::{DiscoveryScope, NamespaceSelection};
+use super::soft_errors::{SoftErrorLog, SoftErrorReport};
+use kvrelay_core::discovery::{
+    DiscoveryScope, NamespaceSelection, SoftDiscoveryError, SoftErrorKind, card_soft_errors,
+};
 use kvrelay_core::inputs::{
     CardInstanceId, DcInput, DiscoveryKey, DiscoveryRecord, EndpointInstances, EventRecordKey,
     InputCounters, InputError, ModelCard, decode_discovery_record,
@@ -80,8 +87,10 @@ pub enum ListingMode {
     /// A reconciliation relist (etcd: initial list, after compaction, every 30 s): a changed card
     /// set is reported as one `CardsListed` that replaces the consumer's cards.
     Relist,
-    /// A routine poll (file backend): changed cards are reported one by one. The first listing
-    /// of a differ is always reported as `CardsListed`, whatever the mode.
+    /// A routine complete listing (file polls, periodic reconciling relists): changed cards
+    /// are reported one by one, so a listing that finds what the differ holds reports nothing
+    /// and one that finds drift reports exactly the difference. The first listing of a differ
+    /// is always reported as `CardsListed`, whatever the mode.
     Poll,
 }
 
@@ -97,6 +106,10 @@ pub enum EntryValue {
     /// key held before stays, and the next listing tries again. Nothing is counted here (I/O
     /// errors are the transport's to count).
     Unreadable,
+    /// The transport knows the value is the one it handed in last time under this key (the
+    /// file backend: same size and modification time) and did not read it again: whatever the
+    /// key holds stays, and nothing is counted or logged again.
+    Unchanged,
 }
 
 /// One key of a complete listing.
@@ -168,6 +181,12 @@ pub struct RecordDiffer {
     /// A live narrowing of the scope's namespaces (`--sources-file`): `Some(set)` keeps only
     /// records of those namespaces (none when empty). Applied by the next complete listing.
     namespace_limit: Option<BTreeSet<String>>,
+    /// The soft errors of the held card set, as of the last card change.
+    card_errors: Vec<SoftDiscoveryError>,
+    /// Key-level soft errors (unreadable keys, second spellings) by raw key: those of the last
+    /// listing, plus unreadable keys watch events named since.
+    key_errors: BTreeMap<String, SoftDiscoveryError>,
+    soft_log: SoftErrorLog,
 }
 
 impl RecordDiffer {
@@ -183,6 +202,32 @@ impl RecordDiffer {
             listed: false,
             counters: InputCounters::new(),
             namespace_limit: None,
+            card_errors: Vec::new(),
+            key_errors: BTreeMap::new(),
+            soft_log: SoftErrorLog::default(),
+        }
+    }
+
+    /// The soft errors held now, with their counters.
+    #[must_use]
+    pub fn soft_errors(&self) -> &SoftErrorReport {
+        self.soft_log.report()
+    }
+
+    /// A watch event put a key the transport cannot read (`lossy_key`: its text with
+    /// unreadable bytes replaced): a soft error until a listing or a delete clears it.
+    pub fn note_unreadable_put(&mut self, lossy_key: &str) {
+        if self.key_errors.len() < DISCOVERY_RECORDS_MAX || self.key_errors.contains_key(lossy_key)
+        {
+            self.key_errors.insert(lossy_key.to_owned(), unreadable_key_error(lossy_key));
+        }
+        self.refresh_soft_errors(false);
+    }
+
+    /// A watch event deleted a key the transport cannot read.
+    pub fn note_unreadable_delete(&mut self, lossy_key: &str) {
+        if self.key_errors.remove(lossy_key).is_some() {
+            self.refresh_soft_errors(false);
         }
     }
 
@@ -225,7 +270,26 @@ impl RecordDiffer {
         entries: Vec<ListingEntry>,
         mode: ListingMode,
     ) -> Vec<DiscoveryOutput> {
+        self.apply_listing_with_unreadable(entries, Vec::new(), mode)
+    }
+
+    /// [`RecordDiffer::apply_listing`] for a listing that also held keys the transport could not
+    /// read (`unreadable_keys`, lossy text): each is a soft error until the next listing.
+    pub fn apply_listing_with_unreadable(
+        &mut self,
+        entries: Vec<ListingEntry>,
+        unreadable_keys: Vec<String>,
+        mode: ListingMode,
+    ) -> Vec<DiscoveryOutput> {
         let first = !self.listed;
+        let mut key_errors: BTreeMap<String, SoftDiscoveryError> = unreadable_keys
+            .into_iter()
+            .take(DISCOVERY_RECORDS_MAX)
+            .map(|key| {
+                let error = unreadable_key_error(&key);
+                (key, error)
+            })
+            .collect();
         let mut entries = entries;
         entries.sort_by(|left, right| left.key.cmp(&right.key));
         let mut next: BTreeMap<DiscoveryKey, ListingEntry> = BTreeMap::new();
@@ -243,7 +307,14 @@ impl RecordDiffer {
                 continue;
             }
             if next.contains_key(&key) {
-                debug!(key = %entry.key, "another spelling of an already listed discovery key");
+                if key_errors.len() < DISCOVERY_RECORDS_MAX {
+                    let error = SoftDiscoveryError::new(
+                        SoftErrorKind::DuplicateKey,
+                        &entry.key,
+                        "another spelling of a key already listed; only the first is read",
+                    );
+                    key_errors.insert(entry.key, error);
+                }
                 continue;
             }
             if next.len() >= DISCOVERY_RECORDS_MAX {
@@ -256,6 +327,7 @@ impl RecordDiffer {
             self.count_too_many();
         }
         self.broken_keys.retain(|raw, _| broken_seen.contains(raw));
+        self.key_errors = key_errors;
 
         let mut changes = Changes::default();
         let gone: Vec<DiscoveryKey> =
@@ -319,6 +391,11 @@ impl RecordDiffer {
     fn parse_key(&mut self, key: &str, value: &EntryValue) -> Option<DiscoveryKey> {
         match self.parse_raw_key(key) {
             Ok(parsed) => Some(parsed),
+            Err(_)
+                if matches!(value, EntryValue::Unchanged) && self.broken_keys.contains_key(key) =>
+            {
+                None
+            }
             Err(error) => {
                 let digest = value_digest(value);
                 if self.broken_keys.get(key) != Some(&digest) {
@@ -383,6 +460,12 @@ impl RecordDiffer {
         if matches!(value, EntryValue::Unreadable) {
             return;
         }
+        if matches!(value, EntryValue::Unchanged) {
+            if let Some(slot) = self.slots.get_mut(&key) {
+                slot.raw_key = raw_key;
+            }
+            return;
+        }
         let digest = value_digest(&value);
         if let Some(slot) = self.slots.get_mut(&key)
             && slot.digest == digest
@@ -391,7 +474,7 @@ impl RecordDiffer {
             return;
         }
         let decoded = match value {
-            EntryValue::Unreadable => return,
+            EntryValue::Unreadable | EntryValue::Unchanged => return,
             EntryValue::Rejected(error) => Err(error),
             EntryValue::Bytes(bytes) => decode_discovery_record(&bytes).and_then(|record| {
                 if record.key() == key {
@@ -445,6 +528,21 @@ impl RecordDiffer {
             .collect()
     }
 
+    /// Recompute the card set's soft errors if `cards_changed`, and hand the current set to
+    /// the log.
+    fn refresh_soft_errors(&mut self, cards_changed: bool) {
+        if cards_changed {
+            let cards = self.slots.values().filter_map(|slot| match &slot.record {
+                Some(DiscoveryRecord::Model(model)) => Some((&model.id, &model.card)),
+                _ => None,
+            });
+            self.card_errors = card_soft_errors(cards);
+        }
+        let mut errors = self.card_errors.clone();
+        errors.extend(self.key_errors.values().cloned());
+        self.soft_log.update(errors);
+    }
+
     /// Every held card in identity order.
     fn cards(&self) -> Vec<(CardInstanceId, ModelCard)> {
         self.slots
@@ -465,6 +563,7 @@ impl RecordDiffer {
         cards_listed: bool,
         all_endpoints: bool,
     ) -> Vec<DiscoveryOutput> {
+        self.refresh_soft_errors(all_endpoints || !changes.cards.is_empty());
         let mut outputs = Vec::new();
         if cards_listed {
             if all_endpoints || !changes.cards.is_empty() {
@@ -626,7 +725,7 @@ fn value_digest(value: &EntryValue) -> u128 {
         // Rejections are keyed by their description; the marker keeps them apart from bytes
         // that happen to spell the same text.
         EntryValue::Rejected(error) => xxh3_128(format!("\0rejected\0{error}").as_bytes()),
-        EntryValue::Unreadable => 0,
+        EntryValue::Unreadable | EntryValue::Unchanged => 0,
     }
 }
 
@@ -641,4 +740,12 @@ fn cut(key: &str) -> String {
         end -= 1;
     }
     format!("{}…", &key[..end])
+}
+
+fn unreadable_key_error(lossy_key: &str) -> SoftDiscoveryError {
+    SoftDiscoveryError::new(
+        SoftErrorKind::UnreadableKey,
+        lossy_key,
+        "the key is not UTF-8; its record is skipped",
+    )
 }

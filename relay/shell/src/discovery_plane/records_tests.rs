@@ -648,3 +648,125 @@ fn a_namespace_limit_narrows_and_widens_the_scope_with_the_next_listing() {
     assert!(emptied.iter().any(|line| line.starts_with("channel-")), "{emptied:?}");
     assert_eq!(differ.key_count(), 0);
 }
+
+// ---- reconciling relists, unchanged entries and soft errors ----------------------------------
+
+#[test]
+fn a_reconciling_relist_emits_nothing_for_the_same_state_and_exactly_the_drift() {
+    let mut differ = differ();
+    let mut listing = worker(&backend(), WORKER_A, PUBLISHER_A);
+    listing.extend(worker(&prefill(), WORKER_B, PUBLISHER_B));
+    differ.apply_listing(listing.clone(), ListingMode::Relist);
+    assert!(differ.apply_listing(listing.clone(), ListingMode::Poll).is_empty());
+    // Drift: one card's contents changed, one instance vanished.
+    let mut drifted: Vec<ListingEntry> = listing
+        .into_iter()
+        .filter(|entry| entry.key != instance_key(&prefill(), WORKER_B))
+        .collect();
+    for entry in &mut drifted {
+        if entry.key == card_key(&backend(), WORKER_A, None) {
+            entry.value = EntryValue::Bytes(card_json(&backend(), WORKER_A, None, 999, ""));
+        }
+    }
+    assert_eq!(
+        summary(&differ.apply_listing(drifted.clone(), ListingMode::Poll)),
+        vec![
+            "upsert dynamo/backend/generate c068c01457d23c43 None",
+            "instances dynamo/prefill/generate Some([])",
+        ]
+    );
+    assert!(differ.apply_listing(drifted, ListingMode::Poll).is_empty());
+}
+
+#[test]
+fn an_unchanged_entry_keeps_what_its_key_holds_without_counting_again() {
+    let mut differ = differ();
+    let mut listing = worker(&backend(), WORKER_A, PUBLISHER_A);
+    listing.push(ListingEntry::bytes("v1/instances/not-a-key", "{}"));
+    listing.push(ListingEntry::bytes(card_key(&backend(), WORKER_B, None), "{torn"));
+    differ.apply_listing(listing.clone(), ListingMode::Poll);
+    let counted = differ.counters().clone();
+    assert_eq!(counted.rejected_total(), 2);
+    let unchanged: Vec<ListingEntry> = listing
+        .iter()
+        .map(|entry| ListingEntry { key: entry.key.clone(), value: EntryValue::Unchanged })
+        .collect();
+    for _ in 0..2 {
+        assert!(differ.apply_listing(unchanged.clone(), ListingMode::Poll).is_empty());
+    }
+    assert_eq!(differ.counters(), &counted);
+    assert_eq!(differ.key_count(), listing.len() - 1);
+    // An unchanged entry for a key the differ never held brings nothing.
+    let mut fresh =
+        RecordDiffer::new(DiscoveryScope::watch_all(Vec::new()).unwrap(), KeyForm::Logical);
+    let outputs = fresh.apply_listing(unchanged, ListingMode::Poll);
+    assert_eq!(summary(&outputs), vec!["listed[]"]);
+    assert_eq!(fresh.key_count(), 0);
+}
+
+#[test]
+fn soft_errors_follow_the_card_set_and_clear_when_the_base_card_arrives() {
+    use kvrelay_core::discovery::SoftErrorKind;
+    let mut differ = differ();
+    let mut listing = worker(&backend(), WORKER_A, PUBLISHER_A);
+    listing.push(ListingEntry::bytes(
+        card_key(&backend(), WORKER_B, Some("ad")),
+        card_json(&backend(), WORKER_B, Some("ad"), 0, ""),
+    ));
+    differ.apply_listing(listing.clone(), ListingMode::Relist);
+    let report = differ.soft_errors().clone();
+    assert_eq!(report.current_total, 1);
+    assert_eq!(report.listed[0].kind, SoftErrorKind::OrphanAdapter);
+    assert_eq!(report.listed[0].key, "dynamo/backend/generate/dc71242afcad0e39/ad");
+    assert_eq!(report.appeared.get(&SoftErrorKind::OrphanAdapter), Some(&1));
+    // The same listing again: still one error, not counted again.
+    differ.apply_listing(listing, ListingMode::Poll);
+    assert_eq!(differ.soft_errors(), &report);
+    // Its base card arrives: the error clears; the counter keeps the appearance.
+    differ.apply_put(
+        &card_key(&backend(), WORKER_B, None),
+        card_json(&backend(), WORKER_B, None, 16384, ""),
+    );
+    let cleared = differ.soft_errors();
+    assert_eq!(cleared.current_total, 0);
+    assert!(cleared.listed.is_empty());
+    assert_eq!(cleared.appeared.get(&SoftErrorKind::OrphanAdapter), Some(&1));
+}
+
+#[test]
+fn second_spellings_and_unreadable_keys_are_soft_errors_until_a_listing_clears_them() {
+    use kvrelay_core::discovery::SoftErrorKind;
+    let mut files =
+        RecordDiffer::new(DiscoveryScope::watch_all(Vec::new()).unwrap(), KeyForm::FilePath);
+    let spelled = "v1/instances/dynamo%2Fbackend%2Fgenerate%2Fc068c01457d23c43";
+    let respelled = "v1/instances/%64ynamo%2Fbackend%2Fgenerate%2Fc068c01457d23c43";
+    let instance = instance_json(&backend(), WORKER_A);
+    files.apply_listing(
+        vec![
+            ListingEntry::bytes(spelled, instance.clone()),
+            ListingEntry::bytes(respelled, instance.clone()),
+        ],
+        ListingMode::Poll,
+    );
+    let report = files.soft_errors();
+    assert_eq!(report.current.get(&SoftErrorKind::DuplicateKey), Some(&1));
+    // The key order decides which spelling is read: `%64...` sorts first.
+    assert_eq!(report.listed[0].key, spelled);
+    files.apply_listing(vec![ListingEntry::bytes(spelled, instance)], ListingMode::Poll);
+    assert_eq!(files.soft_errors().current_total, 0);
+
+    let mut etcd = differ();
+    etcd.apply_listing_with_unreadable(
+        worker(&backend(), WORKER_A, PUBLISHER_A),
+        vec!["v1/mdc/dynamo/backend/generate/\u{fffd}".into()],
+        ListingMode::Relist,
+    );
+    assert_eq!(etcd.soft_errors().current.get(&SoftErrorKind::UnreadableKey), Some(&1));
+    etcd.note_unreadable_put("v1/instances/\u{fffd}");
+    assert_eq!(etcd.soft_errors().current.get(&SoftErrorKind::UnreadableKey), Some(&2));
+    etcd.note_unreadable_delete("v1/instances/\u{fffd}");
+    assert_eq!(etcd.soft_errors().current.get(&SoftErrorKind::UnreadableKey), Some(&1));
+    etcd.apply_listing(worker(&backend(), WORKER_A, PUBLISHER_A), ListingMode::Poll);
+    assert_eq!(etcd.soft_errors().current_total, 0);
+    assert_eq!(etcd.soft_errors().appeared.get(&SoftErrorKind::UnreadableKey), Some(&2));
+}

@@ -9,12 +9,16 @@
 //!   `/ready` answers 200 when ready, else 503 with the reasons.
 //! - **Engine state**: the `GET /engine/state` document Dynamo's relay serves: `podUID`
 //!   (`POD_UID`), `mode` (`"from-file"` with `--sources-file`, else `"discovery"`), the
-//!   connection revision, readiness and the `sources` object.
+//!   connection revision, readiness and the `sources` object; beyond Dynamo's fields, the soft
+//!   discovery errors holding now (`softDiscoveryErrors`: a bounded list of `{kind, key,
+//!   reason}`, and `softDiscoveryErrorCount`).
 //! - **Sources** (in both `/health` and `/engine/state`, the same object): in file mode the
 //!   sources file's report (see `serve::sources_file`); in discovery mode both revisions and
 //!   the error are `null` and `count` is the number of namespaces with a registered model.
 
 use serde::Serialize;
+
+use kvrelay_core::discovery::SoftDiscoveryError;
 
 use super::snapshot::OpsSnapshot;
 use crate::serve::SourcesReport;
@@ -72,6 +76,12 @@ pub struct EngineState {
     pub ready: bool,
     /// The namespace sources (see the module docs).
     pub sources: SourcesReport,
+    /// Soft discovery errors holding now: at most
+    /// [`SOFT_ERRORS_LISTED`](crate::discovery_plane::SOFT_ERRORS_LISTED) of them, in
+    /// `(kind, key)` order.
+    pub soft_discovery_errors: Vec<SoftDiscoveryError>,
+    /// How many soft discovery errors hold now, listed or not.
+    pub soft_discovery_error_count: u64,
 }
 
 /// Health of `snapshot`.
@@ -143,5 +153,7 @@ pub fn engine_state(snapshot: &OpsSnapshot) -> EngineState {
         connection_revision: snapshot.sources.as_ref().and_then(|s| s.connection_revision.clone()),
         ready: readiness(snapshot).ready,
         sources: sources(snapshot),
+        soft_discovery_errors: snapshot.discovery.soft_errors.listed.clone(),
+        soft_discovery_error_count: snapshot.discovery.soft_errors.current_total,
     }
 }

@@ -15,6 +15,7 @@ use std::fmt::Write as _;
 use super::snapshot::OpsSnapshot;
 use crate::event_plane::ZmtpErrorKind;
 use crate::wan::{LimitScope, StreamType};
+use kvrelay_core::discovery::SoftErrorKind;
 use kvrelay_core::inputs::{InputCounters, InputErrorKind};
 
 /// The `Content-Type` of the exposition.
@@ -493,6 +494,16 @@ fn input_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
             "Kubernetes discovery objects skipped as malformed or oversized.",
             discovery.rejected_objects,
         ),
+        (
+            "kvrelay_discovery_relists_total",
+            "Periodic reconciling discovery relists (file backend: full re-reads).",
+            discovery.relists,
+        ),
+        (
+            "kvrelay_discovery_rebinds_total",
+            "etcd namespace query sets rebound because one of their streams ended.",
+            discovery.rebinds,
+        ),
     ] {
         out.single(name, Kind::Counter, help, value);
     }
@@ -502,6 +513,26 @@ fn input_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
         "etcd revision applied (0 for the file backend).",
         u64::try_from(discovery.revision).unwrap_or(0),
     );
+    out.single(
+        "kvrelay_discovery_watch_streams",
+        Kind::Gauge,
+        "etcd watch streams open (one for the whole store, or one per queried namespace).",
+        discovery.watch_streams,
+    );
+    let soft = &discovery.soft_errors;
+    out.counter_by_kind(
+        "kvrelay_discovery_soft_errors_total",
+        "Soft discovery errors (records left out while the rest stands) that appeared, by kind.",
+        &[],
+        SoftErrorKind::ALL
+            .map(|kind| (kind.as_str(), soft.appeared.get(&kind).copied().unwrap_or(0))),
+    );
+    let name = "kvrelay_discovery_soft_errors";
+    out.family(name, Kind::Gauge, "Soft discovery errors holding now, by kind.");
+    for kind in SoftErrorKind::ALL {
+        let value = soft.current.get(&kind).copied().unwrap_or(0);
+        out.sample(name, &[("kind", kind.as_str())], value);
+    }
 
     let plane = [("plane", snapshot.event_plane)];
     let events = &snapshot.events;

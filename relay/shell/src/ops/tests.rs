@@ -260,7 +260,9 @@ fn engine_state_has_dynamos_shape() {
             "mode": "discovery",
             "connectionRevision": null,
             "ready": true,
-            "sources": {"desiredRevision": null, "appliedRevision": null, "count": 2, "lastError": null}
+            "sources": {"desiredRevision": null, "appliedRevision": null, "count": 2, "lastError": null},
+            "softDiscoveryErrors": [],
+            "softDiscoveryErrorCount": 0
         })
     );
     let health_json = serde_json::to_value(health(&snapshot())).unwrap();
@@ -366,4 +368,49 @@ fn wan_tls_counters_are_exported_and_zero_under_plaintext() {
     ] {
         assert!(has(&text, line), "missing {line:?} in\n{text}");
     }
+}
+
+#[test]
+fn soft_discovery_errors_are_counted_by_kind_and_listed_in_the_engine_state() {
+    use kvrelay_core::discovery::{SoftDiscoveryError, SoftErrorKind};
+    let mut with_errors = snapshot();
+    let mut log = crate::discovery_plane::SoftErrorLog::default();
+    let orphan = SoftDiscoveryError::new(
+        SoftErrorKind::OrphanAdapter,
+        "ns/backend/generate/1f/ad-1",
+        "its worker has no base card on this endpoint",
+    );
+    let alias = SoftDiscoveryError::new(
+        SoftErrorKind::InvalidAlias,
+        "ns/backend/generate/1f",
+        "alias \" x\" is empty or has surrounding whitespace",
+    );
+    log.update(vec![orphan.clone(), alias.clone()]);
+    log.update(vec![orphan.clone()]);
+    with_errors.discovery.soft_errors = log.report().clone();
+    let text = render_metrics(&with_errors);
+    for line in [
+        "kvrelay_discovery_soft_errors_total{kind=\"orphan_adapter\"} 1",
+        "kvrelay_discovery_soft_errors_total{kind=\"invalid_alias\"} 1",
+        "kvrelay_discovery_soft_errors_total{kind=\"unreadable_key\"} 0",
+        "kvrelay_discovery_soft_errors{kind=\"orphan_adapter\"} 1",
+        "kvrelay_discovery_soft_errors{kind=\"invalid_alias\"} 0",
+        "# TYPE kvrelay_discovery_soft_errors_total counter",
+        "# TYPE kvrelay_discovery_soft_errors gauge",
+        "# TYPE kvrelay_discovery_watch_streams gauge",
+        "kvrelay_discovery_relists_total 0",
+        "kvrelay_discovery_rebinds_total 0",
+    ] {
+        assert!(text.contains(&format!("\n{line}\n")), "{line}\n{text}");
+    }
+    let state = serde_json::to_value(engine_state(&with_errors)).unwrap();
+    assert_eq!(
+        state["softDiscoveryErrors"],
+        serde_json::json!([{
+            "kind": "orphan_adapter",
+            "key": "ns/backend/generate/1f/ad-1",
+            "reason": "its worker has no base card on this endpoint"
+        }])
+    );
+    assert_eq!(state["softDiscoveryErrorCount"], 1);
 }
