@@ -179,15 +179,25 @@ impl PoolTruth {
             next_held.push(Entry { hash, at_ms: since, probe });
         }
         gone.extend(old.map(|entry| Entry { at_ms: now, ..*entry }));
-        // Removed: the earlier removed ones not held again, and the ones just gone.
-        let mut removed: Vec<Entry> = self
-            .removed
-            .iter()
-            .filter(|entry| held.binary_search_by_key(&entry.hash, |held| held.0).is_err())
-            .copied()
-            .collect();
+        // Removed: the earlier removed ones not held again, and the ones just gone. Both lists
+        // are sorted by hash and disjoint (the earlier removed ones were not held before), so
+        // one merge walk keeps the result sorted.
+        let mut again = held.iter().map(|held| held.0).peekable();
+        let mut kept = self.removed.iter().copied().filter(|entry| {
+            while again.next_if(|hash| *hash < entry.hash).is_some() {}
+            again.peek() != Some(&entry.hash)
+        });
+        let mut gone = gone.into_iter().peekable();
+        let mut removed = Vec::with_capacity(self.removed.len() + gone.len());
+        let mut next_kept = kept.next();
+        while let Some(entry) = next_kept {
+            while let Some(first) = gone.next_if(|first| first.hash < entry.hash) {
+                removed.push(first);
+            }
+            removed.push(entry);
+            next_kept = kept.next();
+        }
         removed.extend(gone);
-        removed.sort_unstable_by_key(|entry| entry.hash);
         self.held = next_held;
         self.removed = removed;
         self.unknown = unknown;
@@ -211,6 +221,12 @@ impl PoolTruth {
             || self.unknown.binary_search(&hash).is_ok()
     }
 
+    /// Whether some of the pool's blocks are held by ranks of an overlapping incarnation.
+    #[must_use]
+    pub fn has_unknown(&self) -> bool {
+        !self.unknown.is_empty()
+    }
+
     /// Blocks held now.
     #[must_use]
     pub fn held_count(&self) -> usize {
@@ -222,11 +238,6 @@ impl PoolTruth {
         self.removed.iter().filter(move |entry| {
             entry.at_ms <= until && self.unknown.binary_search(&entry.hash).is_err()
         })
-    }
-
-    /// The held blocks held since at or before `until`, with their `since`.
-    fn held_until(&self, until: u64) -> impl Iterator<Item = &Entry> + '_ {
-        self.held.iter().filter(move |entry| entry.at_ms <= until)
     }
 }
 
@@ -449,13 +460,17 @@ impl Staleness {
         let found = |entry: &Entry| words.is_some_and(|words| contains(words, &entry.probe));
         let mut absent = Vec::new();
         if presence {
-            for entry in truth.held.iter().filter(|entry| !found(entry)) {
+            // One probe per held block: an absent one counts for the slowest lag, and against
+            // the bound once it is due.
+            for entry in &truth.held {
+                let due_now = entry.at_ms <= due;
+                self.presence_probes += u64::from(due_now);
+                if found(entry) {
+                    continue;
+                }
                 let age = now.saturating_sub(entry.at_ms.max(healthy_since));
                 self.slowest_ms = self.slowest_ms.max(age);
-            }
-            for entry in truth.held_until(due) {
-                self.presence_probes += 1;
-                if !found(entry) {
+                if due_now {
                     absent.push(entry.hash);
                 }
             }
