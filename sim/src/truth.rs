@@ -246,7 +246,9 @@ impl PoolTruth {
 /// A window touches every consumer's links for a DC-plane partition (to its repair), event
 /// noise (to the noise being turned off), a relay restart and a planes-host restart (instants);
 /// one consumer's for
-/// a WAN partition or hold on it (to its repair or release); one pool's for an overlapping
+/// a WAN partition, hold or bandwidth limit on it (to its repair, release or lift: a consumer
+/// behind a link slower than its pools' publications lags by design, and the relay ends its
+/// streams as lagging); one pool's for an overlapping
 /// incarnation of one of its workers (to the overlap's end). A window never closed lasts to the
 /// end of the run.
 /// Worker restarts, crashes, lease expiries, cache clears, adapter churn and clock skew change
@@ -280,7 +282,8 @@ impl Health {
         };
         let mut dc: Option<u64> = None;
         let mut noise: Option<u64> = None;
-        let mut wan: Vec<[Option<u64>; 2]> = vec![[None, None]; consumers];
+        // Per consumer: a WAN partition, a hold and a bandwidth limit, each open since.
+        let mut wan: Vec<[Option<u64>; 3]> = vec![[None, None, None]; consumers];
         let mut overlap: BTreeMap<usize, u64> = BTreeMap::new();
         for ScriptedFault { at_ms, fault } in script {
             let at = *at_ms;
@@ -302,12 +305,20 @@ impl Health {
                 Fault::WanPartition { consumer }
                 | Fault::WanRepair { consumer }
                 | Fault::WanHold { consumer }
-                | Fault::WanRelease { consumer } => {
-                    let kind = usize::from(matches!(
+                | Fault::WanRelease { consumer }
+                | Fault::ConsumerBandwidth { consumer, .. }
+                | Fault::ConsumerBandwidthLift { consumer } => {
+                    let kind = match fault {
+                        Fault::WanPartition { .. } | Fault::WanRepair { .. } => 0,
+                        Fault::WanHold { .. } | Fault::WanRelease { .. } => 1,
+                        _ => 2,
+                    };
+                    let opens = matches!(
                         fault,
-                        Fault::WanHold { .. } | Fault::WanRelease { .. }
-                    ));
-                    let opens = matches!(fault, Fault::WanPartition { .. } | Fault::WanHold { .. });
+                        Fault::WanPartition { .. }
+                            | Fault::WanHold { .. }
+                            | Fault::ConsumerBandwidth { .. }
+                    );
                     let target = consumer.unwrap_or(crate::scenario::ConsumerTarget::One(0));
                     for index in target.indices(consumers) {
                         let Some(slots) = wan.get_mut(index) else { continue };
