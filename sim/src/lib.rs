@@ -596,24 +596,16 @@ async fn serve_node(
     slow: Option<(SlowEnds, u64)>,
 ) -> HostResult {
     crashing.clear();
+    let service = node.relay_service(clock, tuning);
+    let lag = slow.map(|(slow, boot)| (service.clone(), slow, boot));
     kvrelay::runtime::spawn(observe_relay(
         trace,
         boot,
         node.views.clone(),
         Arc::clone(&node.publications),
         node.status.clone(),
+        lag,
     ));
-    let service = node.relay_service(clock, tuning);
-    if let Some((slow, boot)) = slow {
-        let service = service.clone();
-        kvrelay::runtime::spawn(async move {
-            loop {
-                let ends = lag_ends(&service.stats());
-                lock(&slow).insert(boot, ends);
-                tokio::time::sleep(RELAY_SAMPLE).await;
-            }
-        });
-    }
     let listener = turmoil::net::TcpListener::bind(("0.0.0.0", RELAY_PORT)).await?;
     serve(service, Box::pin(net::incoming(listener, crashing)), &tuning, std::future::pending())
         .await?;
@@ -662,13 +654,15 @@ fn start_sim_recorder(
 /// Record every catalog and readiness the relay publishes (an invalid one as such), any
 /// catalogued producer whose live publication went away while it was still catalogued, and a
 /// node fault when one starts or changes ([`node_fault`] of the status, read every turmoil
-/// step: the sample period is one step).
+/// step: the sample period is one step); with `lag`, also the streams the boot's WAN service
+/// ended for lag, into its slot.
 async fn observe_relay(
     trace: Trace,
     boot: u64,
     views: WanViews,
     publications: Arc<PoolPublications>,
     status: watch::Receiver<kvrelay::node::NodeStatus>,
+    lag: Option<(kvrelay::wan::RelayService, SlowEnds, u64)>,
 ) {
     let mut last_fault: Option<String> = None;
     let mut last_catalog = None;
@@ -732,6 +726,9 @@ async fn observe_relay(
                 trace.record(TraceEvent::NodeFault { boot, detail: detail.clone() });
             }
             last_fault = fault;
+        }
+        if let Some((service, slow, boot)) = &lag {
+            lock(slow).insert(*boot, lag_ends(&service.stats()));
         }
         tokio::time::sleep(RELAY_SAMPLE).await;
     }

@@ -272,7 +272,13 @@ pub struct Throttled<S> {
 impl<S> Throttled<S> {
     /// `inner` paced to `bandwidth`.
     pub fn new(inner: S, bandwidth: Bandwidth) -> Self {
-        Throttled { inner, bandwidth, read: Bucket::new(), write: Bucket::new(), scratch: Vec::new() }
+        Throttled {
+            inner,
+            bandwidth,
+            read: Bucket::new(),
+            write: Bucket::new(),
+            scratch: Vec::new(),
+        }
     }
 }
 
@@ -348,4 +354,67 @@ pub fn limited_connector(
             Ok::<_, io::Error>(TokioIo::new(Throttled::new(stream, bandwidth)))
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// Bytes `server` sends one client behind a link paced to `bytes_per_s` (0: unlimited),
+    /// and the simulated ms the client took to read them all.
+    fn transfer(bytes: usize, bytes_per_s: u64) -> u64 {
+        let mut sim = turmoil::Builder::new()
+            .tick_duration(Duration::from_millis(5))
+            .simulation_duration(Duration::from_secs(120))
+            .build();
+        sim.host("server", move || async move {
+            let listener = TcpListener::bind(("0.0.0.0", 9000)).await?;
+            let (mut stream, _) = listener.accept().await?;
+            stream.write_all(&vec![7u8; bytes]).await?;
+            // Keep the connection until the client is done.
+            let mut end = [0u8; 1];
+            let _ = stream.read(&mut end).await;
+            Ok(())
+        });
+        let took = Arc::new(AtomicU64::new(0));
+        let seen = Arc::clone(&took);
+        sim.client("client", async move {
+            let bandwidth = Bandwidth::default();
+            bandwidth.set(bytes_per_s);
+            let start = tokio::time::Instant::now();
+            let stream = TcpStream::connect(("server", 9000)).await?;
+            let mut stream = Throttled::new(stream, bandwidth);
+            let mut received = vec![0u8; bytes];
+            stream.read_exact(&mut received).await?;
+            assert!(received.iter().all(|byte| *byte == 7));
+            let elapsed = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+            seen.store(elapsed, Ordering::Relaxed);
+            stream.write_all(&[0]).await?;
+            Ok(())
+        });
+        sim.run().unwrap();
+        took.load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn a_limited_link_carries_bytes_at_its_rate_after_one_burst() {
+        // 20,000 bytes at 1,000 B/s: one 1,500-byte burst, then 18,500 bytes at the rate.
+        let limited = transfer(20_000, 1_000);
+        assert!((18_400..=19_200).contains(&limited), "{limited} ms");
+        // Four times the rate: the same 1,500-byte burst, the rest in a quarter of the time.
+        let faster = transfer(20_000, 4_000);
+        assert!((4_600..=4_800).contains(&faster), "{faster} ms");
+        // Unlimited: a few steps.
+        assert!(transfer(20_000, 0) < 200);
+    }
+
+    #[test]
+    fn the_burst_is_a_tenth_of_a_second_and_at_least_one_frame() {
+        assert_eq!(burst_bytes(1_000), 1_500);
+        assert_eq!(burst_bytes(1 << 20), (1 << 20) / 10);
+    }
 }

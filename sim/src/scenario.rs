@@ -1343,6 +1343,127 @@ readiness = { tiny-llm = "ready" }
     }
 
     #[test]
+    fn a_bandwidth_limit_names_a_consumer_and_a_rate_in_range() {
+        let text = format!(
+            "{MINIMAL}\n[[faults]]\nat_ms = 100\naction = \"consumer-bandwidth\"\nconsumer = \"b\"\n\
+             bytes_per_s = 4096\n[[faults]]\nat_ms = 900\naction = \"consumer-bandwidth-lift\"\n\
+             consumer = \"b\"\n"
+        );
+        let scenario = Scenario::parse(&text, "x").unwrap();
+        let b = Some(ConsumerTarget::One(1));
+        assert_eq!(
+            scenario.faults[0].fault,
+            Fault::ConsumerBandwidth { consumer: b, bytes_per_s: 4096 }
+        );
+        assert_eq!(scenario.faults[1].fault.action(), "consumer-bandwidth-lift");
+        assert_eq!(scenario.faults[1].fault.consumer(), Some(b));
+        for rate in ["0", "1023", "1073741825"] {
+            let bad = text.replace("bytes_per_s = 4096", &format!("bytes_per_s = {rate}"));
+            assert!(matches!(Scenario::parse(&bad, "x"), Err(ScenarioError::Invalid { .. })));
+        }
+        let beyond = text.replace("consumer = \"b\"\nbytes", "consumer = \"c\"\nbytes");
+        assert!(matches!(Scenario::parse(&beyond, "x"), Err(ScenarioError::Invalid { .. })));
+        let window =
+            MINIMAL.replace("preset = \"demo\"", "preset = \"demo\"\nconsumer_window_bytes = 100");
+        assert!(matches!(Scenario::parse(&window, "x"), Err(ScenarioError::Invalid { .. })));
+    }
+
+    #[test]
+    fn a_drawn_bandwidth_limit_is_lifted_on_the_same_consumer() {
+        let text = format!(
+            "{MINIMAL}\n[random_faults]\ncount = 8\nkinds = [\"consumer-bandwidth\"]\n\
+             from_ms = 100\nuntil_ms = 900\n"
+        );
+        let scenario = Scenario::parse(&text, "x").unwrap();
+        let mut rates = std::collections::BTreeSet::new();
+        for seed in 0..8 {
+            let script = scenario.script(seed, 5);
+            assert_eq!(script.len(), 16);
+            for (index, scripted) in script.iter().enumerate() {
+                let Fault::ConsumerBandwidth { consumer, bytes_per_s } = scripted.fault else {
+                    continue;
+                };
+                assert!((2048..=262_144).contains(&bytes_per_s));
+                rates.insert(bytes_per_s);
+                assert!(
+                    script[index..]
+                        .iter()
+                        .any(|later| later.fault == Fault::ConsumerBandwidthLift { consumer })
+                );
+            }
+        }
+        assert!(rates.len() > 3, "{rates:?}");
+    }
+
+    #[test]
+    fn adapter_churn_accompanies_every_drawn_fault_kind() {
+        let kinds = [
+            "worker-restart",
+            "worker-crash",
+            "overlap",
+            "cache-clear",
+            "adapter-churn",
+            "lease-expiry",
+            "event-noise",
+            "wan-partition",
+            "stalled-consumer",
+            "dc-partition",
+            "relay-restart",
+            "clock-skew",
+            "event-plane-restart",
+            "discovery-restart",
+            "consumer-bandwidth",
+        ];
+        let churn = |fault: &Fault| match fault {
+            Fault::LoadAdapter { adapter, .. } | Fault::UnloadAdapter { adapter, .. } => {
+                CHURN_ADAPTERS.contains(&adapter.as_str())
+            }
+            _ => false,
+        };
+        let (mut kept, mut unloaded) = (0, 0);
+        for kind in kinds {
+            let without = format!(
+                "{MINIMAL}\n[random_faults]\ncount = 4\nkinds = [\"{kind}\"]\nfrom_ms = 100\n\
+                 until_ms = 900\n"
+            );
+            let with =
+                without.replace("until_ms = 900\n", "until_ms = 900\nadapter_churn = true\n");
+            let plain = Scenario::parse(&without, "x").unwrap();
+            let churned = Scenario::parse(&with, "x").unwrap();
+            for seed in 0..4 {
+                assert!(plain.script(seed, 5).iter().all(|f| !churn(&f.fault)), "{kind}");
+                let script = churned.script(seed, 5);
+                let loads: Vec<&ScriptedFault> = script
+                    .iter()
+                    .filter(|f| churn(&f.fault) && f.fault.action() == "load-adapter")
+                    .collect();
+                assert_eq!(loads.len(), 4, "{kind}: one churn per drawn fault");
+                for load in loads {
+                    // Loaded while a fault of the kind is under way: after some fault began.
+                    assert!(
+                        script.iter().any(|f| !churn(&f.fault) && f.at_ms < load.at_ms),
+                        "{kind}: {load:?} in {script:?}"
+                    );
+                    assert!((101..=900).contains(&load.at_ms));
+                }
+                // Each churn unload follows a load of its adapter on its worker, in the window.
+                for unload in script.iter().filter(|f| churn(&f.fault)) {
+                    let Fault::UnloadAdapter { worker, adapter } = &unload.fault else {
+                        continue;
+                    };
+                    let load = Fault::LoadAdapter { worker: *worker, adapter: adapter.clone() };
+                    assert!(unload.at_ms <= 900);
+                    assert!(script.iter().any(|f| f.fault == load && f.at_ms < unload.at_ms));
+                    unloaded += 1;
+                }
+                kept += 4;
+            }
+        }
+        kept -= unloaded;
+        assert!(kept > 0 && unloaded > kept, "{kept} kept, {unloaded} unloaded");
+    }
+
+    #[test]
     fn unknown_fields_are_rejected() {
         let text = MINIMAL.replace("run_ms", "run_msec");
         assert!(matches!(Scenario::parse(&text, "x"), Err(ScenarioError::Parse { .. })));

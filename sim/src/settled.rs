@@ -17,10 +17,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kvrelay_consumer::client::{KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
 use kvrelay_consumer::{ConsumerCounters, ConsumerSnapshot, FaultKind, FilterStatus};
-use kvrelay_core::wire::RelayErrorReason;
 use kvrelay_core::model::hashing::HashFormat;
 use kvrelay_core::model::identity::{DcId, PoolId, ProducerIdentity, resolve_indexer_domain};
 use kvrelay_core::readiness::topology::TopologyEntry;
+use kvrelay_core::wire::RelayErrorReason;
 use kvrelay_dc::SimulatedDc;
 use serde::Serialize;
 

@@ -859,6 +859,26 @@ mod tests {
     }
 
     #[test]
+    fn a_bandwidth_limit_suspends_the_check_for_its_consumer_until_the_margin_after_the_lift() {
+        let script = crate::scenario::Scenario::parse(
+            "run_ms = 9000\n[topology]\npreset = \"demo\"\n[[faults]]\nat_ms = 100\naction = \
+             \"consumer-bandwidth\"\nconsumer = \"b\"\nbytes_per_s = 2048\n[[faults]]\nat_ms = \
+             300\naction = \"consumer-bandwidth-lift\"\nconsumer = \"b\"\n[expect]\npools = 0\n\
+             readiness = {}\n",
+            "t",
+        )
+        .unwrap()
+        .script(0, 5);
+        let health = Health::of_script(&script, 2, &[]);
+        assert_eq!(health.healthy_since(50, 1, "e"), Some(0));
+        assert_eq!(health.healthy_since(200, 1, "e"), None);
+        assert_eq!(health.healthy_since(200, 0, "e"), Some(0), "the other consumer's link is fine");
+        let healed = 300 + WAN_RECOVERY_MARGIN_MS;
+        assert_eq!(health.healthy_since(healed - 1, 1, "e"), None, "within the recovery margin");
+        assert_eq!(health.healthy_since(healed, 1, "e"), Some(healed));
+    }
+
+    #[test]
     fn registrations_other_than_the_cards_fail() {
         let base = ModelTarget::Base { base_model: "m".into() };
         let lora = ModelTarget::Lora { base_model: "m".into(), adapter: "a".into() };
