@@ -1,6 +1,10 @@
 //! The WAN over turmoil's simulated network: the relay's `incoming` stream of connections and the
 //! consumer's connector. Both carry `turmoil::net::TcpStream`s, so partitions, latency and host
 //! crashes that turmoil scripts reach the real tonic server and client unchanged.
+//!
+//! turmoil has no bandwidth setting; a consumer behind a slow link connects through
+//! [`limited_connector`], whose [`Throttled`] stream paces reads and writes to a [`Bandwidth`]
+//! the fault script sets (unlimited until then: it passes through).
 
 use std::io;
 use std::pin::Pin;
