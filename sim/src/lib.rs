@@ -304,6 +304,10 @@ struct World {
     decode_errors: Arc<AtomicU64>,
     /// The long-lived consumers by index, each once its host started it.
     consumers: Arc<Mutex<Vec<Option<Arc<RelayConsumer>>>>>,
+    /// Each long-lived consumer's link bandwidth, by index (unlimited unless a fault sets it).
+    bandwidth: Arc<Vec<net::Bandwidth>>,
+    /// Streams each relay boot ended for lag (sampled every relay sample).
+    slow_ends: SlowEnds,
     /// When each long-lived consumer's view last changed, by index.
     settling: Arc<Mutex<Vec<Settling>>>,
     /// The current relay boot's publications (the pools' own filters).
@@ -409,6 +413,10 @@ impl Sim {
             traffic_off: Arc::default(),
             decode_errors: Arc::default(),
             consumers: Arc::new(Mutex::new(vec![None; scenario.topology.consumers])),
+            bandwidth: Arc::new(
+                (0..scenario.topology.consumers).map(|_| net::Bandwidth::default()).collect(),
+            ),
+            slow_ends: Arc::default(),
             settling: Arc::new(Mutex::new(vec![Settling::default(); scenario.topology.consumers])),
             publications: Arc::default(),
             dc_version: Arc::default(),
@@ -562,7 +570,19 @@ async fn run_relay(world: World) -> HostResult {
     #[allow(clippy::disallowed_methods, reason = "a !Send host task on the LocalSet (see above)")]
     drop(tokio::task::spawn_local(planes_client.run(node.inputs.clone())));
     let tuning = wan_tuning(world.scenario.relay);
-    serve_node(world.trace.clone(), boot, node, clock, tuning, world.bounce.crashing()).await
+    let slow = Some((Arc::clone(&world.slow_ends), boot));
+    serve_node(world.trace.clone(), boot, node, clock, tuning, world.bounce.crashing(), slow).await
+}
+
+/// Per relay boot, the streams its WAN service ended as lagging or slow subscribers.
+type SlowEnds = Arc<Mutex<BTreeMap<u64, u64>>>;
+
+/// Streams the relay's WAN service ended for lag: its publication queue overflowed, or a send
+/// waited past the deadline (each counted once).
+fn lag_ends(stats: &kvrelay::wan::WanStats) -> u64 {
+    let lagged: u64 = stats.subscriber_lagged.iter().sum();
+    let slow: u64 = stats.slow_consumer_ended.iter().sum();
+    lagged.max(slow)
 }
 
 /// Observe boot `boot`'s `node` into `trace` and serve its WAN contract on the relay port.
@@ -573,16 +593,19 @@ async fn serve_node(
     clock: Arc<dyn WallClock>,
     tuning: WanTuning,
     crashing: net::Crashing,
+    slow: Option<(SlowEnds, u64)>,
 ) -> HostResult {
     crashing.clear();
+    let service = node.relay_service(clock, tuning);
+    let lag = slow.map(|(slow, boot)| (service.clone(), slow, boot));
     kvrelay::runtime::spawn(observe_relay(
         trace,
         boot,
         node.views.clone(),
         Arc::clone(&node.publications),
         node.status.clone(),
+        lag,
     ));
-    let service = node.relay_service(clock, tuning);
     let listener = turmoil::net::TcpListener::bind(("0.0.0.0", RELAY_PORT)).await?;
     serve(service, Box::pin(net::incoming(listener, crashing)), &tuning, std::future::pending())
         .await?;
@@ -631,13 +654,15 @@ fn start_sim_recorder(
 /// Record every catalog and readiness the relay publishes (an invalid one as such), any
 /// catalogued producer whose live publication went away while it was still catalogued, and a
 /// node fault when one starts or changes ([`node_fault`] of the status, read every turmoil
-/// step: the sample period is one step).
+/// step: the sample period is one step); with `lag`, also the streams the boot's WAN service
+/// ended for lag, into its slot.
 async fn observe_relay(
     trace: Trace,
     boot: u64,
     views: WanViews,
     publications: Arc<PoolPublications>,
     status: watch::Receiver<kvrelay::node::NodeStatus>,
+    lag: Option<(kvrelay::wan::RelayService, SlowEnds, u64)>,
 ) {
     let mut last_fault: Option<String> = None;
     let mut last_catalog = None;
@@ -701,6 +726,9 @@ async fn observe_relay(
                 trace.record(TraceEvent::NodeFault { boot, detail: detail.clone() });
             }
             last_fault = fault;
+        }
+        if let Some((service, slow, boot)) = &lag {
+            lock(slow).insert(*boot, lag_ends(&service.stats()));
         }
         tokio::time::sleep(RELAY_SAMPLE).await;
     }
@@ -782,15 +810,26 @@ async fn run_planes(world: World) -> HostResult {
     }
 }
 
-/// A reference consumer on `host` following the relay host, its generator derived from `seed`.
-fn consumer_for(seed: u64, host: &str) -> Result<RelayConsumer, HostResultError> {
+/// A reference consumer on `host` following the relay host, its generator derived from `seed`;
+/// with `bandwidth`, behind a link paced to it.
+fn consumer_for(
+    seed: u64,
+    host: &str,
+    bandwidth: Option<(net::Bandwidth, Option<u32>)>,
+) -> Result<RelayConsumer, HostResultError> {
     // h2 remembers a locally reset stream for a span of real (wall-clock) time, 1 s by default,
     // and treats late frames for it differently once forgotten: a wall-clock leak into the
     // simulation that made runs under load diverge. Remembering resets far longer than any run
     // keeps the outcome a function of the seed (the count-based limit still applies).
     let endpoint = kvrelay_consumer::endpoint(&format!("http://{RELAY_HOST}:{RELAY_PORT}"))?
         .http2_reset_stream_duration(H2_RESET_MEMORY);
-    let channel = endpoint.connect_with_connector_lazy(net::connector(RELAY_HOST, RELAY_PORT));
+    let channel = match bandwidth {
+        Some((bandwidth, window)) => endpoint
+            .initial_stream_window_size(window)
+            .initial_connection_window_size(window)
+            .connect_with_connector_lazy(net::limited_connector(RELAY_HOST, RELAY_PORT, bandwidth)),
+        None => endpoint.connect_with_connector_lazy(net::connector(RELAY_HOST, RELAY_PORT)),
+    };
     let config =
         ConsumerConfig { subscriber_id: format!("sim-{host}"), ..ConsumerConfig::default() };
     let mut rng = rng_from_seed(derive_seed(seed, host));
@@ -802,8 +841,17 @@ type HostResultError = Box<dyn std::error::Error>;
 /// Long-lived consumer `index`: follows the relay until the checker is done.
 async fn run_consumer_host(world: World, index: usize) -> HostResult {
     let host = scenario::consumer_host(index);
-    hold_consumer(world.seed, &host, index, Arc::clone(&world.consumers), world.done.subscribe())
-        .await
+    let window = world.scenario.topology.consumer_window_bytes;
+    let bandwidth = world.bandwidth.get(index).map(|bandwidth| (bandwidth.clone(), window));
+    hold_consumer(
+        world.seed,
+        &host,
+        index,
+        Arc::clone(&world.consumers),
+        world.done.subscribe(),
+        bandwidth,
+    )
+    .await
 }
 
 /// Consumers shared between the hosts that run them and the hosts that watch them.
@@ -816,8 +864,9 @@ async fn hold_consumer(
     index: usize,
     slots: ConsumerSlots,
     mut done: watch::Receiver<bool>,
+    bandwidth: Option<(net::Bandwidth, Option<u32>)>,
 ) -> HostResult {
-    let consumer = Arc::new(consumer_for(seed, host)?);
+    let consumer = Arc::new(consumer_for(seed, host, bandwidth)?);
     if let Some(slot) = lock(&slots).get_mut(index) {
         *slot = Some(Arc::clone(&consumer));
     }
@@ -916,6 +965,14 @@ fn apply(world: &World, fault: &Fault, rng: &mut RelayRng) {
         Fault::WanRelease { consumer } => {
             wan_links(world, *consumer, |host| turmoil::release(RELAY_HOST, host))
         }
+        Fault::ConsumerBandwidth { consumer, bytes_per_s } => {
+            limit_links(world, *consumer, *bytes_per_s);
+            Vec::new()
+        }
+        Fault::ConsumerBandwidthLift { consumer } => {
+            limit_links(world, *consumer, 0);
+            Vec::new()
+        }
         Fault::DcPartition { .. }
         | Fault::DcRepair
         | Fault::EventNoise(_)
@@ -962,6 +1019,17 @@ fn wan_links(
         act(&scenario::consumer_host(index));
     }
     Vec::new()
+}
+
+/// Pace the links of each consumer `target` names (the first when none) to `bytes_per_s`
+/// (0: unlimited).
+fn limit_links(world: &World, target: Option<ConsumerTarget>, bytes_per_s: u64) {
+    let target = target.unwrap_or(ConsumerTarget::One(0));
+    for index in target.indices(world.scenario.topology.consumers) {
+        if let Some(bandwidth) = world.bandwidth.get(index) {
+            bandwidth.set(bytes_per_s);
+        }
+    }
 }
 
 /// Record each long-lived consumer's view whenever it changes.
@@ -1283,13 +1351,15 @@ fn replica_equals_relay(
     }
 }
 
-/// [`settled::consumer_followed`] on `consumer`'s counters now.
+/// [`settled::consumer_followed`] on `consumer`'s counters now; `relay_lag_ends` is how many
+/// streams the relay ended for lag over the run.
 fn consumer_followed(
     expectation: scenario::ConsumerExpectation,
     pools: usize,
+    relay_lag_ends: u64,
     consumer: &RelayConsumer,
 ) -> Check {
-    settled::consumer_followed(expectation, pools, &consumer.snapshot().counters)
+    settled::consumer_followed(expectation, pools, relay_lag_ends, &consumer.snapshot().counters)
 }
 
 fn final_view(world: &World, snapshot: &ConsumerSnapshot) -> FinalView {
@@ -1407,7 +1477,7 @@ async fn evaluate(world: &World) -> Verdict {
         all_converged &= converged;
         seen.push(format!("{host}: {}", describe(&snapshot)));
     }
-    let reference = match consumer_for(world.seed, CHECKER_HOST) {
+    let reference = match consumer_for(world.seed, CHECKER_HOST, None) {
         Ok(reference) => reference,
         Err(error) => {
             checks.push(Check { name: "setup", passed: false, detail: error.to_string() });
@@ -1473,8 +1543,14 @@ async fn evaluate(world: &World) -> Verdict {
     checks.push(at_every_consumer(&consumers, |_, consumer| {
         settled::no_phantom_pools(&truth, &PoolKey::of_snapshot(&consumer.snapshot()))
     }));
+    let relay_lag_ends: u64 = lock(&world.slow_ends).values().sum();
     checks.push(at_every_consumer(&consumers, |index, consumer| {
-        consumer_followed(scenario.expect.consumer.of(index), scenario.expect.pools, consumer)
+        consumer_followed(
+            scenario.expect.consumer.of(index),
+            scenario.expect.pools,
+            relay_lag_ends,
+            consumer,
+        )
     }));
     let decode_errors = world.decode_errors.load(Ordering::Relaxed);
     checks.push(Check {

@@ -19,7 +19,31 @@ use crate::{Check, World, lock, sim_dc_id, sim_ms};
 
 /// Each listed rank's held blocks with since when it holds them, by `(worker index, rank,
 /// publisher incarnation)`.
-type Holders = BTreeMap<(usize, usize, u64), Vec<(u64, u64)>>;
+type Holders = BTreeMap<(usize, usize, u64), Held>;
+
+/// One rank's held blocks at an update: `(hash, since)` sorted by hash, and the rank's newest
+/// event id then (the blocks are the same while it is).
+#[derive(Debug, Clone)]
+struct Held {
+    stamp: u64,
+    blocks: Vec<(u64, u64)>,
+}
+
+/// `hashes` (sorted) as `(hash, since)`: a hash `last` held keeps its since, a new one is held
+/// since `now` (one merge walk of the two sorted lists).
+fn carry_since(hashes: &[u64], last: Option<&Held>, now: u64) -> Vec<(u64, u64)> {
+    let mut old = last.map_or(&[][..], |last| last.blocks.as_slice()).iter().peekable();
+    hashes
+        .iter()
+        .map(|&hash| {
+            while old.next_if(|held| held.0 < hash).is_some() {}
+            match old.next_if(|held| held.0 == hash) {
+                Some(&(_, since)) => (hash, since),
+                None => (hash, now),
+            }
+        })
+        .collect()
+}
 
 /// A replica's words as last copied, by consumer index and pool.
 type Copies = BTreeMap<(usize, PoolId), (ProducerIdentity, u64, Arc<Vec<u64>>)>;
@@ -66,14 +90,22 @@ impl TruthWatch {
     }
 
     /// Bring every pool's truth to `dc`'s state at `now`, unless `version` was seen already.
+    ///
+    /// A rank whose publisher incarnation and newest event id are those of the last update
+    /// holds the same blocks (the workload model publishes every store, eviction and clear as
+    /// an event), so its blocks are reused as they were; a pool none of whose ranks changed
+    /// (and with no overlapping rank) keeps its truth as it was, which is what
+    /// [`PoolTruth::update`] would compute again.
     fn update(&mut self, now: u64, version: u64, dc: &SimulatedDc) {
         if self.version == Some(version) {
             return;
         }
         self.version = Some(version);
+        let mut before = std::mem::take(&mut self.holders);
         // Every listed rank's blocks, each with since when that publisher incarnation holds it.
         let mut sources: BTreeMap<String, Holders> = BTreeMap::new();
         let mut unknown: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        let mut changed: BTreeSet<String> = BTreeSet::new();
         for (index, worker) in dc.workers().iter().enumerate() {
             if !worker.spec().publishes_kv {
                 continue;
@@ -84,33 +116,44 @@ impl TruthWatch {
             if !dc.is_listed(index) {
                 continue;
             }
+            let mut previous = before.get_mut(&endpoint);
             for (rank_index, rank) in worker.ranks().iter().enumerate() {
-                let mut hashes: Vec<u64> = rank.canonical_hashes().collect();
                 if dc.in_overlap(index) {
-                    unknown.extend(hashes);
+                    unknown.extend(rank.canonical_hashes());
+                    changed.insert(endpoint.clone());
                     continue;
                 }
-                hashes.sort_unstable();
                 let key = (index, rank_index, rank.publisher_id());
-                let before = self.holders.get(&endpoint).and_then(|holders| holders.get(&key));
-                let held = hashes
-                    .into_iter()
-                    .map(|hash| {
-                        let since = before
-                            .and_then(|before| {
-                                before.binary_search_by_key(&hash, |held| held.0).ok()
-                            })
-                            .map_or(now, |found| before.map_or(now, |before| before[found].1));
-                        (hash, since)
-                    })
-                    .collect();
+                let last = previous.as_mut().and_then(|holders| holders.remove(&key));
+                let stamp = rank.newest_event_id();
+                let held = match last {
+                    Some(last) if last.stamp == stamp => last,
+                    last => {
+                        changed.insert(endpoint.clone());
+                        let mut hashes: Vec<u64> = rank.canonical_hashes().collect();
+                        hashes.sort_unstable();
+                        Held { stamp, blocks: carry_since(&hashes, last.as_ref(), now) }
+                    }
+                };
                 pool.insert(key, held);
             }
         }
+        // A holder of the last update that is gone changes its pool.
+        for (endpoint, holders) in &before {
+            if !holders.is_empty() {
+                changed.insert(endpoint.clone());
+            }
+        }
         for (endpoint, holders) in &sources {
-            let mut held: Vec<(u64, u64)> = holders.values().flatten().copied().collect();
-            // By hash, the earliest since first; keep that one.
-            held.sort_unstable();
+            let settled = self.pools.get(endpoint).is_some_and(|pool| !pool.has_unknown());
+            if settled && !changed.contains(endpoint) {
+                continue;
+            }
+            let mut held: Vec<(u64, u64)> =
+                holders.values().flat_map(|held| held.blocks.iter().copied()).collect();
+            // By hash, the earliest since first; keep that one. Each holder's blocks are one
+            // sorted run, which the stable sort merges.
+            held.sort();
             held.dedup_by_key(|held| held.0);
             let mut unknown = unknown.remove(endpoint).unwrap_or_default();
             unknown.sort_unstable();

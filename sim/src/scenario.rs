@@ -23,6 +23,11 @@ pub const WORKERS_MAX: usize = 2_048;
 pub const GROUP_POOLS_MAX: usize = 256;
 /// Most long-lived WAN consumer hosts a scenario may run (`consumer-a` ..= `consumer-bl`).
 pub const CONSUMERS_MAX: usize = 64;
+/// Smallest and largest HTTP/2 receive window a scenario may give its consumers (HTTP/2's
+/// initial window and its maximum).
+pub const CONSUMER_WINDOW_MIN: u32 = 65_535;
+/// See [`CONSUMER_WINDOW_MIN`].
+pub const CONSUMER_WINDOW_MAX: u32 = (1 << 31) - 1;
 /// Long-lived WAN consumer hosts when the topology does not say.
 pub const CONSUMERS_DEFAULT: usize = 2;
 
@@ -170,6 +175,11 @@ pub struct Topology {
     /// Long-lived WAN consumer hosts (`consumer-a`, `consumer-b`, ...).
     #[serde(default = "default_consumers")]
     pub consumers: usize,
+    /// The long-lived consumers' HTTP/2 receive windows in bytes (each stream's and the
+    /// connection's); unset: the HTTP/2 client's defaults. Small windows bound how much of a
+    /// slow link's backlog the consumer absorbs before the relay's sends wait.
+    #[serde(default)]
+    pub consumer_window_bytes: Option<u32>,
 }
 
 fn default_consumers() -> usize {
@@ -489,6 +499,24 @@ pub enum Fault {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         consumer: Option<ConsumerTarget>,
     },
+    /// Put a long-lived consumer behind a link of `bytes_per_s` bytes per second in each
+    /// direction: its connection's reads and writes are paced by a token bucket on simulated
+    /// time, so the relay meets the backpressure of a slow link (HTTP/2 flow control, then its
+    /// own publication queue) and the consumer applies frames no faster than the link carries
+    /// them.
+    ConsumerBandwidth {
+        /// Which consumer(s); the script resolves a missing one to the first.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        consumer: Option<ConsumerTarget>,
+        /// Bytes per second, each direction.
+        bytes_per_s: u64,
+    },
+    /// Lift the consumer's bandwidth limit.
+    ConsumerBandwidthLift {
+        /// Which consumer(s); the script resolves a missing one to the first.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        consumer: Option<ConsumerTarget>,
+    },
     /// Partition the relay from its DC planes.
     DcPartition {
         /// What happens to event-plane messages meanwhile.
@@ -548,7 +576,9 @@ impl Fault {
             Fault::WanPartition { consumer }
             | Fault::WanRepair { consumer }
             | Fault::WanHold { consumer }
-            | Fault::WanRelease { consumer } => Some(*consumer),
+            | Fault::WanRelease { consumer }
+            | Fault::ConsumerBandwidth { consumer, .. }
+            | Fault::ConsumerBandwidthLift { consumer } => Some(*consumer),
             _ => None,
         }
     }
@@ -558,7 +588,9 @@ impl Fault {
         if let Fault::WanPartition { consumer }
         | Fault::WanRepair { consumer }
         | Fault::WanHold { consumer }
-        | Fault::WanRelease { consumer } = &mut self
+        | Fault::WanRelease { consumer }
+        | Fault::ConsumerBandwidth { consumer, .. }
+        | Fault::ConsumerBandwidthLift { consumer } = &mut self
         {
             consumer.get_or_insert(ConsumerTarget::One(0));
         }
@@ -601,7 +633,17 @@ pub enum RandomKind {
     CacheClear,
     /// A LoRA adapter (`drawn-adapter`) loaded, and unloaded at the window's end.
     AdapterChurn,
+    /// A consumer behind a bandwidth-limited link (2 KiB/s to 256 KiB/s), lifted at the
+    /// window's end.
+    ConsumerBandwidth,
 }
+
+/// Slowest and fastest link a scenario may give a consumer (bytes per second).
+pub const BANDWIDTH_RANGE: std::ops::RangeInclusive<u64> = 1024..=(1 << 30);
+
+/// The adapters [`RandomFaults::adapter_churn`] loads and unloads (a few names, so churn on
+/// several workers of one or more pools shares and collides names).
+pub const CHURN_ADAPTERS: [&str; 4] = ["churn-a", "churn-b", "churn-c", "churn-d"];
 
 /// The adapter [`RandomKind::AdapterChurn`] loads and unloads.
 pub const DRAWN_ADAPTER: &str = "drawn-adapter";
@@ -619,6 +661,11 @@ pub struct RandomFaults {
     pub from_ms: u64,
     /// Every drawn fault is repaired by then (simulated ms).
     pub until_ms: u64,
+    /// LoRA churn under every drawn fault: each drawn fault, whatever its kind, comes with an
+    /// adapter of [`CHURN_ADAPTERS`] loaded on a drawn worker while the fault is active and, for
+    /// three in four, unloaded later in the window (the others stay loaded to the end).
+    #[serde(default)]
+    pub adapter_churn: bool,
 }
 
 fn default_from() -> u64 {
@@ -667,6 +714,9 @@ pub enum ConsumerExpectation {
     Resubscribed,
     /// It kept every stream it opened (no resubscription, no replica dropped).
     KeptStreams,
+    /// The relay ended at least one of its streams as a lagging subscriber (its publication
+    /// queue overflowed, or a send waited past the deadline) and it subscribed afresh.
+    Lagged,
 }
 
 /// A readiness state as written in scenario files.
@@ -821,6 +871,13 @@ impl Scenario {
         if w.expected_unique_blocks == 0 || w.expected_unique_blocks > 1 << 24 {
             return Err("workload.expected_unique_blocks must be in 1..=2^24".into());
         }
+        if let Some(window) = self.topology.consumer_window_bytes
+            && !(CONSUMER_WINDOW_MIN..=CONSUMER_WINDOW_MAX).contains(&window)
+        {
+            return Err(format!(
+                "topology.consumer_window_bytes must be in {CONSUMER_WINDOW_MIN}..={CONSUMER_WINDOW_MAX}"
+            ));
+        }
         let consumers = self.topology.consumers;
         if consumers == 0 || consumers > CONSUMERS_MAX {
             return Err(format!("topology.consumers must be in 1..={CONSUMERS_MAX}"));
@@ -849,6 +906,15 @@ impl Scenario {
             }
             if let Fault::EventNoise(noise) = &scripted.fault {
                 noise.validate()?;
+            }
+            if let Fault::ConsumerBandwidth { bytes_per_s, .. } = &scripted.fault
+                && !BANDWIDTH_RANGE.contains(bytes_per_s)
+            {
+                return Err(format!(
+                    "consumer-bandwidth bytes_per_s must be in {}..={}",
+                    BANDWIDTH_RANGE.start(),
+                    BANDWIDTH_RANGE.end()
+                ));
             }
         }
         if let Some(random) = &self.random_faults
@@ -986,6 +1052,26 @@ fn draw(random: &RandomFaults, seed: u64, workers: usize, consumers: usize) -> V
         let start = random.from_ms + below(span / 2);
         let end = (start + 200 + below(span - (start - random.from_ms))).min(random.until_ms);
         let worker = below(workers as u64) as usize;
+        if random.adapter_churn {
+            // Drawn after the fault's own choices only when asked for, so files without churn
+            // draw what they always drew.
+            let churner = below(workers as u64) as usize;
+            let adapter = CHURN_ADAPTERS[below(CHURN_ADAPTERS.len() as u64) as usize].to_owned();
+            // Loaded after the fault began and by its repair; unloaded by the window's end.
+            let load = start + 1 + below(end - start);
+            let unload = (below(4) != 0 && load < random.until_ms)
+                .then(|| load + 1 + below(random.until_ms - load));
+            faults.push(ScriptedFault {
+                at_ms: load,
+                fault: Fault::LoadAdapter { worker: churner, adapter: adapter.clone() },
+            });
+            if let Some(at_ms) = unload {
+                faults.push(ScriptedFault {
+                    at_ms,
+                    fault: Fault::UnloadAdapter { worker: churner, adapter },
+                });
+            }
+        }
         let mut at = |at_ms, fault| faults.push(ScriptedFault { at_ms, fault });
         match kind {
             RandomKind::WorkerRestart => {
@@ -1042,6 +1128,12 @@ fn draw(random: &RandomFaults, seed: u64, workers: usize, consumers: usize) -> V
                 let adapter = DRAWN_ADAPTER.to_owned();
                 at(start, Fault::LoadAdapter { worker, adapter: adapter.clone() });
                 at(end, Fault::UnloadAdapter { worker, adapter });
+            }
+            RandomKind::ConsumerBandwidth => {
+                let consumer = Some(ConsumerTarget::One(below(consumers as u64) as usize));
+                let bytes_per_s = 2048 << below(8);
+                at(start, Fault::ConsumerBandwidth { consumer, bytes_per_s });
+                at(end, Fault::ConsumerBandwidthLift { consumer });
             }
         }
     }
@@ -1248,6 +1340,127 @@ readiness = { tiny-llm = "ready" }
         }
         let drawn = ["clear-rank", "crash-worker", "begin-overlap", "load-adapter"];
         assert!(drawn.iter().all(|action| actions.contains(*action)), "{actions:?}");
+    }
+
+    #[test]
+    fn a_bandwidth_limit_names_a_consumer_and_a_rate_in_range() {
+        let text = format!(
+            "{MINIMAL}\n[[faults]]\nat_ms = 100\naction = \"consumer-bandwidth\"\nconsumer = \"b\"\n\
+             bytes_per_s = 4096\n[[faults]]\nat_ms = 900\naction = \"consumer-bandwidth-lift\"\n\
+             consumer = \"b\"\n"
+        );
+        let scenario = Scenario::parse(&text, "x").unwrap();
+        let b = Some(ConsumerTarget::One(1));
+        assert_eq!(
+            scenario.faults[0].fault,
+            Fault::ConsumerBandwidth { consumer: b, bytes_per_s: 4096 }
+        );
+        assert_eq!(scenario.faults[1].fault.action(), "consumer-bandwidth-lift");
+        assert_eq!(scenario.faults[1].fault.consumer(), Some(b));
+        for rate in ["0", "1023", "1073741825"] {
+            let bad = text.replace("bytes_per_s = 4096", &format!("bytes_per_s = {rate}"));
+            assert!(matches!(Scenario::parse(&bad, "x"), Err(ScenarioError::Invalid { .. })));
+        }
+        let beyond = text.replace("consumer = \"b\"\nbytes", "consumer = \"c\"\nbytes");
+        assert!(matches!(Scenario::parse(&beyond, "x"), Err(ScenarioError::Invalid { .. })));
+        let window =
+            MINIMAL.replace("preset = \"demo\"", "preset = \"demo\"\nconsumer_window_bytes = 100");
+        assert!(matches!(Scenario::parse(&window, "x"), Err(ScenarioError::Invalid { .. })));
+    }
+
+    #[test]
+    fn a_drawn_bandwidth_limit_is_lifted_on_the_same_consumer() {
+        let text = format!(
+            "{MINIMAL}\n[random_faults]\ncount = 8\nkinds = [\"consumer-bandwidth\"]\n\
+             from_ms = 100\nuntil_ms = 900\n"
+        );
+        let scenario = Scenario::parse(&text, "x").unwrap();
+        let mut rates = std::collections::BTreeSet::new();
+        for seed in 0..8 {
+            let script = scenario.script(seed, 5);
+            assert_eq!(script.len(), 16);
+            for (index, scripted) in script.iter().enumerate() {
+                let Fault::ConsumerBandwidth { consumer, bytes_per_s } = scripted.fault else {
+                    continue;
+                };
+                assert!((2048..=262_144).contains(&bytes_per_s));
+                rates.insert(bytes_per_s);
+                assert!(
+                    script[index..]
+                        .iter()
+                        .any(|later| later.fault == Fault::ConsumerBandwidthLift { consumer })
+                );
+            }
+        }
+        assert!(rates.len() > 3, "{rates:?}");
+    }
+
+    #[test]
+    fn adapter_churn_accompanies_every_drawn_fault_kind() {
+        let kinds = [
+            "worker-restart",
+            "worker-crash",
+            "overlap",
+            "cache-clear",
+            "adapter-churn",
+            "lease-expiry",
+            "event-noise",
+            "wan-partition",
+            "stalled-consumer",
+            "dc-partition",
+            "relay-restart",
+            "clock-skew",
+            "event-plane-restart",
+            "discovery-restart",
+            "consumer-bandwidth",
+        ];
+        let churn = |fault: &Fault| match fault {
+            Fault::LoadAdapter { adapter, .. } | Fault::UnloadAdapter { adapter, .. } => {
+                CHURN_ADAPTERS.contains(&adapter.as_str())
+            }
+            _ => false,
+        };
+        let (mut kept, mut unloaded) = (0, 0);
+        for kind in kinds {
+            let without = format!(
+                "{MINIMAL}\n[random_faults]\ncount = 4\nkinds = [\"{kind}\"]\nfrom_ms = 100\n\
+                 until_ms = 900\n"
+            );
+            let with =
+                without.replace("until_ms = 900\n", "until_ms = 900\nadapter_churn = true\n");
+            let plain = Scenario::parse(&without, "x").unwrap();
+            let churned = Scenario::parse(&with, "x").unwrap();
+            for seed in 0..4 {
+                assert!(plain.script(seed, 5).iter().all(|f| !churn(&f.fault)), "{kind}");
+                let script = churned.script(seed, 5);
+                let loads: Vec<&ScriptedFault> = script
+                    .iter()
+                    .filter(|f| churn(&f.fault) && f.fault.action() == "load-adapter")
+                    .collect();
+                assert_eq!(loads.len(), 4, "{kind}: one churn per drawn fault");
+                for load in loads {
+                    // Loaded while a fault of the kind is under way: after some fault began.
+                    assert!(
+                        script.iter().any(|f| !churn(&f.fault) && f.at_ms < load.at_ms),
+                        "{kind}: {load:?} in {script:?}"
+                    );
+                    assert!((101..=900).contains(&load.at_ms));
+                }
+                // Each churn unload follows a load of its adapter on its worker, in the window.
+                for unload in script.iter().filter(|f| churn(&f.fault)) {
+                    let Fault::UnloadAdapter { worker, adapter } = &unload.fault else {
+                        continue;
+                    };
+                    let load = Fault::LoadAdapter { worker: *worker, adapter: adapter.clone() };
+                    assert!(unload.at_ms <= 900);
+                    assert!(script.iter().any(|f| f.fault == load && f.at_ms < unload.at_ms));
+                    unloaded += 1;
+                }
+                kept += 4;
+            }
+        }
+        kept -= unloaded;
+        assert!(kept > 0 && unloaded > kept, "{kept} kept, {unloaded} unloaded");
     }
 
     #[test]

@@ -16,10 +16,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use kvrelay_consumer::client::{KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
-use kvrelay_consumer::{ConsumerCounters, ConsumerSnapshot, FilterStatus};
+use kvrelay_consumer::{ConsumerCounters, ConsumerSnapshot, FaultKind, FilterStatus};
 use kvrelay_core::model::hashing::HashFormat;
 use kvrelay_core::model::identity::{DcId, PoolId, ProducerIdentity, resolve_indexer_domain};
 use kvrelay_core::readiness::topology::TopologyEntry;
+use kvrelay_core::wire::RelayErrorReason;
 use kvrelay_dc::SimulatedDc;
 use serde::Serialize;
 
@@ -262,6 +263,7 @@ pub fn load_converges(pools: &[LoadSeen]) -> Check {
 pub fn consumer_followed(
     expectation: ConsumerExpectation,
     pools: usize,
+    relay_lag_ends: u64,
     counters: &ConsumerCounters,
 ) -> Check {
     let pools = pools as u64;
@@ -273,15 +275,33 @@ pub fn consumer_followed(
         ConsumerExpectation::KeptStreams => {
             counters.subscriptions == pools && counters.replicas_dropped == 0
         }
+        // The consumer reads a lagging end's status only when its link delivers it before the
+        // relay closes the connection (a slow link often does not): the relay's own count of
+        // the streams it ended for lag counts too.
+        ConsumerExpectation::Lagged => {
+            (lagged_ends(counters) > 0 || relay_lag_ends > 0)
+                && counters.subscriptions > pools
+                && counters.installs > pools
+        }
     };
     Check {
         name: "consumer-followed",
         passed,
         detail: format!(
-            "expected {expectation:?}: {} subscriptions, {} installs, {} replicas dropped",
-            counters.subscriptions, counters.installs, counters.replicas_dropped
+            "expected {expectation:?}: {} subscriptions, {} installs, {} replicas dropped, {} \
+             streams ended as lagging (relay: {relay_lag_ends})",
+            counters.subscriptions,
+            counters.installs,
+            counters.replicas_dropped,
+            lagged_ends(counters)
         ),
     }
+}
+
+/// Streams the relay ended as a lagging subscriber, on every plane.
+fn lagged_ends(counters: &ConsumerCounters) -> u64 {
+    let lagged = FaultKind::Reason(RelayErrorReason::SubscriberLagged);
+    counters.faults.iter().filter(|((_, kind), _)| *kind == lagged).map(|(_, count)| count).sum()
 }
 
 /// One catalogued pool's truth blocks probed in a consumer's replica.
@@ -419,12 +439,28 @@ mod tests {
         };
         let kept = ConsumerExpectation::KeptStreams;
         let resubscribed = ConsumerExpectation::Resubscribed;
-        assert!(consumer_followed(kept, 2, &counters(2, 2, 0)).passed);
-        assert!(!consumer_followed(kept, 2, &counters(3, 3, 0)).passed);
-        assert!(!consumer_followed(kept, 2, &counters(2, 2, 1)).passed);
-        assert!(consumer_followed(resubscribed, 2, &counters(3, 3, 1)).passed);
-        assert!(!consumer_followed(resubscribed, 2, &counters(2, 2, 0)).passed);
-        assert!(consumer_followed(ConsumerExpectation::Any, 2, &counters(0, 0, 0)).passed);
+        assert!(consumer_followed(kept, 2, 0, &counters(2, 2, 0)).passed);
+        assert!(!consumer_followed(kept, 2, 0, &counters(3, 3, 0)).passed);
+        assert!(!consumer_followed(kept, 2, 0, &counters(2, 2, 1)).passed);
+        assert!(consumer_followed(resubscribed, 2, 0, &counters(3, 3, 1)).passed);
+        assert!(!consumer_followed(resubscribed, 2, 0, &counters(2, 2, 0)).passed);
+        assert!(consumer_followed(ConsumerExpectation::Any, 2, 0, &counters(0, 0, 0)).passed);
+        // Lagged: resubscribed is not enough, the relay must have ended a stream as lagging.
+        let lagged = ConsumerExpectation::Lagged;
+        let mut ended = counters(3, 3, 1);
+        assert!(!consumer_followed(lagged, 2, 0, &ended).passed);
+        let plane = kvrelay_consumer::Plane::Filter;
+        ended.faults.insert((plane, FaultKind::Reason(RelayErrorReason::SubscriberLagged)), 1);
+        let check = consumer_followed(lagged, 2, 0, &ended);
+        assert!(check.passed && check.detail.contains("1 streams ended as lagging"), "{check:?}");
+        // A lagging end the consumer never came back from is no lagged follow.
+        let mut stuck = counters(2, 2, 1);
+        stuck.faults = ended.faults.clone();
+        assert!(!consumer_followed(lagged, 2, 0, &stuck).passed);
+        // The relay's count stands in for a status the consumer never read.
+        let unread = counters(3, 3, 1);
+        assert!(consumer_followed(lagged, 2, 1, &unread).passed);
+        assert!(!consumer_followed(lagged, 2, 1, &counters(2, 2, 0)).passed);
     }
 
     fn probed(cached: usize, absent: Option<usize>, slots: u64) -> Vec<Probed> {

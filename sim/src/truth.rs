@@ -179,15 +179,25 @@ impl PoolTruth {
             next_held.push(Entry { hash, at_ms: since, probe });
         }
         gone.extend(old.map(|entry| Entry { at_ms: now, ..*entry }));
-        // Removed: the earlier removed ones not held again, and the ones just gone.
-        let mut removed: Vec<Entry> = self
-            .removed
-            .iter()
-            .filter(|entry| held.binary_search_by_key(&entry.hash, |held| held.0).is_err())
-            .copied()
-            .collect();
+        // Removed: the earlier removed ones not held again, and the ones just gone. Both lists
+        // are sorted by hash and disjoint (the earlier removed ones were not held before), so
+        // one merge walk keeps the result sorted.
+        let mut again = held.iter().map(|held| held.0).peekable();
+        let mut kept = self.removed.iter().copied().filter(|entry| {
+            while again.next_if(|hash| *hash < entry.hash).is_some() {}
+            again.peek() != Some(&entry.hash)
+        });
+        let mut gone = gone.into_iter().peekable();
+        let mut removed = Vec::with_capacity(self.removed.len() + gone.len());
+        let mut next_kept = kept.next();
+        while let Some(entry) = next_kept {
+            while let Some(first) = gone.next_if(|first| first.hash < entry.hash) {
+                removed.push(first);
+            }
+            removed.push(entry);
+            next_kept = kept.next();
+        }
         removed.extend(gone);
-        removed.sort_unstable_by_key(|entry| entry.hash);
         self.held = next_held;
         self.removed = removed;
         self.unknown = unknown;
@@ -211,6 +221,12 @@ impl PoolTruth {
             || self.unknown.binary_search(&hash).is_ok()
     }
 
+    /// Whether some of the pool's blocks are held by ranks of an overlapping incarnation.
+    #[must_use]
+    pub fn has_unknown(&self) -> bool {
+        !self.unknown.is_empty()
+    }
+
     /// Blocks held now.
     #[must_use]
     pub fn held_count(&self) -> usize {
@@ -223,11 +239,6 @@ impl PoolTruth {
             entry.at_ms <= until && self.unknown.binary_search(&entry.hash).is_err()
         })
     }
-
-    /// The held blocks held since at or before `until`, with their `since`.
-    fn held_until(&self, until: u64) -> impl Iterator<Item = &Entry> + '_ {
-        self.held.iter().filter(move |entry| entry.at_ms <= until)
-    }
 }
 
 /// When the links of each consumer and pool were outside a fault window, from the script.
@@ -235,7 +246,9 @@ impl PoolTruth {
 /// A window touches every consumer's links for a DC-plane partition (to its repair), event
 /// noise (to the noise being turned off), a relay restart and a planes-host restart (instants);
 /// one consumer's for
-/// a WAN partition or hold on it (to its repair or release); one pool's for an overlapping
+/// a WAN partition, hold or bandwidth limit on it (to its repair, release or lift: a consumer
+/// behind a link slower than its pools' publications lags by design, and the relay ends its
+/// streams as lagging); one pool's for an overlapping
 /// incarnation of one of its workers (to the overlap's end). A window never closed lasts to the
 /// end of the run.
 /// Worker restarts, crashes, lease expiries, cache clears, adapter churn and clock skew change
@@ -269,7 +282,8 @@ impl Health {
         };
         let mut dc: Option<u64> = None;
         let mut noise: Option<u64> = None;
-        let mut wan: Vec<[Option<u64>; 2]> = vec![[None, None]; consumers];
+        // Per consumer: a WAN partition, a hold and a bandwidth limit, each open since.
+        let mut wan: Vec<[Option<u64>; 3]> = vec![[None, None, None]; consumers];
         let mut overlap: BTreeMap<usize, u64> = BTreeMap::new();
         for ScriptedFault { at_ms, fault } in script {
             let at = *at_ms;
@@ -291,12 +305,20 @@ impl Health {
                 Fault::WanPartition { consumer }
                 | Fault::WanRepair { consumer }
                 | Fault::WanHold { consumer }
-                | Fault::WanRelease { consumer } => {
-                    let kind = usize::from(matches!(
+                | Fault::WanRelease { consumer }
+                | Fault::ConsumerBandwidth { consumer, .. }
+                | Fault::ConsumerBandwidthLift { consumer } => {
+                    let kind = match fault {
+                        Fault::WanPartition { .. } | Fault::WanRepair { .. } => 0,
+                        Fault::WanHold { .. } | Fault::WanRelease { .. } => 1,
+                        _ => 2,
+                    };
+                    let opens = matches!(
                         fault,
-                        Fault::WanHold { .. } | Fault::WanRelease { .. }
-                    ));
-                    let opens = matches!(fault, Fault::WanPartition { .. } | Fault::WanHold { .. });
+                        Fault::WanPartition { .. }
+                            | Fault::WanHold { .. }
+                            | Fault::ConsumerBandwidth { .. }
+                    );
                     let target = consumer.unwrap_or(crate::scenario::ConsumerTarget::One(0));
                     for index in target.indices(consumers) {
                         let Some(slots) = wan.get_mut(index) else { continue };
@@ -449,13 +471,17 @@ impl Staleness {
         let found = |entry: &Entry| words.is_some_and(|words| contains(words, &entry.probe));
         let mut absent = Vec::new();
         if presence {
-            for entry in truth.held.iter().filter(|entry| !found(entry)) {
+            // One probe per held block: an absent one counts for the slowest lag, and against
+            // the bound once it is due.
+            for entry in &truth.held {
+                let due_now = entry.at_ms <= due;
+                self.presence_probes += u64::from(due_now);
+                if found(entry) {
+                    continue;
+                }
                 let age = now.saturating_sub(entry.at_ms.max(healthy_since));
                 self.slowest_ms = self.slowest_ms.max(age);
-            }
-            for entry in truth.held_until(due) {
-                self.presence_probes += 1;
-                if !found(entry) {
+                if due_now {
                     absent.push(entry.hash);
                 }
             }
@@ -830,6 +856,26 @@ mod tests {
         assert_eq!(health.healthy_since(400, 1, "e"), None, "within the recovery margin");
         // The DC partition is never repaired: unhealthy for everyone from 500 ms on.
         assert_eq!(health.healthy_since(600, 0, "e"), None);
+    }
+
+    #[test]
+    fn a_bandwidth_limit_suspends_the_check_for_its_consumer_until_the_margin_after_the_lift() {
+        let script = crate::scenario::Scenario::parse(
+            "run_ms = 9000\n[topology]\npreset = \"demo\"\n[[faults]]\nat_ms = 100\naction = \
+             \"consumer-bandwidth\"\nconsumer = \"b\"\nbytes_per_s = 2048\n[[faults]]\nat_ms = \
+             300\naction = \"consumer-bandwidth-lift\"\nconsumer = \"b\"\n[expect]\npools = 0\n\
+             readiness = {}\n",
+            "t",
+        )
+        .unwrap()
+        .script(0, 5);
+        let health = Health::of_script(&script, 2, &[]);
+        assert_eq!(health.healthy_since(50, 1, "e"), Some(0));
+        assert_eq!(health.healthy_since(200, 1, "e"), None);
+        assert_eq!(health.healthy_since(200, 0, "e"), Some(0), "the other consumer's link is fine");
+        let healed = 300 + WAN_RECOVERY_MARGIN_MS;
+        assert_eq!(health.healthy_since(healed - 1, 1, "e"), None, "within the recovery margin");
+        assert_eq!(health.healthy_since(healed, 1, "e"), Some(healed));
     }
 
     #[test]

@@ -34,6 +34,11 @@ pub fn unsupported(fault: &Fault) -> Option<String> {
         | Fault::DcRepair
         | Fault::RelayRestart
         | Fault::ClockSkew { .. } => None,
+        Fault::ConsumerBandwidth { .. } | Fault::ConsumerBandwidthLift { .. } => Some(format!(
+            "`{}` paces a scenario's long-lived consumer link, which a replay's consumer does \
+             not have",
+            fault.action()
+        )),
         Fault::EventPlaneRestart | Fault::DiscoveryRestart => Some(format!(
             "{} acts on the simulated planes host, which a replay does not have",
             fault.action()
