@@ -47,8 +47,14 @@ pub struct ControlConfig {
     /// The load window interval carried in every window.
     pub load_window_ms: NonZeroU64,
     /// Most bytes the filters of all held pools take together
-    /// ([`HostConfig::pool_filter_bytes_max`](crate::host::HostConfig::pool_filter_bytes_max)).
+    /// ([`HostConfig::pool_filter_bytes_max`](crate::host::HostConfig::pool_filter_bytes_max));
+    /// journals written before the budget existed read the default.
+    #[serde(default = "default_pool_filter_bytes_max")]
     pub pool_filter_bytes_max: u64,
+}
+
+fn default_pool_filter_bytes_max() -> u64 {
+    crate::host::POOL_FILTER_BYTES_MAX_DEFAULT
 }
 
 impl ControlConfig {
