@@ -1,20 +1,32 @@
 #!/usr/bin/env bash
 # Build every fuzz target of relay/fuzz and run each for a short fixed time from its committed
-# seed corpus, so the targets keep building and catch regressions. Needs the nightly toolchain
-# and cargo-fuzz (`cargo install cargo-fuzz`). Usage: scripts/fuzz-smoke.sh [seconds per target]
+# seed corpus, so the targets keep building and catch regressions. Installs cargo-fuzz when it
+# is missing. Usage: scripts/fuzz-smoke.sh [seconds per target]
 set -euo pipefail
 
 seconds="${1:-15}"
 cd "$(dirname "$0")/../relay/fuzz"
-cargo +nightly fuzz build -O
-for target in $(cargo +nightly fuzz list); do
+# libFuzzer needs the sanitizer flags only nightly accepts: the nightly toolchain when the
+# machine has one, otherwise stable with RUSTC_BOOTSTRAP=1 for this build alone.
+if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+    fuzz=(cargo +nightly fuzz)
+else
+    export RUSTC_BOOTSTRAP=1
+    fuzz=(cargo fuzz)
+fi
+if ! cargo fuzz --version > /dev/null 2>&1; then
+    echo "fuzz-smoke: installing cargo-fuzz"
+    cargo install --locked cargo-fuzz
+fi
+"${fuzz[@]}" build -O --fuzz-dir .
+for target in $("${fuzz[@]}" list --fuzz-dir .); do
     # A scratch copy of the corpus: new inputs found here are not committed.
     scratch="$(mktemp -d)"
     cp -r "corpus/$target/." "$scratch/" 2>/dev/null || true
     echo "fuzz-smoke: $target (${seconds}s)"
     log="$scratch.log"
     status=0
-    cargo +nightly fuzz run -O "$target" "$scratch" -- \
+    "${fuzz[@]}" run -O --fuzz-dir . "$target" "$scratch" -- \
         -max_total_time="$seconds" -rss_limit_mb=2048 -print_final_stats=1 > "$log" 2>&1 ||
         status=$?
     grep -E '^(stat::number_of_executed_units|stat::peak_rss_mb|#[0-9]+ +DONE)' "$log" || true
