@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvrelay::config::WanTuning;
-use kvrelay::pool::{ActorConfig, ActorFault, FaultSink, PoolActorHandle, spawn_pool_actor};
+use kvrelay::pool::{ActorConfig, FaultSink, PoolActorHandle, spawn_pool_actor};
 use kvrelay::publication::{HubConfig, PoolPublications};
 use kvrelay::runtime::{SystemWallClock, TokioBlockingExecutor};
 use kvrelay::wan::{RelayService, wan_channels};
@@ -34,7 +34,7 @@ use kvrelay_core::model::hashing::HashFormat;
 use kvrelay_core::model::identity::{EndpointPath, PoolId, ProducerIdentity, RelayIdentity};
 use kvrelay_core::model::identity::{resolve_indexer_domain, stable_dc_id};
 use kvrelay_core::model::kv_events::RouterEvent;
-use kvrelay_core::pool::PoolOwnership;
+use kvrelay_core::pool::{PoolFault, PoolOwnership};
 use kvrelay_core::rng::rng_from_seed;
 use tokio::sync::Notify;
 
@@ -56,7 +56,7 @@ const RUNS: [(usize, usize); 3] = [(1, 20_000), (16, 4_000), (64, 2_000)];
 struct CountFaults(AtomicU64);
 
 impl FaultSink for CountFaults {
-    fn report(&self, _fault: ActorFault) {
+    fn report(&self, _fault: PoolFault) {
         self.0.fetch_add(1, Ordering::Relaxed);
     }
 }

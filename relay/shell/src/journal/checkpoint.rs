@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::pool::{PoolActorHandle, PoolDigest};
+use crate::pool::PoolActorHandle;
 use kvrelay_core::control::ControlPlane;
 use kvrelay_core::control::wire::{KvPoolDescriptorView, TopologyEntryView};
 use kvrelay_core::model::identity::PoolId;
+use kvrelay_core::pool::PoolDigest;
 
 /// One pool generation's state in digest form.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -11,8 +11,8 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use super::checkpoint::{Checkpoint, NO_CADENCE};
 use crate::node::NodeConfig;
-use crate::pool::PublicationPoint;
 use kvrelay_core::inputs::{DcInput, RecoveryTarget};
+use kvrelay_core::pool::PublicationPoint;
 use kvrelay_core::sources::{RecoveryFailure, RecoveryRequest, RecoveryResponse};
 
 /// The first four bytes of every segment.

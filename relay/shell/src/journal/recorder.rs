@@ -28,10 +28,11 @@ use super::format::{JournalHeader, Record, Stamp};
 use super::segments::{FileSystem, SegmentIo, SegmentLimits, SegmentWriter, WriteTally};
 use super::tap::NodeTap;
 use crate::node::{NodeConfig, RecoveryTransport};
-use crate::pool::{PublicationMode, PublicationPoint, PublicationSink};
+use crate::pool::{PublicationMode, PublicationSink};
 use crate::runtime::{BlockingExecutor, WallClock, run_blocking};
 use kvrelay_core::inputs::{DcInput, RecoveryTarget};
 use kvrelay_core::model::identity::PoolId;
+use kvrelay_core::pool::PublicationPoint;
 use kvrelay_core::sources::{RecoveryFailure, RecoveryRequest, RecoveryResponse};
 
 /// Write errors between two log lines.

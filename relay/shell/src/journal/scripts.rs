@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::pool::{PublicationMode, PublicationPoint, PublicationScript};
+use crate::pool::PublicationMode;
 use kvrelay_core::model::identity::PoolId;
+use kvrelay_core::pool::PublicationPoint;
 
 /// The recorded input times, and the recorded [`PublicationPoint`]s per `(pool, generation)`,
 /// handed to each actor as the replaying node starts it. A journal with no point at all (a
@@ -68,6 +69,6 @@ impl RecordedTiming {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(&(pool_id.to_string(), layout_generation))
             .unwrap_or_default();
-        PublicationMode::Scripted(PublicationScript { points, until: origin + self.end })
+        PublicationMode::Scripted { points, until: origin + self.end }
     }
 }

@@ -441,7 +441,7 @@ fn another_format_version_is_refused_at_offset_zero() {
 
 #[test]
 fn publication_points_round_trip() {
-    use crate::pool::{LeaseRecord, PublicationPoint, PublicationStep, ScriptPosition};
+    use kvrelay_core::pool::{LeaseRecord, PublicationPoint, PublicationStep, ScriptPosition};
     let dir = tempfile::tempdir().expect("tempdir");
     let position = ScriptPosition { commands: 12, digests: 3 };
     let lease = LeaseRecord(0xabc, 0, 4);
@@ -743,7 +743,7 @@ async fn a_recorded_subscriber_s_sequences_replay_without_one() {
         .iter()
         .filter(|r| {
             matches!(r, Record::Publication { point, .. }
-                if matches!(point.step, crate::pool::PublicationStep::Barrier(_)))
+                if matches!(point.step, kvrelay_core::pool::PublicationStep::Barrier(_)))
         })
         .count();
     assert!(barriers > 0, "the subscriber's barriers are recorded");

@@ -14,7 +14,7 @@ use super::recovery::{RecoveryCalls, RecoveryTransport};
 use crate::config::WanTuning;
 use crate::journal::{NodeTap, capture_checkpoint};
 use crate::pool::{
-    ActorConfig, ActorFault, FaultSink, PoolActorHandle, PublicationMode, spawn_pool_actor_with,
+    ActorConfig, FaultSink, PoolActorHandle, PublicationMode, spawn_pool_actor_with,
 };
 use crate::publication::{FenceRequests, HubConfig, PoolPublications};
 use crate::runtime::{BlockingExecutor, WallClock, run_blocking};
@@ -26,7 +26,7 @@ use kvrelay_core::host::{ActorFaultAction, HostCommand, StopMode};
 use kvrelay_core::inputs::DcInput;
 use kvrelay_core::model::identity::{EndpointPath, PoolId, RelayIdentity};
 use kvrelay_core::model::kv_events::SourceKey;
-use kvrelay_core::pool::{PoolOwnership, RankReplacement};
+use kvrelay_core::pool::{PoolFault, PoolOwnership, RankReplacement};
 use kvrelay_core::rng::{RelayRng, rng_from_seed};
 use kvrelay_core::sources::{RankFence, RecoveryFailure, SourceCommand};
 use kvrelay_core::wire::encode;
@@ -115,7 +115,7 @@ enum Internal {
     /// A report for the control plane as it is.
     Report(ShellReport),
     /// A pool actor refused an event.
-    PoolFault { endpoint: EndpointPath, layout_generation: u64, fault: ActorFault },
+    PoolFault { endpoint: EndpointPath, layout_generation: u64, fault: PoolFault },
 }
 
 #[derive(Debug)]
@@ -128,7 +128,7 @@ struct NodeFaults {
 }
 
 impl FaultSink for NodeFaults {
-    fn report(&self, fault: ActorFault) {
+    fn report(&self, fault: PoolFault) {
         let report = Internal::PoolFault {
             endpoint: self.endpoint.clone(),
             layout_generation: self.layout_generation,
@@ -606,8 +606,8 @@ mod tests {
 
     use super::*;
 
-    fn fault(event_id: u64) -> ActorFault {
-        ActorFault {
+    fn fault(event_id: u64) -> PoolFault {
+        PoolFault {
             source: SourceKey { worker_id: 7, dp_rank: 0 },
             event_id,
             error: ApplyError::AllocationFailed,
@@ -632,7 +632,7 @@ mod tests {
             queue.try_recv(),
             Ok(Internal::PoolFault {
                 layout_generation: 4,
-                fault: ActorFault { event_id: 1, .. },
+                fault: PoolFault { event_id: 1, .. },
                 ..
             })
         ));

@@ -1,6 +1,8 @@
-//! The pool actor: the async shell that owns one pool's ownership state and publisher.
+//! The pool actor: the task that drives one pool's [`PoolMachine`] (ownership, publisher,
+//! cadence and publication points, all decided in `kvrelay_core::pool`) and carries its effects
+//! out.
 //!
-//! One task per pool applies commands in order. Bounds and behaviour at the bound:
+//! One task per pool feeds commands in order. Bounds and behaviour at the bound:
 //! - the mailbox holds [`ActorConfig::mailbox_capacity`] commands; senders wait (backpressure,
 //!   never drops);
 //! - event batches additionally take block-weighted permits from a pool of
@@ -9,21 +11,13 @@
 //! - deltas go to a broadcast of [`ActorConfig::delta_broadcast_capacity`]; a receiver that falls
 //!   further behind sees `Lagged` and must take a new barrier snapshot.
 //!
-//! Publication cadence: a batch is cut after `publication_threshold_events` applied events, or
-//! `publication_delay` after the first pending one, or on `flush`; never inside a command.
-//! Shutdown is graceful (publish the tail, retire the lease) unless the actor is fenced, which
-//! discards the unpublished tail.
-//!
-//! Journaling ([`PublicationMode`], `pool::script`): a reported actor tells its sink every
-//! publication point its commands do not determine (timer, flush, barrier, lease retirement,
-//! failed delivery). A scripted actor (replay) has no timer and performs the recorded points
-//! after the same deterministic commands until the script's end, then runs free. While
-//! scripted, a subscription never moves the publisher: it is answered once the publisher holds
-//! its lease with nothing unpublished (so the snapshot is exactly the state at the last published
-//! sequence and the next delta continues it), and held until then; a retirement from a
-//! subscriber is ignored (the recording's retirements are in the script).
+//! The task holds no decision of its own: it sleeps until the machine's `poll_timeout`, runs
+//! barrier snapshots on the blocking executor (the machine moves to the job and back, so nothing
+//! else touches it meanwhile), pairs held subscriptions with their reply channels, and hands
+//! faults and publication points to their sinks. Shutdown is graceful (publish the tail, retire
+//! the lease) unless the actor is fenced, which discards the unpublished tail.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,17 +28,15 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::script::{
-    PublicationMode, PublicationPoint, PublicationSink, PublicationStep, ScriptPosition,
-    ScriptState,
-};
+use super::mode::{PublicationMode, PublicationSink};
 use crate::runtime::{BlockingExecutor, run_blocking};
 use kvrelay_core::model::identity::LaneLease;
 use kvrelay_core::model::kv_events::{RouterEvent, SourceKey};
-use kvrelay_core::pool::{ApplyError, OwnershipCounters, PoolOwnership, RankReplacement, TableKey};
 use kvrelay_core::pool::{
-    Delta, FenceReason, PUBLICATION_DELAY_MS, PUBLICATION_THRESHOLD_EVENTS, PublicationCadence,
-    PublishError, PublishOutcome, Publisher, Snapshot,
+    ApplyError, CadenceConfig, Delta, DeltaOutlet, HoldId, OwnershipCounters, PUBLICATION_DELAY_MS,
+    PUBLICATION_THRESHOLD_EVENTS, PoolDigest, PoolEffect, PoolFault, PoolMachine, PoolOwnership,
+    PoolStats, PublicationRole, PublicationScript, PublishError, RankReplacement, Snapshot,
+    SubscribeStep, TableKey,
 };
 
 /// Bounds and cadence of one pool actor.
@@ -74,22 +66,10 @@ impl Default for ActorConfig {
     }
 }
 
-/// A fault the actor reports to its host (capacity omissions and unknown removals are counted,
-/// not reported).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ActorFault {
-    /// The rank whose event failed.
-    pub source: SourceKey,
-    /// The failed event's id.
-    pub event_id: u64,
-    /// What went wrong; its disposition says what the host should do.
-    pub error: ApplyError,
-}
-
 /// Where the actor reports faults. Implementations must not block.
 pub trait FaultSink: Send + Sync + Debug + 'static {
     /// Record one fault.
-    fn report(&self, fault: ActorFault);
+    fn report(&self, fault: PoolFault);
 }
 
 /// The actor task has stopped.
@@ -120,7 +100,7 @@ pub struct Subscription {
     pub deltas: broadcast::Receiver<Arc<Delta>>,
 }
 
-/// Sums of [`ActorStats`] over several pools (the operations surface's pool gauges).
+/// Sums of [`PoolStats`] over several pools (the operations surface's pool gauges).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PoolTotals {
     /// Pools whose actor answered.
@@ -135,7 +115,7 @@ pub struct PoolTotals {
 
 impl PoolTotals {
     /// Add one pool's reading.
-    pub fn add(&mut self, stats: &ActorStats) {
+    pub fn add(&mut self, stats: &PoolStats) {
         let counters = &mut self.counters;
         self.pools += 1;
         self.owned_blocks += stats.owned_blocks as u64;
@@ -146,36 +126,6 @@ impl PoolTotals {
         counters.capacity_omissions += stats.counters.capacity_omissions;
         counters.unknown_removals += stats.counters.unknown_removals;
     }
-}
-
-/// Point-in-time counters of an actor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ActorStats {
-    /// Ownership counters.
-    pub counters: OwnershipCounters,
-    /// Distinct owned canonical hashes.
-    pub owned_blocks: usize,
-    /// Occupied filter slots.
-    pub resident_blocks: u64,
-    /// Last published sequence.
-    pub sequence: u64,
-    /// Current lease.
-    pub lease: Option<LaneLease>,
-    /// Fence reason, if fenced.
-    pub fence: Option<FenceReason>,
-}
-
-/// A pool's logical state in digest form (journal checkpoints compare these).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PoolDigest {
-    /// Distinct owned canonical hashes (the exact-block count).
-    pub owned_blocks: u64,
-    /// xxh3 of the owned canonical hashes in ascending order (little-endian `u64`s).
-    pub canonical_digest: u64,
-    /// xxh3 of the filter's words in order (little-endian `u64`s).
-    pub filter_digest: u64,
-    /// Last published sequence.
-    pub sequence: u64,
 }
 
 enum Command {
@@ -201,7 +151,7 @@ enum Command {
         lease: LaneLease,
     },
     Stats {
-        reply: oneshot::Sender<ActorStats>,
+        reply: oneshot::Sender<PoolStats>,
     },
     Digest {
         reply: oneshot::Sender<PoolDigest>,
@@ -230,209 +180,84 @@ pub struct PoolActorHandle {
     table_key: TableKey,
 }
 
-/// The actor's journaling role (see [`PublicationMode`]).
+/// The broadcast the hub's streams receive deltas from.
 #[derive(Debug)]
-enum Journal {
-    Free,
-    Reported(Arc<dyn PublicationSink>),
-    Scripted(ScriptState),
-}
+struct BroadcastOutlet(broadcast::Sender<Arc<Delta>>);
 
-/// A subscription held by a scripted actor until it can be answered.
-type Held = (LaneLease, oneshot::Sender<Result<Subscription, SubscribeError>>);
-
-struct ActorCore {
-    pool: PoolOwnership,
-    publisher: Publisher,
-    cadence: PublicationCadence,
-    deltas: broadcast::Sender<Arc<Delta>>,
-    /// Deltas offered to the broadcast so far (delivered or not).
-    offered: u64,
-    /// Deterministic commands processed so far.
-    position: ScriptPosition,
-    journal: Journal,
-    /// The lease a scripted actor handed to its subscribers.
-    served: Option<LaneLease>,
-}
-
-/// Hand `delta` to the broadcast. A scripted actor fails exactly the recorded ordinals (and
-/// ignores a missing receiver); otherwise a missing receiver fails it, reported when reporting.
-fn offer(
-    deltas: &broadcast::Sender<Arc<Delta>>,
-    offered: &mut u64,
-    journal: &Journal,
-    position: ScriptPosition,
-    delta: Delta,
-) -> Result<(), Delta> {
-    let ordinal = *offered;
-    *offered += 1;
-    if let Journal::Scripted(script) = journal {
-        if script.failures.contains(&ordinal) {
-            return Err(delta);
-        }
-        let _ = deltas.send(Arc::new(delta));
-        return Ok(());
-    }
-    let sequence = delta.base_sequence;
-    deltas.send(Arc::new(delta)).map(|_| ()).map_err(|returned| {
-        if let Journal::Reported(sink) = journal {
-            let step = PublicationStep::DeliveryFailed(ordinal);
-            sink.point(PublicationPoint { position, step, sequence });
-        }
-        unwrap_delta(returned.0)
-    })
-}
-
-impl ActorCore {
-    fn publish(&mut self) -> Result<PublishOutcome, PublishError> {
-        self.cadence.reset();
-        let ActorCore { pool, publisher, deltas, offered, journal, position, .. } = self;
-        publisher.publish(pool, &mut |delta| offer(deltas, offered, journal, *position, delta))
+impl DeltaOutlet for BroadcastOutlet {
+    fn offer(&mut self, delta: Delta) -> Result<(), Delta> {
+        self.0.send(Arc::new(delta)).map(|_| ()).map_err(|returned| unwrap_delta(returned.0))
     }
 
-    /// Publish the pending tail and install `lease` (the publisher's barrier).
-    fn barrier(&mut self, lease: LaneLease) -> Result<Snapshot, PublishError> {
-        self.cadence.reset();
-        let ActorCore { pool, publisher, deltas, offered, journal, position, .. } = self;
-        publisher.snapshot_after_barrier(pool, lease, &mut |delta| {
-            offer(deltas, offered, journal, *position, delta)
-        })
+    fn has_receivers(&self) -> bool {
+        self.0.receiver_count() > 0
     }
-
-    /// Report `step` if reporting.
-    fn report(&self, step: PublicationStep) {
-        if let Journal::Reported(sink) = &self.journal {
-            let sequence = self.publisher.last_sequence();
-            sink.point(PublicationPoint { position: self.position, step, sequence });
-        }
-    }
-
-    fn is_scripted(&self) -> bool {
-        matches!(self.journal, Journal::Scripted(_))
-    }
-
-    fn script_until(&self) -> Option<Instant> {
-        match &self.journal {
-            Journal::Scripted(script) => Some(script.until),
-            _ => None,
-        }
-    }
-
-    /// Perform every scripted point reached, then answer the held subscriptions that can be.
-    fn advance(&mut self, held: &mut Vec<Held>) {
-        loop {
-            let Journal::Scripted(script) = &mut self.journal else { return };
-            let Some(point) = script.next_due(self.position) else { break };
-            match point.step {
-                PublicationStep::Publish => {
-                    let _ = self.publish();
-                }
-                PublicationStep::Barrier(lease) => {
-                    let _ = self.barrier(lease.into());
-                }
-                PublicationStep::RetireLease(lease) => {
-                    let lease = LaneLease::from(lease);
-                    // Taking the lease from a live subscriber would leave it stale: keep it (the
-                    // sequence then leaves the recording, and the checkpoint says so).
-                    if self.served != Some(lease) || self.deltas.receiver_count() == 0 {
-                        self.publisher.retire_lease(lease);
-                    }
-                }
-                PublicationStep::DeliveryFailed(_) => {}
-            }
-            let replayed = self.publisher.last_sequence();
-            if replayed != point.sequence {
-                if let Journal::Scripted(script) = &mut self.journal {
-                    script.mismatches += 1;
-                }
-                tracing::debug!(
-                    ?point,
-                    replayed,
-                    "scripted publication point left the recorded sequence"
-                );
-            }
-        }
-        self.answer_held(held);
-    }
-
-    /// Answer each held subscription whose lease the publisher holds, unfenced, with nothing
-    /// unpublished: the snapshot is the state at the last published sequence.
-    fn answer_held(&mut self, held: &mut Vec<Held>) {
-        if held.is_empty() {
-            return;
-        }
-        let ready = self.publisher.fence_reason().is_none() && !self.pool.has_unpublished_writes();
-        let current = self.publisher.lease();
-        let mut waiting = Vec::new();
-        for (lease, reply) in held.drain(..) {
-            if reply.is_closed() {
-                continue;
-            }
-            if !(ready && current == Some(lease)) {
-                waiting.push((lease, reply));
-                continue;
-            }
-            let snapshot = Snapshot {
-                lease,
-                sequence: self.publisher.last_sequence(),
-                words: self.pool.filter().words().to_vec(),
-            };
-            self.served = Some(lease);
-            let _ = reply.send(Ok(Subscription { snapshot, deltas: self.deltas.subscribe() }));
-        }
-        *held = waiting;
-    }
-
-    fn stats(&self) -> ActorStats {
-        ActorStats {
-            counters: *self.pool.counters(),
-            owned_blocks: self.pool.owned_block_count(),
-            resident_blocks: self.pool.filter().occupied_slots(),
-            sequence: self.publisher.last_sequence(),
-            lease: self.publisher.lease(),
-            fence: self.publisher.fence_reason(),
-        }
-    }
-}
-
-impl ActorCore {
-    fn digest(&self) -> PoolDigest {
-        let blocks = self.pool.owned_blocks();
-        PoolDigest {
-            owned_blocks: blocks.len() as u64,
-            canonical_digest: digest_u64s(blocks.iter().map(|(hash, _)| hash.0)),
-            filter_digest: digest_u64s(self.pool.filter().words().iter().copied()),
-            sequence: self.publisher.last_sequence(),
-        }
-    }
-}
-
-/// The digest [`PoolDigest::filter_digest`] takes of a filter's words, for comparing a copy of
-/// them (a consumer's replica) with the pool's own.
-#[must_use]
-pub fn filter_words_digest(words: &[u64]) -> u64 {
-    digest_u64s(words.iter().copied())
-}
-
-/// xxh3-64 of `values` as consecutive little-endian bytes, fed to the hasher in 4 KiB chunks.
-fn digest_u64s(values: impl Iterator<Item = u64>) -> u64 {
-    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-    let mut chunk = [0u8; 4096];
-    let mut len = 0;
-    for value in values {
-        chunk[len..len + 8].copy_from_slice(&value.to_le_bytes());
-        len += 8;
-        if len == chunk.len() {
-            hasher.update(&chunk);
-            len = 0;
-        }
-    }
-    hasher.update(&chunk[..len]);
-    hasher.digest()
 }
 
 fn unwrap_delta(delta: Arc<Delta>) -> Delta {
     Arc::try_unwrap(delta).unwrap_or_else(|shared| (*shared).clone())
+}
+
+type SubscriptionReply = oneshot::Sender<Result<Subscription, SubscribeError>>;
+
+/// The task's state: the machine and where its effects go.
+struct Actor {
+    machine: PoolMachine,
+    outlet: BroadcastOutlet,
+    /// The machine's clock counts from here.
+    origin: Instant,
+    sink: Option<Arc<dyn PublicationSink>>,
+    faults: Arc<dyn FaultSink>,
+    /// Reply channels of the subscriptions the machine holds.
+    held: BTreeMap<HoldId, SubscriptionReply>,
+    /// Held subscriptions the machine released to a barrier, in order.
+    released: VecDeque<(HoldId, LaneLease)>,
+    /// Script mismatches already logged.
+    mismatches: u64,
+}
+
+impl Actor {
+    fn now(&self) -> Duration {
+        Instant::now().saturating_duration_since(self.origin)
+    }
+
+    /// Carry out every queued effect of the machine.
+    fn carry_out(&mut self) {
+        while let Some(effect) = self.machine.poll_effect() {
+            match effect {
+                PoolEffect::Fault(fault) => self.faults.report(fault),
+                PoolEffect::Point(point) => {
+                    if let Some(sink) = &self.sink {
+                        sink.point(point);
+                    }
+                }
+                PoolEffect::Answer { hold, snapshot } => {
+                    if let Some(reply) = self.held.remove(&hold) {
+                        let deltas = self.outlet.0.subscribe();
+                        let _ = reply.send(Ok(Subscription { snapshot, deltas }));
+                    }
+                }
+                PoolEffect::Release { hold, lease } => self.released.push_back((hold, lease)),
+            }
+        }
+        let mismatches = self.machine.script_mismatches();
+        if mismatches > self.mismatches {
+            self.mismatches = mismatches;
+            tracing::debug!(mismatches, "scripted publication point left the recorded sequence");
+        }
+    }
+
+    /// Tell the machine about held subscriptions whose subscriber went away.
+    fn prune_held(&mut self) {
+        let machine = &mut self.machine;
+        self.held.retain(|hold, reply| {
+            let live = !reply.is_closed();
+            if !live {
+                machine.forget_hold(*hold);
+            }
+            live
+        });
+    }
 }
 
 /// Start an actor owning `pool`; its publisher starts at sequence 0 with no lease.
@@ -459,202 +284,147 @@ pub fn spawn_pool_actor_with(
     let fence = CancellationToken::new();
     let table_key = pool.table_key();
     let (deltas, _) = broadcast::channel(config.delta_broadcast_capacity.max(1));
-    let core = ActorCore {
-        pool,
-        publisher: Publisher::new(),
-        cadence: PublicationCadence::new(config.publication_threshold_events),
-        deltas,
-        offered: 0,
-        position: ScriptPosition::default(),
-        journal: match mode {
-            PublicationMode::Free => Journal::Free,
-            PublicationMode::Reported(sink) => Journal::Reported(sink),
-            PublicationMode::Scripted(script) => Journal::Scripted(ScriptState::new(script)),
-        },
-        served: None,
+    let origin = Instant::now();
+    let (role, sink) = match mode {
+        PublicationMode::Free => (PublicationRole::Free, None),
+        PublicationMode::Reported(sink) => (PublicationRole::Reported, Some(sink)),
+        PublicationMode::Scripted { points, until } => {
+            let until = until.saturating_duration_since(origin);
+            (PublicationRole::Scripted(PublicationScript { points, until }), None)
+        }
     };
-    let task = crate::runtime::spawn(run(core, mailbox, config, executor, faults, fence.clone()));
+    let cadence = CadenceConfig {
+        threshold_events: config.publication_threshold_events,
+        delay: config.publication_delay,
+    };
+    let actor = Actor {
+        machine: PoolMachine::new(pool, cadence, role),
+        outlet: BroadcastOutlet(deltas),
+        origin,
+        sink,
+        faults,
+        held: BTreeMap::new(),
+        released: VecDeque::new(),
+        mismatches: 0,
+    };
+    let task = crate::runtime::spawn(run(actor, mailbox, executor, fence.clone()));
     (PoolActorHandle { commands, permits, permits_max, fence, table_key }, task)
 }
 
 async fn run(
-    mut core: ActorCore,
+    mut actor: Actor,
     mut mailbox: mpsc::Receiver<Command>,
-    config: ActorConfig,
     executor: Arc<dyn BlockingExecutor>,
-    faults: Arc<dyn FaultSink>,
     fence: CancellationToken,
 ) -> ActorExit {
-    let mut deadline: Option<Instant> = None;
-    let mut held: Vec<Held> = Vec::new();
-    core.advance(&mut held);
     loop {
-        let script_until = core.script_until();
+        while let Some((hold, lease)) = actor.released.pop_front() {
+            let Some(reply) = actor.held.remove(&hold) else { continue };
+            let Some(returned) = subscribe(actor, lease, reply, executor.as_ref()).await else {
+                return ActorExit::Fenced;
+            };
+            actor = returned;
+        }
+        if !actor.held.is_empty() {
+            actor.prune_held();
+        }
+        let timeout = actor.machine.poll_timeout().map(|at| actor.origin + at);
         let command = tokio::select! {
             biased;
             () = fence.cancelled() => return ActorExit::Fenced,
-            () = sleep_until(deadline), if deadline.is_some() => {
-                deadline = None;
-                let _ = core.publish();
-                core.report(PublicationStep::Publish);
-                continue;
-            }
-            () = sleep_until(script_until), if script_until.is_some() => {
-                core.journal = Journal::Free;
-                if core.pool.has_unpublished_writes() {
-                    deadline = Some(Instant::now() + config.publication_delay);
-                }
-                for (lease, reply) in std::mem::take(&mut held) {
-                    let Some(returned) = subscribe(core, lease, reply, executor.as_ref()).await
-                    else {
-                        return ActorExit::Fenced;
-                    };
-                    core = returned;
-                }
+            () = sleep_until(timeout), if timeout.is_some() => {
+                let now = actor.now();
+                actor.machine.handle_timeout(now, &mut actor.outlet);
+                actor.carry_out();
                 continue;
             }
             command = mailbox.recv() => command,
         };
         let Some(command) = command else {
-            let _ = core.publish();
+            actor.machine.abandon(&mut actor.outlet);
+            actor.carry_out();
             return ActorExit::Abandoned;
         };
-        let scripted = core.is_scripted();
+        let now = actor.now();
+        let Actor { machine, outlet, .. } = &mut actor;
         match command {
-            Command::Apply { events, _permit } => {
-                let mut due = false;
-                for event in &events {
-                    match core.pool.apply_event(event) {
-                        Ok(outcome) if outcome.applied => due |= core.cadence.record_event(),
-                        Ok(_) => {}
-                        Err(error) => {
-                            faults.report(ActorFault {
-                                source: event.source(),
-                                event_id: event.event.event_id,
-                                error,
-                            });
-                            due |= core.cadence.record_event();
-                        }
-                    }
-                }
-                if due {
-                    deadline = None;
-                    let _ = core.publish();
-                } else if !scripted && deadline.is_none() && core.pool.has_unpublished_writes() {
-                    deadline = Some(Instant::now() + config.publication_delay);
-                }
-                core.position.commands += 1;
-            }
+            Command::Apply { events, _permit } => machine.apply(&events, now, outlet),
             Command::ReplaceRanks { replacements, reply } => {
-                let result = core.pool.replace_ranks(replacements);
-                deadline = None;
-                let _ = core.publish();
-                let _ = reply.send(result);
-                core.position.commands += 1;
+                let _ = reply.send(machine.replace_ranks(replacements, outlet));
             }
-            Command::ResetRank { source } => {
-                if let Err(error) = core.pool.remove_rank(source) {
-                    faults.report(ActorFault { source, event_id: 0, error });
-                }
-                deadline = None;
-                let _ = core.publish();
-                core.position.commands += 1;
-            }
-            Command::Flush { reply } if scripted => {
-                let _ = reply.send(Ok(core.publisher.last_sequence()));
-            }
+            Command::ResetRank { source } => machine.reset_rank(source, outlet),
             Command::Flush { reply } => {
-                deadline = None;
-                let result = core.publish().map(|_| core.publisher.last_sequence());
-                core.report(PublicationStep::Publish);
-                let _ = reply.send(result);
+                let _ = reply.send(machine.flush(outlet));
             }
-            Command::Subscribe { lease, reply } if scripted => held.push((lease, reply)),
-            Command::Subscribe { lease, reply } => {
-                deadline = None;
-                let Some(returned) = subscribe(core, lease, reply, executor.as_ref()).await else {
-                    return ActorExit::Fenced;
-                };
-                core = returned;
-            }
-            Command::RetireLease { .. } if scripted => {}
-            Command::RetireLease { lease } => {
-                core.publisher.retire_lease(lease);
-                core.report(PublicationStep::RetireLease(lease.into()));
-            }
+            Command::Subscribe { lease, reply } => match machine.subscribe(lease, outlet) {
+                SubscribeStep::Held(hold) => {
+                    actor.held.insert(hold, reply);
+                }
+                SubscribeStep::Barrier => {
+                    let Some(returned) = subscribe(actor, lease, reply, executor.as_ref()).await
+                    else {
+                        return ActorExit::Fenced;
+                    };
+                    actor = returned;
+                }
+            },
+            Command::RetireLease { lease } => machine.retire_lease(lease),
             Command::Stats { reply } => {
-                let _ = reply.send(core.stats());
+                let _ = reply.send(machine.stats());
             }
             Command::Digest { reply } => {
-                let _ = reply.send(core.digest());
-                core.position.digests += 1;
+                let _ = reply.send(machine.digest(outlet));
             }
             Command::Shutdown => {
-                let _ = core.publish();
-                if let Some(lease) = core.publisher.lease() {
-                    core.publisher.retire_lease(lease);
-                }
+                machine.shutdown(outlet);
+                actor.carry_out();
                 return ActorExit::Graceful;
             }
         }
-        if scripted {
-            core.advance(&mut held);
-        }
+        actor.carry_out();
     }
 }
 
-/// A subscription's barrier; `None` when the snapshot job died (the actor must stop).
+/// A free subscription's barrier, through the executor; `None` when the snapshot job died (the
+/// actor must stop).
 async fn subscribe(
-    core: ActorCore,
+    actor: Actor,
     lease: LaneLease,
-    reply: oneshot::Sender<Result<Subscription, SubscribeError>>,
+    reply: SubscriptionReply,
     executor: &dyn BlockingExecutor,
-) -> Option<ActorCore> {
-    let (returned, result) = barrier_snapshot(core, lease, executor).await;
-    let Some(mut core) = returned else {
+) -> Option<Actor> {
+    let job = run_blocking(executor, move || {
+        let mut actor = actor;
+        let result = actor.machine.barrier(lease, &mut actor.outlet);
+        (actor, result)
+    })
+    .await;
+    let Ok((mut actor, result)) = job else {
         let _ = reply.send(Err(SubscribeError::SnapshotJob));
         return None;
     };
-    core.report(PublicationStep::Barrier(lease.into()));
+    actor.carry_out();
     match result {
         Ok(snapshot) => {
             // Subscribe before the next command mutates anything: the first delta this
             // receiver sees is exactly S → S + 1.
-            let subscription = Subscription { snapshot, deltas: core.deltas.subscribe() };
+            let subscription = Subscription { snapshot, deltas: actor.outlet.0.subscribe() };
             if let Err(Ok(dropped)) = reply.send(Ok(subscription)) {
-                core.publisher.retire_lease(dropped.snapshot.lease);
-                core.report(PublicationStep::RetireLease(dropped.snapshot.lease.into()));
+                actor.machine.retire_lease(dropped.snapshot.lease);
+                actor.carry_out();
             }
         }
         Err(error) => {
-            let _ = reply.send(Err(error));
+            let _ = reply.send(Err(error.into()));
         }
     }
-    Some(core)
+    Some(actor)
 }
 
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
-    }
-}
-
-/// Take the barrier snapshot through the executor seam: the state moves to the job and back.
-async fn barrier_snapshot(
-    core: ActorCore,
-    lease: LaneLease,
-    executor: &dyn BlockingExecutor,
-) -> (Option<ActorCore>, Result<Snapshot, SubscribeError>) {
-    let job = run_blocking(executor, move || {
-        let mut core = core;
-        let result = core.barrier(lease);
-        (core, result)
-    })
-    .await;
-    match job {
-        Ok((core, result)) => (Some(core), result.map_err(SubscribeError::from)),
-        Err(_) => (None, Err(SubscribeError::SnapshotJob)),
     }
 }
 
@@ -713,7 +483,7 @@ impl PoolActorHandle {
     }
 
     /// Current counters.
-    pub async fn stats(&self) -> Result<ActorStats, ActorGone> {
+    pub async fn stats(&self) -> Result<PoolStats, ActorGone> {
         let (reply, answer) = oneshot::channel();
         self.send(Command::Stats { reply }).await?;
         answer.await.map_err(|_| ActorGone)

@@ -3,23 +3,21 @@
 use std::sync::Mutex;
 
 use super::*;
-use crate::pool::script::{
-    PublicationMode, PublicationPoint, PublicationScript, PublicationSink, PublicationStep,
-    ScriptPosition,
-};
+use crate::pool::{PublicationMode, PublicationSink};
 use crate::runtime::InlineExecutor;
 use kvrelay_core::filter::ckf::{CkfFormat, DEFAULT_SEED, MAX_KICKS_DEFAULT};
 use kvrelay_core::model::hashing::{ExternalBlockHash, LocalBlockHash};
 use kvrelay_core::model::kv_events::{
     KvCacheEvent, KvCacheEventData, StorageTier, StoreData, StoredBlock,
 };
+use kvrelay_core::pool::{FenceReason, PublicationPoint, PublicationStep, ScriptPosition};
 use kvrelay_core::rng::rng_from_seed;
 
 #[derive(Debug, Default)]
-struct RecordedFaults(Mutex<Vec<ActorFault>>);
+struct RecordedFaults(Mutex<Vec<PoolFault>>);
 
 impl FaultSink for RecordedFaults {
-    fn report(&self, fault: ActorFault) {
+    fn report(&self, fault: PoolFault) {
         self.0.lock().expect("not poisoned").push(fault);
     }
 }
@@ -206,14 +204,6 @@ async fn replace_and_reset_rank_publish_at_once() {
     assert!(subscription.deltas.try_recv().is_err());
 }
 
-#[test]
-fn chunked_digest_equals_the_one_shot_hash_of_the_bytes() {
-    let values: Vec<u64> = (0..1500u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
-    let bytes: Vec<u8> = values.iter().flat_map(|value| value.to_le_bytes()).collect();
-    assert_eq!(digest_u64s(values.iter().copied()), xxhash_rust::xxh3::xxh3_64(&bytes));
-    assert_eq!(digest_u64s(std::iter::empty()), xxhash_rust::xxh3::xxh3_64(&[]));
-}
-
 #[tokio::test(start_paused = true)]
 async fn the_digest_follows_the_commands_queued_before_it() {
     let (actor, _task, _) = start(ActorConfig::default());
@@ -259,7 +249,7 @@ fn point(position: ScriptPosition, step: PublicationStep, sequence: u64) -> Publ
 }
 
 fn scripted(points: Vec<PublicationPoint>, after: Duration) -> PublicationMode {
-    PublicationMode::Scripted(PublicationScript { points, until: Instant::now() + after })
+    PublicationMode::Scripted { points, until: Instant::now() + after }
 }
 
 /// The deterministic commands both runs below send: events and digests, nothing else.

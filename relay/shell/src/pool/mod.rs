@@ -1,15 +1,11 @@
-//! The pool actor: the task that owns one pool's ownership state and publisher (both from
-//! `kvrelay_core::pool`), and the publication script a replayed actor follows.
+//! The pool actor: the task that drives one pool's `kvrelay_core::pool::PoolMachine`, and how
+//! it journals.
 
 mod actor;
-mod script;
+mod mode;
 
 pub use actor::{
-    ActorConfig, ActorExit, ActorFault, ActorGone, ActorStats, FaultSink, PoolActorHandle,
-    PoolDigest, PoolTotals, SubscribeError, Subscription, filter_words_digest, spawn_pool_actor,
-    spawn_pool_actor_with,
+    ActorConfig, ActorExit, ActorGone, FaultSink, PoolActorHandle, PoolTotals, SubscribeError,
+    Subscription, spawn_pool_actor, spawn_pool_actor_with,
 };
-pub use script::{
-    LeaseRecord, PublicationMode, PublicationPoint, PublicationScript, PublicationSink,
-    PublicationStep, ScriptPosition,
-};
+pub use mode::{PublicationMode, PublicationSink};

@@ -11,9 +11,10 @@ use tokio_util::sync::CancellationToken;
 use super::hub::Hub;
 use super::stream::PoolStream;
 use super::{HubConfig, PublicationError};
-use crate::pool::{PoolActorHandle, PoolDigest, PoolTotals};
+use crate::pool::{PoolActorHandle, PoolTotals};
 use crate::runtime::BlockingExecutor;
 use kvrelay_core::model::identity::{PoolId, ProducerIdentity};
+use kvrelay_core::pool::PoolDigest;
 
 /// Generations whose publication failed and that the host must fence.
 #[derive(Debug, Clone, Default)]

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::pool::{ActorConfig, ActorFault, FaultSink, PoolActorHandle, spawn_pool_actor};
+use crate::pool::{ActorConfig, FaultSink, PoolActorHandle, spawn_pool_actor};
 use crate::runtime::InlineExecutor;
 use kvrelay_core::filter::ckf::{CkfFormat, DEFAULT_SEED, MAX_KICKS_DEFAULT};
 use kvrelay_core::model::hashing::{ExternalBlockHash, HashFormat, LocalBlockHash};
@@ -14,14 +14,14 @@ use kvrelay_core::model::identity::{
 use kvrelay_core::model::kv_events::{
     KvCacheEvent, KvCacheEventData, RouterEvent, StorageTier, StoreData, StoredBlock,
 };
-use kvrelay_core::pool::PoolOwnership;
+use kvrelay_core::pool::{PoolFault, PoolOwnership};
 use kvrelay_core::rng::rng_from_seed;
 
 #[derive(Debug)]
 struct IgnoreFaults;
 
 impl FaultSink for IgnoreFaults {
-    fn report(&self, _fault: ActorFault) {}
+    fn report(&self, _fault: PoolFault) {}
 }
 
 fn producer(endpoint: &str, buckets: u64, generation: u64) -> ProducerIdentity {

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use kvrelay::config::WanTuning;
-use kvrelay::pool::{ActorConfig, ActorFault, FaultSink, PoolActorHandle, spawn_pool_actor};
+use kvrelay::pool::{ActorConfig, FaultSink, PoolActorHandle, spawn_pool_actor};
 use kvrelay::publication::{HubConfig, PoolPublications};
 use kvrelay::runtime::{ManualWallClock, TokioBlockingExecutor};
 use kvrelay::wan::{RelayService, WanPublisher, serve, wan_channels};
@@ -25,7 +25,7 @@ use kvrelay_core::model::identity::{
 use kvrelay_core::model::kv_events::{
     KvCacheEvent, KvCacheEventData, RemoveData, RouterEvent, StorageTier, StoreData, StoredBlock,
 };
-use kvrelay_core::pool::PoolOwnership;
+use kvrelay_core::pool::{PoolFault, PoolOwnership};
 use kvrelay_core::rng::rng_from_seed;
 use kvrelay_core::wire::encode;
 use kvrelay_proto::CONTRACT_MARKER;
@@ -51,7 +51,7 @@ pub const MAX_MESSAGE_BYTES: usize = 8 << 20;
 pub struct IgnoreFaults;
 
 impl FaultSink for IgnoreFaults {
-    fn report(&self, _fault: ActorFault) {}
+    fn report(&self, _fault: PoolFault) {}
 }
 
 /// The producer of `endpoint`'s pool at `generation` with a filter of `buckets` buckets.

@@ -1,24 +1,22 @@
-//! Publication points: what a pool actor does to its publication that its commands do not
+//! Publication points: what moves a pool's publication that its deterministic inputs do not
 //! determine, so a journal can record it and a replay can perform it at the same point.
 //!
-//! An actor's *deterministic* commands are the ones its node sends as a function of the node's
+//! A pool's *deterministic* inputs are the ones its node sends as a function of the node's
 //! inputs: event batches, rank replacements and resets (counted in
 //! [`ScriptPosition::commands`]) and checkpoint digests (counted in
 //! [`ScriptPosition::digests`]). Everything else that moves the publisher — the publication
 //! delay timer, a flush, a subscriber's barrier, a lease retirement, a delta nobody received —
-//! happens at a point between two of those commands that timing decides. A
-//! [`PublicationMode::Reported`] actor reports each as a [`PublicationPoint`]; a
-//! [`PublicationMode::Scripted`] actor has no timer and performs the recorded points after the
-//! same commands instead, so its published sequence follows the recording.
+//! happens at a point between two of those inputs that timing decides. A
+//! [`PublicationRole::Reported`] machine emits each as a [`PublicationPoint`]; a
+//! [`PublicationRole::Scripted`] machine arms no timer and performs the recorded points after
+//! the same inputs instead, so its published sequence follows the recording.
 
 use std::collections::{BTreeSet, VecDeque};
-use std::fmt::Debug;
-use std::sync::Arc;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tokio::time::Instant;
 
-use kvrelay_core::model::identity::LaneLease;
+use crate::model::identity::LaneLease;
 
 /// Where in an actor's deterministic command stream a point lies: after this many commands and
 /// digests (the two only grow).
@@ -79,46 +77,38 @@ pub struct PublicationPoint {
     pub sequence: u64,
 }
 
-/// Where a reporting actor sends its points. Called from the actor's task (or its snapshot
-/// job); must not block.
-pub trait PublicationSink: Send + Sync + Debug + 'static {
-    /// Record one point.
-    fn point(&self, point: PublicationPoint);
-}
-
-/// The recorded points of one actor, to perform in replay.
-#[derive(Debug, Clone)]
+/// The recorded points of one pool generation, to perform in replay.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PublicationScript {
     /// The points in recorded order (delivery failures included).
     pub points: Vec<PublicationPoint>,
-    /// When the recording ends: from then on the actor runs free (timer and barriers on demand).
-    pub until: Instant,
+    /// When the recording ends, on the machine's clock: from then on it runs free (timer and
+    /// barriers on demand).
+    pub until: Duration,
 }
 
-/// How an actor decides when to publish.
-#[derive(Debug, Clone, Default)]
-pub enum PublicationMode {
+/// How a pool machine decides when to publish.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum PublicationRole {
     /// Production: the threshold, the delay timer, a barrier per subscription.
     #[default]
     Free,
-    /// As [`PublicationMode::Free`], and every point is reported.
-    Reported(Arc<dyn PublicationSink>),
-    /// Replay: no timer; the script's points are performed after the same commands, and a
-    /// subscriber is answered only at a published state (see the actor's doc).
+    /// As [`PublicationRole::Free`], and every point is emitted as an effect.
+    Reported,
+    /// Replay: no timer; the script's points are performed after the same inputs, and a
+    /// subscriber is answered only at a published state (see [`super::PoolMachine`]).
     Scripted(PublicationScript),
 }
 
-/// A scripted actor's progress through its script.
+/// A scripted machine's progress through its script.
 #[derive(Debug)]
 pub(super) struct ScriptState {
     /// Points not yet performed (delivery failures excluded).
     pub(super) pending: VecDeque<PublicationPoint>,
     /// Ordinals of the deltas that must fail delivery.
     pub(super) failures: BTreeSet<u64>,
-    /// When the actor turns free.
-    pub(super) until: Instant,
-    /// Points whose replayed sequence differed from the recorded one.
-    pub(super) mismatches: u64,
+    /// When the machine turns free.
+    pub(super) until: Duration,
 }
 
 impl ScriptState {
@@ -133,7 +123,7 @@ impl ScriptState {
                 _ => pending.push_back(point),
             }
         }
-        ScriptState { pending, failures, until: script.until, mismatches: 0 }
+        ScriptState { pending, failures, until: script.until }
     }
 
     /// The next point if it has been reached at `now`.

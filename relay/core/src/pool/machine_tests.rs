@@ -1,0 +1,271 @@
+//! Tests of the pool machine: cadence and its timer, publication points, scripted replay, and
+//! the invariant audit firing on a bad state.
+
+use super::*;
+use crate::filter::ckf::{CkfFormat, DEFAULT_SEED, MAX_KICKS_DEFAULT};
+use crate::model::hashing::{ExternalBlockHash, LocalBlockHash};
+use crate::model::kv_events::{
+    KvCacheEvent, KvCacheEventData, StorageTier, StoreData, StoredBlock,
+};
+use crate::pool::{LeaseRecord, PublicationScript};
+use crate::rng::rng_from_seed;
+
+const MS: Duration = Duration::from_millis(1);
+
+/// Collects every delta; refuses them all while `closed`.
+#[derive(Debug, Default)]
+struct Outlet {
+    deltas: Vec<Delta>,
+    closed: bool,
+}
+
+impl DeltaOutlet for Outlet {
+    fn offer(&mut self, delta: Delta) -> Result<(), Delta> {
+        if self.closed {
+            return Err(delta);
+        }
+        self.deltas.push(delta);
+        Ok(())
+    }
+
+    fn has_receivers(&self) -> bool {
+        !self.closed
+    }
+}
+
+fn lease(epoch: u64) -> LaneLease {
+    LaneLease { consumer_instance: 1, physical_lane: 0, assignment_epoch: epoch }
+}
+
+fn store(external: u64, parent: Option<u64>) -> RouterEvent {
+    RouterEvent {
+        worker_id: 1,
+        storage_tier: StorageTier::Device,
+        residency_domain: None,
+        event: KvCacheEvent {
+            event_id: external,
+            dp_rank: 0,
+            data: KvCacheEventData::Stored(StoreData {
+                parent_hash: parent.map(ExternalBlockHash),
+                start_position: None,
+                blocks: vec![StoredBlock {
+                    block_hash: ExternalBlockHash(external),
+                    tokens_hash: LocalBlockHash(external.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+                }],
+            }),
+        },
+    }
+}
+
+fn machine(role: PublicationRole) -> PoolMachine {
+    let pool =
+        PoolOwnership::new(CkfFormat::v1(DEFAULT_SEED, 1024), MAX_KICKS_DEFAULT, rng_from_seed(2))
+            .expect("pool");
+    let cadence = CadenceConfig { threshold_events: 16, delay: MS };
+    PoolMachine::new(pool, cadence, role)
+}
+
+fn effects(machine: &mut PoolMachine) -> Vec<PoolEffect> {
+    std::iter::from_fn(|| machine.poll_effect()).collect()
+}
+
+fn points(machine: &mut PoolMachine) -> Vec<PublicationStep> {
+    effects(machine)
+        .into_iter()
+        .filter_map(|effect| match effect {
+            PoolEffect::Point(point) => Some(point.step),
+            _ => None,
+        })
+        .collect()
+}
+
+fn subscribed(machine: &mut PoolMachine, epoch: u64, outlet: &mut Outlet) -> Snapshot {
+    assert_eq!(machine.subscribe(lease(epoch), outlet), SubscribeStep::Barrier);
+    machine.barrier(lease(epoch), outlet).expect("barrier")
+}
+
+#[test]
+fn the_timer_publishes_one_delay_after_the_first_pending_event() {
+    let mut outlet = Outlet::default();
+    let mut pool = machine(PublicationRole::Free);
+    assert_eq!(subscribed(&mut pool, 1, &mut outlet).sequence, 0);
+    assert_eq!(pool.poll_timeout(), None);
+    pool.apply(&[store(1, None)], 10 * MS, &mut outlet);
+    assert_eq!(pool.poll_timeout(), Some(11 * MS));
+    // A second event does not push the deadline back.
+    pool.apply(&[store(2, None)], 10 * MS + MS / 2, &mut outlet);
+    assert_eq!(pool.poll_timeout(), Some(11 * MS));
+    pool.handle_timeout(10 * MS + MS / 2, &mut outlet);
+    assert!(outlet.deltas.is_empty(), "nothing before the deadline");
+    pool.handle_timeout(11 * MS, &mut outlet);
+    assert_eq!(outlet.deltas.len(), 1);
+    assert_eq!((outlet.deltas[0].base_sequence, outlet.deltas[0].sequence), (0, 1));
+    assert_eq!(outlet.deltas[0].images.len(), 2.min(outlet.deltas[0].images.len()));
+    assert_eq!(pool.poll_timeout(), None, "the timer is disarmed by the publication");
+    pool.check_invariants().expect("invariants hold");
+}
+
+#[test]
+fn the_threshold_cuts_a_batch_inside_the_input_without_the_timer() {
+    let mut outlet = Outlet::default();
+    let mut pool = machine(PublicationRole::Free);
+    subscribed(&mut pool, 1, &mut outlet);
+    let events: Vec<RouterEvent> = (1..=16).map(|i| store(i, None)).collect();
+    pool.apply(&events, Duration::ZERO, &mut outlet);
+    assert_eq!(outlet.deltas.len(), 1);
+    assert_eq!(pool.poll_timeout(), None);
+    // Failed events count toward the threshold too, and are reported.
+    let failing: Vec<RouterEvent> = (100..116).map(|i| store(i, Some(9_999))).collect();
+    pool.apply(&failing, Duration::ZERO, &mut outlet);
+    let faults: Vec<PoolFault> = effects(&mut pool)
+        .into_iter()
+        .filter_map(|effect| match effect {
+            PoolEffect::Fault(fault) => Some(fault),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(faults.len(), 16);
+    assert_eq!(faults[0].error, ApplyError::ParentBlockNotFound(9_999));
+    assert_eq!(faults[0].event_id, 100);
+    assert_eq!(pool.poll_timeout(), None, "nothing unpublished: no timer");
+}
+
+#[test]
+fn a_reporting_machine_emits_every_point_its_inputs_do_not_determine() {
+    let mut outlet = Outlet::default();
+    let mut pool = machine(PublicationRole::Reported);
+    subscribed(&mut pool, 1, &mut outlet);
+    pool.apply(&[store(1, None)], Duration::ZERO, &mut outlet);
+    pool.handle_timeout(MS, &mut outlet);
+    pool.apply(&[store(2, None)], MS, &mut outlet);
+    assert_eq!(pool.flush(&mut outlet), Ok(2));
+    pool.retire_lease(lease(1));
+    assert_eq!(
+        points(&mut pool),
+        [
+            PublicationStep::Barrier(LeaseRecord(1, 0, 1)),
+            PublicationStep::Publish,
+            PublicationStep::Publish,
+            PublicationStep::RetireLease(LeaseRecord(1, 0, 1)),
+        ]
+    );
+    // A delta nobody takes is a point of its own, with its ordinal, and fences delivery.
+    subscribed(&mut pool, 2, &mut outlet);
+    outlet.closed = true;
+    pool.apply(&[store(3, None)], MS, &mut outlet);
+    assert_eq!(pool.flush(&mut outlet), Err(PublishError::DeliveryFailed));
+    assert_eq!(pool.stats().fence, Some(FenceReason::DeliveryUncertain));
+    let steps = points(&mut pool);
+    assert_eq!(steps[1], PublicationStep::DeliveryFailed(2));
+    // The free machine emits none of them.
+    let mut free = machine(PublicationRole::Free);
+    subscribed(&mut free, 1, &mut outlet);
+    assert!(points(&mut free).is_empty());
+}
+
+#[test]
+fn a_scripted_machine_replays_the_recorded_points_and_holds_subscribers_until_they_fit() {
+    let at = |commands| ScriptPosition { commands, digests: 0 };
+    let point =
+        |commands, step, sequence| PublicationPoint { position: at(commands), step, sequence };
+    let script = PublicationScript {
+        points: vec![
+            point(0, PublicationStep::Barrier(LeaseRecord(1, 0, 1)), 0),
+            point(2, PublicationStep::Publish, 1),
+        ],
+        until: 100 * MS,
+    };
+    let mut outlet = Outlet::default();
+    let mut pool = machine(PublicationRole::Scripted(script));
+    assert!(pool.is_scripted());
+    // Scripted: no timer for pending writes, only the script's end.
+    let SubscribeStep::Held(hold) = pool.subscribe(lease(1), &mut outlet) else {
+        panic!("a scripted machine holds subscriptions");
+    };
+    // The recorded barrier is at position 0: performed at once, and the holder answered.
+    let answered = effects(&mut pool);
+    assert_eq!(answered.len(), 1);
+    let PoolEffect::Answer { hold: answered_hold, snapshot } = &answered[0] else {
+        panic!("answered: {answered:?}");
+    };
+    assert_eq!((*answered_hold, snapshot.sequence, snapshot.lease), (hold, 0, lease(1)));
+    pool.apply(&[store(1, None)], Duration::ZERO, &mut outlet);
+    assert_eq!(pool.poll_timeout(), Some(100 * MS), "no publication timer while scripted");
+    assert!(outlet.deltas.is_empty());
+    pool.apply(&[store(2, None)], Duration::ZERO, &mut outlet);
+    assert_eq!(outlet.deltas.len(), 1, "the recorded publication after the second batch");
+    assert_eq!(pool.script_mismatches(), 0);
+    // A flush does not publish while scripted, and a subscriber under another lease waits.
+    pool.apply(&[store(3, None)], Duration::ZERO, &mut outlet);
+    assert_eq!(pool.flush(&mut outlet), Ok(1));
+    let SubscribeStep::Held(waiting) = pool.subscribe(lease(2), &mut outlet) else {
+        panic!("held");
+    };
+    assert!(effects(&mut pool).is_empty());
+    // At the script's end the machine runs free: the held one is released, the tail timed.
+    pool.handle_timeout(100 * MS, &mut outlet);
+    assert!(!pool.is_scripted());
+    assert_eq!(effects(&mut pool), [PoolEffect::Release { hold: waiting, lease: lease(2) }]);
+    assert_eq!(pool.poll_timeout(), Some(101 * MS));
+    pool.check_invariants().expect("invariants hold");
+}
+
+#[test]
+fn a_replay_that_leaves_the_recorded_sequence_is_counted() {
+    let script = PublicationScript {
+        points: vec![PublicationPoint {
+            position: ScriptPosition { commands: 1, digests: 0 },
+            step: PublicationStep::Publish,
+            sequence: 7,
+        }],
+        until: MS,
+    };
+    let mut outlet = Outlet::default();
+    let mut pool = machine(PublicationRole::Scripted(script));
+    pool.apply(&[store(1, None)], Duration::ZERO, &mut outlet);
+    assert_eq!(pool.script_mismatches(), 1, "no lease: the sequence stays 0, not the recorded 7");
+}
+
+#[test]
+fn the_invariant_audit_fires_on_a_bad_state() {
+    let mut outlet = Outlet::default();
+    let mut pool = machine(PublicationRole::Free);
+    pool.check_invariants().expect("a new machine is sound");
+    // An armed timer with nothing to publish.
+    pool.deadline = Some(MS);
+    assert!(pool.check_invariants().unwrap_err().contains("nothing to publish"));
+    pool.deadline = None;
+    // A free machine holding a subscription.
+    pool.held.insert(0, lease(1));
+    pool.next_hold = 1;
+    assert!(pool.check_invariants().unwrap_err().contains("holds 1 subscriptions"));
+    pool.held.clear();
+    // A scripted machine with an armed timer.
+    let script = PublicationScript { points: Vec::new(), until: 10 * MS };
+    let mut scripted = machine(PublicationRole::Scripted(script));
+    scripted.apply(&[store(1, None)], Duration::ZERO, &mut outlet);
+    scripted.deadline = Some(MS);
+    assert!(scripted.check_invariants().unwrap_err().contains("scripted"));
+}
+
+#[test]
+fn shutdown_publishes_the_tail_and_retires_the_lease() {
+    let mut outlet = Outlet::default();
+    let mut pool = machine(PublicationRole::Free);
+    subscribed(&mut pool, 1, &mut outlet);
+    pool.apply(&[store(1, None)], Duration::ZERO, &mut outlet);
+    pool.shutdown(&mut outlet);
+    assert_eq!(outlet.deltas.len(), 1);
+    assert_eq!(pool.stats().lease, None);
+    let digest = pool.digest(&mut outlet);
+    assert_eq!((digest.owned_blocks, digest.sequence), (1, 1));
+    assert_eq!(digest.filter_digest, filter_words_digest(pool.pool().filter().words()));
+}
+
+#[test]
+fn chunked_digest_equals_the_one_shot_hash_of_the_bytes() {
+    let values: Vec<u64> = (0..1500u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+    let bytes: Vec<u8> = values.iter().flat_map(|value| value.to_le_bytes()).collect();
+    assert_eq!(digest_u64s(values.iter().copied()), xxhash_rust::xxh3::xxh3_64(&bytes));
+    assert_eq!(digest_u64s(std::iter::empty()), xxhash_rust::xxh3::xxh3_64(&[]));
+}
