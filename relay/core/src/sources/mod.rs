@@ -23,6 +23,7 @@
 
 mod commands;
 mod cursor;
+mod live_buffer;
 mod membership;
 mod protocol;
 mod recovery;
@@ -32,6 +33,7 @@ mod tests;
 
 pub use commands::{RankDump, RankFence, RecoveryCall, ResetReason, SourceCommand, SourceInput};
 pub use cursor::{CursorObservation, EVENT_ID_EXHAUSTED, RankCursor};
+pub use live_buffer::event_bytes;
 pub use membership::{
     ADVERTS_MAX, AdvertChange, AdvertTable, AdvertTableError, DATA_PARALLEL_SIZE_MAX,
     EXPECTED_RANKS_MAX, KvSourceMembership, KvStateEndpointResolution, MembershipDiagnostic,
@@ -42,7 +44,7 @@ pub use protocol::{
     TreeDumpScope,
 };
 pub use recovery::{
-    LIVE_BUFFER_EVENTS_MAX, RECOVERY_ATTEMPT_TIMEOUT, RECOVERY_ATTEMPTS_MAX,
+    LIVE_BUFFER_BYTES_MAX, LIVE_BUFFER_EVENTS_MAX, RECOVERY_ATTEMPT_TIMEOUT, RECOVERY_ATTEMPTS_MAX,
     RECOVERY_BACKOFF_INITIAL, RECOVERY_BACKOFF_MAX, RECOVERY_FETCHES_IN_FLIGHT_MAX,
     RECOVERY_REBUILD_BATCH_AGE_MAX, RECOVERY_REBUILD_BATCH_WINDOW, RECOVERY_START_JITTER_MAX,
     RankMode, RankReport, SOURCE_FAULT_RECOVERIES_MAX, SourceConfigError, SourceCounters,

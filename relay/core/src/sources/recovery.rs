@@ -27,7 +27,8 @@
 //! Bounds (each with its behaviour at the bound):
 //! - ranks: at most the view's expected ranks, never more than [`EXPECTED_RANKS_MAX`] (a view
 //!   with more is cut at the bound, in rank order);
-//! - live buffer per rank: [`LIVE_BUFFER_EVENTS_MAX`] events; on overflow the batch holding the
+//! - live buffer per rank: [`LIVE_BUFFER_EVENTS_MAX`] events and [`LIVE_BUFFER_BYTES_MAX`] bytes
+//!   (weighed by [`event_bytes`], before the event is held); on overflow the batch holding the
 //!   rank's dump is released early if there is one, otherwise the buffer (and the event) are
 //!   dropped, the rank is reset and a fresh tree dump is requested as the next attempt of the
 //!   same episode (so overflows count against the attempt bound);
@@ -49,6 +50,7 @@ use thiserror::Error;
 
 use super::commands::{RankDump, RankFence, RecoveryCall, ResetReason, SourceCommand, SourceInput};
 use super::cursor::{CursorObservation, EVENT_ID_EXHAUSTED, RankCursor};
+use super::live_buffer::{LiveBuffer, event_bytes};
 use super::membership::{EXPECTED_RANKS_MAX, RankView, SourceView};
 use super::protocol::{RecoveryRequest, RecoveryRequestId, RecoveryResponse, TreeDumpScope};
 use crate::inputs::{KvEventBatch, RecoveryTarget};
@@ -60,6 +62,11 @@ use crate::rng::RelayRng;
 /// Live events buffered per rank while its recovery is under way (the worker's ring buffer has
 /// the same size).
 pub const LIVE_BUFFER_EVENTS_MAX: usize = 1024;
+/// Bytes of live events buffered per rank while its recovery is under way ([`event_bytes`]):
+/// a worker may put up to 1Mi blocks in one event, so the event bound alone would let one rank
+/// hold gigabytes. 64 MiB is about 4Mi stored blocks, far above a healthy rank's traffic during
+/// a recovery of a few seconds.
+pub const LIVE_BUFFER_BYTES_MAX: usize = 64 << 20;
 /// Recovery requests per episode (first attempt included) before the rank degrades.
 pub const RECOVERY_ATTEMPTS_MAX: u32 = 8;
 /// Backoff before the first retry; it doubles per retry.
@@ -98,6 +105,9 @@ pub struct SourceTrackerConfig {
     pub recovery_fetches_in_flight_max: usize,
     /// See [`LIVE_BUFFER_EVENTS_MAX`].
     pub live_buffer_events_max: usize,
+    /// See [`LIVE_BUFFER_BYTES_MAX`] (journals written before it existed replay with it).
+    #[serde(default = "live_buffer_bytes_max_default")]
+    pub live_buffer_bytes_max: usize,
     /// See [`RECOVERY_REBUILD_BATCH_WINDOW`].
     pub rebuild_batch_window: Duration,
     /// See [`RECOVERY_REBUILD_BATCH_AGE_MAX`].
@@ -116,11 +126,16 @@ impl Default for SourceTrackerConfig {
             recovery_start_jitter_max: RECOVERY_START_JITTER_MAX,
             recovery_fetches_in_flight_max: RECOVERY_FETCHES_IN_FLIGHT_MAX,
             live_buffer_events_max: LIVE_BUFFER_EVENTS_MAX,
+            live_buffer_bytes_max: LIVE_BUFFER_BYTES_MAX,
             rebuild_batch_window: RECOVERY_REBUILD_BATCH_WINDOW,
             rebuild_batch_age_max: RECOVERY_REBUILD_BATCH_AGE_MAX,
             source_fault_recoveries_max: SOURCE_FAULT_RECOVERIES_MAX,
         }
     }
+}
+
+fn live_buffer_bytes_max_default() -> usize {
+    LIVE_BUFFER_BYTES_MAX
 }
 
 /// A [`SourceTrackerConfig`] that cannot work.
@@ -145,6 +160,7 @@ impl SourceTrackerConfig {
             ("recovery_attempts_max", self.recovery_attempts_max > 0),
             ("recovery_fetches_in_flight_max", self.recovery_fetches_in_flight_max > 0),
             ("live_buffer_events_max", self.live_buffer_events_max > 0),
+            ("live_buffer_bytes_max", self.live_buffer_bytes_max > 0),
             ("rebuild_batch_age_max", !self.rebuild_batch_age_max.is_zero()),
         ];
         if let Some((field, _)) = positive.iter().find(|(_, ok)| !ok) {
@@ -243,6 +259,8 @@ pub struct SourceCounters {
     pub events_dropped_overflow: u64,
     /// Buffer overflows.
     pub buffer_overflows: u64,
+    /// Of [`SourceCounters::buffer_overflows`], those where the byte bound was reached first.
+    pub buffer_byte_overflows: u64,
     /// Recovery requests sent.
     pub recovery_requests: u64,
     /// Attempts retried after a failure or timeout.
@@ -287,8 +305,8 @@ struct RankState {
     phase: RecoveryPhase,
     /// Requests made in the current recovery episode.
     attempts: u32,
-    /// Live events held while recovery is under way; never more than the configured maximum.
-    buffer: Vec<RouterEvent>,
+    /// Live events held while recovery is under way; never more than the configured maxima.
+    buffer: LiveBuffer,
     /// Fault-triggered re-recoveries since activation.
     fault_recoveries: u32,
 }
@@ -352,7 +370,8 @@ fn is_rank_clear(event: &RouterEvent) -> bool {
 /// - the timer indexes, the in-flight map and the pending batch mirror the ranks' phases
 ///   exactly, and at most `recovery_fetches_in_flight_max` calls are in flight;
 /// - a rank's buffer is non-empty only while its recovery is under way, never exceeds
-///   `live_buffer_events_max`, and only recoverable ranks buffer.
+///   `live_buffer_events_max` events nor `live_buffer_bytes_max` bytes (its weight is the sum of
+///   its events' [`event_bytes`]), and only recoverable ranks buffer.
 #[derive(Debug, Clone)]
 pub struct SourceTracker {
     config: SourceTrackerConfig,
@@ -530,6 +549,12 @@ impl SourceTracker {
             }
             if state.buffer.len() > self.config.live_buffer_events_max {
                 return Err(format!("{source:?} buffers {} events", state.buffer.len()));
+            }
+            if state.buffer.bytes() > self.config.live_buffer_bytes_max {
+                return Err(format!("{source:?} buffers {} bytes", state.buffer.bytes()));
+            }
+            if !state.buffer.weighs_what_it_holds() {
+                return Err(format!("{source:?}'s buffer weight is not its events' sum"));
             }
             if state.mode != RankMode::Recoverable
                 && (state.phase != RecoveryPhase::Idle || !state.buffer.is_empty())
@@ -888,9 +913,14 @@ impl SourceTracker {
         let Some(state) = self.ranks.get(&source) else {
             return;
         };
-        if state.buffer.len() < self.config.live_buffer_events_max {
+        let fits_bytes = state.buffer.bytes().saturating_add(event_bytes(&event))
+            <= self.config.live_buffer_bytes_max;
+        if state.buffer.len() < self.config.live_buffer_events_max && fits_bytes {
             self.push_buffer(source, event);
             return;
+        }
+        if !fits_bytes {
+            self.counters.buffer_byte_overflows += 1;
         }
         self.counters.buffer_overflows += 1;
         if matches!(state.phase, RecoveryPhase::AwaitingReplace { .. }) {
@@ -915,6 +945,7 @@ impl SourceTracker {
         if let Some(state) = self.ranks.get_mut(&source) {
             debug_assert!(state.buffer.len() < self.config.live_buffer_events_max);
             state.buffer.push(event);
+            debug_assert!(state.buffer.bytes() <= self.config.live_buffer_bytes_max);
             self.counters.events_buffered += 1;
         }
     }
@@ -1056,7 +1087,7 @@ impl SourceTracker {
         let Some(state) = self.ranks.get_mut(&source) else {
             return;
         };
-        let mut buffered = std::mem::take(&mut state.buffer);
+        let mut buffered = state.buffer.take();
         buffered.sort_by_key(|event| event.event.event_id);
         let mut events = buffered.into_iter();
         while let Some(event) = events.next() {
@@ -1098,7 +1129,7 @@ impl SourceTracker {
             state.mode = RankMode::Degraded;
         }
         state.attempts = 0;
-        let mut buffered = std::mem::take(&mut state.buffer);
+        let mut buffered = state.buffer.take();
         self.counters.ranks_degraded += 1;
         buffered.sort_by_key(|event| event.event.event_id);
         for event in buffered {
@@ -1154,7 +1185,7 @@ impl SourceTracker {
                 mode,
                 phase: RecoveryPhase::Idle,
                 attempts: 0,
-                buffer: Vec::new(),
+                buffer: LiveBuffer::default(),
                 fault_recoveries: 0,
             },
         );

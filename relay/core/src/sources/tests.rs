@@ -1080,6 +1080,67 @@ fn buffer_overflow_drops_the_buffer_resets_and_requests_a_fresh_dump() {
     assert_eq!(applied(&harness.events(P1, live(R0, [limit + 2]))), vec![(R0, vec![limit + 2])]);
 }
 
+/// A live store of `blocks` blocks: one event the size of a hostile worker's.
+fn heavy(source: SourceKey, event_id: u64, blocks: u64) -> RouterEvent {
+    let mut event = stored(source, event_id, event_id.wrapping_add(1000));
+    if let KvCacheEventData::Stored(store) = &mut event.event.data {
+        let template = store.blocks[0];
+        store.blocks = (0..blocks)
+            .map(|i| StoredBlock {
+                block_hash: ExternalBlockHash(template.block_hash.0.wrapping_add(i << 20)),
+                ..template
+            })
+            .collect();
+    }
+    event
+}
+
+#[test]
+fn the_live_buffer_is_bounded_in_bytes_before_an_event_is_held() {
+    // Room for two 4,096-block events, not three: the event bound (1024) is never near.
+    let per_event = event_bytes(&heavy(R0, 1, 4096));
+    let config = SourceTrackerConfig {
+        live_buffer_bytes_max: 2 * per_event + per_event / 2,
+        ..SourceTrackerConfig::default()
+    };
+    let mut harness = Harness::with_config(config);
+    harness.add_worker(1, self::config(0, 2, true));
+    harness.advertise(advert(R0, P1, true));
+    harness.advertise(advert(R1, P2, true));
+    let calls = requests(&harness.reconcile_and_settle());
+    let first = call_for(&calls, R0);
+    assert!(harness.events(P1, vec![heavy(R0, 1, 4096), heavy(R0, 2, 4096)]).is_empty());
+    assert_eq!(harness.rank(R0).buffered_events, 2);
+    // The third would pass the bound: the buffer goes, the rank resets and asks for a fresh dump.
+    let commands = harness.events(P1, vec![heavy(R0, 3, 4096)]);
+    assert_eq!(cancels(&commands), vec![first.request_id]);
+    assert_eq!(resets(&commands), vec![(R0, false, ResetReason::BufferOverflow)]);
+    assert!(only_request(&commands).request.is_tree_dump());
+    assert_eq!(harness.rank(R0).buffered_events, 0);
+    let counters = *harness.tracker.counters();
+    assert_eq!(
+        (
+            counters.buffer_overflows,
+            counters.buffer_byte_overflows,
+            counters.events_dropped_overflow
+        ),
+        (1, 1, 3)
+    );
+    // The other rank still buffers small events as before.
+    assert!(harness.events(P2, live(R1, 1..=8)).is_empty());
+    assert_eq!(harness.rank(R1).buffered_events, 8);
+    harness.tracker.check_invariants().expect("invariants hold");
+}
+
+#[test]
+fn a_zero_live_buffer_byte_bound_is_refused() {
+    let bad = SourceTrackerConfig { live_buffer_bytes_max: 0, ..SourceTrackerConfig::default() };
+    assert_eq!(
+        bad.validate().err(),
+        Some(SourceConfigError::NotPositive { field: "live_buffer_bytes_max" })
+    );
+}
+
 #[test]
 fn buffer_overflow_with_a_dump_in_hand_releases_the_batch_early() {
     let config =
