@@ -105,15 +105,16 @@ pub struct SourceTrackerConfig {
     pub recovery_fetches_in_flight_max: usize,
     /// See [`LIVE_BUFFER_EVENTS_MAX`].
     pub live_buffer_events_max: usize,
-    /// See [`LIVE_BUFFER_BYTES_MAX`] (journals written before it existed replay with it).
-    #[serde(default = "live_buffer_bytes_max_default")]
-    pub live_buffer_bytes_max: usize,
     /// See [`RECOVERY_REBUILD_BATCH_WINDOW`].
     pub rebuild_batch_window: Duration,
     /// See [`RECOVERY_REBUILD_BATCH_AGE_MAX`].
     pub rebuild_batch_age_max: Duration,
     /// See [`SOURCE_FAULT_RECOVERIES_MAX`].
     pub source_fault_recoveries_max: u32,
+    /// See [`LIVE_BUFFER_BYTES_MAX`]. Last, and defaulted: the journal encodes this struct as a
+    /// sequence, so journals written before it existed replay with the default.
+    #[serde(default = "live_buffer_bytes_max_default")]
+    pub live_buffer_bytes_max: usize,
 }
 
 impl Default for SourceTrackerConfig {
