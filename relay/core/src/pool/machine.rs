@@ -352,12 +352,7 @@ impl PoolMachine {
         lease: LaneLease,
         outlet: &mut impl DeltaOutlet,
     ) -> Result<Snapshot, PublishError> {
-        self.deadline = None;
-        self.cadence.reset();
-        let PoolMachine { pool, publisher, role, offered, effects, position, .. } = self;
-        let result = publisher.snapshot_after_barrier(pool, lease, &mut |delta| {
-            offer(outlet, role, offered, effects, *position, delta)
-        });
+        let result = self.take_barrier(lease, outlet);
         self.report(PublicationStep::Barrier(lease.into()));
         self.debug_check();
         result
@@ -448,6 +443,21 @@ impl PoolMachine {
             .publish(pool, &mut |delta| offer(outlet, role, offered, effects, *position, delta))
     }
 
+    /// The publisher's barrier under `lease`: everything pending is published, so the timer is
+    /// disarmed.
+    fn take_barrier(
+        &mut self,
+        lease: LaneLease,
+        outlet: &mut impl DeltaOutlet,
+    ) -> Result<Snapshot, PublishError> {
+        self.deadline = None;
+        self.cadence.reset();
+        let PoolMachine { pool, publisher, role, offered, effects, position, .. } = self;
+        publisher.snapshot_after_barrier(pool, lease, &mut |delta| {
+            offer(outlet, role, offered, effects, *position, delta)
+        })
+    }
+
     /// Emit `step` as a point if reporting.
     fn report(&mut self, step: PublicationStep) {
         if matches!(self.role, Role::Reported) {
@@ -485,12 +495,7 @@ impl PoolMachine {
                     let _ = self.publish(outlet);
                 }
                 PublicationStep::Barrier(lease) => {
-                    self.cadence.reset();
-                    let PoolMachine { pool, publisher, role, offered, effects, position, .. } =
-                        self;
-                    let _ = publisher.snapshot_after_barrier(pool, lease.into(), &mut |delta| {
-                        offer(outlet, role, offered, effects, *position, delta)
-                    });
+                    let _ = self.take_barrier(lease.into(), outlet);
                 }
                 PublicationStep::RetireLease(lease) => {
                     let lease = LaneLease::from(lease);
