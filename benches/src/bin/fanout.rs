@@ -36,6 +36,7 @@ use kvrelay_core::model::identity::{resolve_indexer_domain, stable_dc_id};
 use kvrelay_core::model::kv_events::RouterEvent;
 use kvrelay_core::pool::{PoolFault, PoolOwnership};
 use kvrelay_core::rng::rng_from_seed;
+use kvrelay_core::sources::RankFence;
 use tokio::sync::Notify;
 
 /// Live blocks of the pool (and its filter sizing).
@@ -125,7 +126,7 @@ fn measure(subscribers: usize, warmup: &[RouterEvent], batches: &[Vec<RouterEven
             Arc::clone(&faults) as Arc<dyn FaultSink>,
         );
         for chunk in warmup.chunks(256) {
-            actor.apply(chunk.to_vec()).await.expect("the actor runs");
+            actor.apply(RankFence(1), chunk.to_vec()).await.expect("the actor runs");
         }
         let publications =
             Arc::new(PoolPublications::new(HubConfig::from_tuning(&tuning), executor));
@@ -195,7 +196,7 @@ fn measure(subscribers: usize, warmup: &[RouterEvent], batches: &[Vec<RouterEven
 async fn drive(actor: &PoolActorHandle, progress: &Progress, batches: &[Vec<RouterEvent>]) -> u64 {
     let mut sequence = 0;
     for batch in batches {
-        actor.apply(batch.clone()).await.expect("the actor runs");
+        actor.apply(RankFence(1), batch.clone()).await.expect("the actor runs");
         sequence = actor.flush().await.expect("the actor runs").expect("publication works");
         progress.reached(sequence.saturating_sub(WINDOW)).await;
     }

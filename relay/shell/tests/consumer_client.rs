@@ -26,6 +26,7 @@ use kvrelay_core::model::kv_events::StoredBlock;
 use kvrelay_core::readiness::ReadinessState;
 use kvrelay_core::readiness::topology::{AdapterReadiness, TopologyEntry, TopologyMember};
 use kvrelay_core::rng::rng_from_seed;
+use kvrelay_core::sources::RankFence;
 use kvrelay_core::wire::{FilterStreamGuard, RelayErrorReason, encode};
 use kvrelay_proto::CONTRACT_MARKER;
 use kvrelay_proto::v1 as proto;
@@ -202,7 +203,7 @@ async fn random_workload(actor: &PoolActorHandle, seed: u64, rounds: u64, base: 
         if live.len() > 200 {
             events.push(remove(live.drain(..8)));
         }
-        actor.apply(events).await.unwrap();
+        actor.apply(RankFence(1), events).await.unwrap();
         last = actor.flush().await.unwrap().unwrap();
     }
     last
@@ -224,7 +225,7 @@ async fn store_prompt(
         .enumerate()
         .map(|(index, hash)| block(external_base + index as u64, hash.0))
         .collect();
-    actor.apply(vec![stored(None, chain)]).await.unwrap();
+    actor.apply(RankFence(1), vec![stored(None, chain)]).await.unwrap();
     actor.flush().await.unwrap().unwrap()
 }
 
@@ -350,7 +351,10 @@ async fn a_lagged_subscription_is_reopened_from_a_fresh_snapshot() {
     converge(&consumer, "the first snapshot", |snapshot| pool_at(snapshot, &producer, 0)).await;
     let mut sequence = 0;
     for external in 1..=5u64 {
-        actor.apply(vec![stored(None, vec![block(external, external * 31)])]).await.unwrap();
+        actor
+            .apply(RankFence(1), vec![stored(None, vec![block(external, external * 31)])])
+            .await
+            .unwrap();
         sequence = actor.flush().await.unwrap().unwrap();
         converge(&consumer, "a small delta", |snapshot| pool_at(snapshot, &producer, sequence))
             .await;
@@ -360,7 +364,7 @@ async fn a_lagged_subscription_is_reopened_from_a_fresh_snapshot() {
     let big: Vec<StoredBlock> = (0..100u64)
         .map(|index| block(1000 + index, (index + 1).wrapping_mul(0x5DEE_CE66)))
         .collect();
-    actor.apply(vec![stored(None, big)]).await.unwrap();
+    actor.apply(RankFence(1), vec![stored(None, big)]).await.unwrap();
     let sequence = actor.flush().await.unwrap().unwrap();
     let recovered = converge(&consumer, "recovery from lag", |snapshot| {
         snapshot

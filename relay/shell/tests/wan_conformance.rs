@@ -11,6 +11,7 @@ use kvrelay::pool::PoolActorHandle;
 use kvrelay_core::filter::FilterReplica;
 use kvrelay_core::model::identity::ProducerIdentity;
 use kvrelay_core::rng::rng_from_seed;
+use kvrelay_core::sources::RankFence;
 use kvrelay_core::wire::{self, RelayErrorReason, encode};
 use kvrelay_proto::CONTRACT_MARKER;
 use kvrelay_proto::v1 as proto;
@@ -194,7 +195,7 @@ async fn a_four_chunk_snapshot_then_heartbeats_that_do_not_advance_the_sequence(
     assert_eq!(beat.kind, proto::FilterUpdateKind::Heartbeat as i32);
     assert_eq!((beat.base_sequence, beat.sequence), (0, 0));
     assert!(beat.payload.is_empty());
-    h.actor.apply(vec![store(1, None)]).await.unwrap();
+    h.actor.apply(RankFence(1), vec![store(1, None)]).await.unwrap();
     h.actor.flush().await.unwrap().unwrap();
     let delta = stream.message().await.unwrap().unwrap();
     assert_eq!(
@@ -235,7 +236,7 @@ async fn after_a_random_workload_the_consumer_replica_equals_the_relay() {
             let removed: Vec<u64> = live.drain(..8).collect();
             events.push(remove(removed));
         }
-        h.actor.apply(events).await.unwrap();
+        h.actor.apply(RankFence(1), events).await.unwrap();
         let flushed = h.actor.flush().await.unwrap().unwrap();
         while replica.sequence() != Some(flushed) {
             let update = stream.message().await.unwrap().unwrap();

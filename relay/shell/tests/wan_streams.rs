@@ -13,6 +13,7 @@ use kvrelay::wan::{LimitScope, StreamType};
 use kvrelay_consumer::endpoint;
 use kvrelay_core::filter::FilterReplica;
 use kvrelay_core::model::identity::ProducerIdentity;
+use kvrelay_core::sources::RankFence;
 use kvrelay_core::wire::{FilterStreamGuard, RelayErrorReason, encode};
 use kvrelay_proto::v1 as proto;
 use kvrelay_proto::v1::kv_event_relay_client::KvEventRelayClient;
@@ -88,7 +89,7 @@ async fn publish(
     actor: &PoolActorHandle,
     events: Vec<kvrelay_core::model::kv_events::RouterEvent>,
 ) -> u64 {
-    actor.apply(events).await.unwrap();
+    actor.apply(RankFence(1), events).await.unwrap();
     actor.flush().await.unwrap().unwrap()
 }
 

@@ -80,8 +80,8 @@ use super::config::{ControlConfig, ControlError, INSTANCE_LISTINGS_MAX};
 use super::protocol::{ControlCommand, ControlCounters, ControlHealth, ShellReport};
 use crate::discovery::{CardChange, DiscoveryView, ModelTarget};
 use crate::host::{
-    CatalogSnapshot, EndpointHost, HostCommand, HostConfig, SlotLifecycle, SourceBinding,
-    TargetDisposition,
+    ActorFault, ActorFaultAction, CatalogSnapshot, EndpointHost, HostCommand, HostConfig,
+    SlotLifecycle, SourceBinding, TargetDisposition,
 };
 use crate::inputs::{
     DcInput, EndpointInstances, KvEventBatch, KvEventSourceAdvert, LoadObservation, RuntimeConfig,
@@ -91,6 +91,7 @@ use crate::load::{
 };
 use crate::model::identity::{EndpointPath, ProducerIdentity, RelayIdentity};
 use crate::model::kv_events::SourceKey;
+use crate::pool::PoolFault;
 use crate::readiness::topology::{
     AvailabilityStore, ClaimOutcome, PoolLinks, SlotIncarnation, TopologyOutcome, TopologySnapshot,
     TopologyState,
@@ -309,6 +310,9 @@ impl ControlPlane {
         let mut out = Vec::new();
         let mut host_commands = Vec::new();
         match report {
+            ShellReport::PoolFault { endpoint, layout_generation, fault } => {
+                return self.pool_fault(endpoint, layout_generation, fault, now, rng);
+            }
             ShellReport::StartSucceeded { endpoint, layout_generation } => {
                 self.count_unless(self.is_starting(&endpoint, layout_generation));
                 host_commands = self.host.start_succeeded(&endpoint, layout_generation, now);
@@ -330,14 +334,12 @@ impl ControlPlane {
                 let input = SourceInput::RecoveryUnreachable { request_id, failure };
                 self.deliver_to_tracker(&endpoint, layout_generation, input, now, rng, &mut out);
             }
-            ShellReport::ApplyFailed {
-                endpoint,
-                layout_generation,
-                source,
-                fence,
-                disposition,
-            } => {
-                let input = SourceInput::ApplyFailed { source, fence, disposition };
+            ShellReport::ApplyFailed { endpoint, layout_generation, fault } => {
+                let input = SourceInput::ApplyFailed {
+                    source: fault.source,
+                    fence: fault.fence,
+                    disposition: fault.error.disposition(),
+                };
                 self.deliver_to_tracker(&endpoint, layout_generation, input, now, rng, &mut out);
             }
             ShellReport::ActorFault { endpoint, layout_generation, fault } => {
@@ -366,6 +368,29 @@ impl ControlPlane {
         }
         self.settle(Dirty::default(), host_commands, now, rng, &mut out);
         self.audit();
+        out
+    }
+
+    /// A pool fault, as its two reports in order: the rank's tracker, then the host's fault
+    /// coalescing with the fault's fence as the source epoch.
+    fn pool_fault(
+        &mut self,
+        endpoint: EndpointPath,
+        layout_generation: u64,
+        fault: PoolFault,
+        now: Duration,
+        rng: &mut RelayRng,
+    ) -> Vec<ControlCommand> {
+        let coalesced = ActorFault {
+            source: fault.source,
+            source_epoch: fault.fence.0,
+            action: ActorFaultAction::from(fault.error.disposition()),
+        };
+        let failed =
+            ShellReport::ApplyFailed { endpoint: endpoint.clone(), layout_generation, fault };
+        let mut out = self.report(failed, now, rng);
+        let report = ShellReport::ActorFault { endpoint, layout_generation, fault: coalesced };
+        out.extend(self.report(report, now, rng));
         out
     }
 

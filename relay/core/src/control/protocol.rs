@@ -6,11 +6,8 @@ use serde::Serialize;
 
 use crate::host::{ActorFault, HostCommand, HostHealth};
 use crate::model::identity::{EndpointPath, PoolId};
-use crate::model::kv_events::SourceKey;
-use crate::pool::FailureDisposition;
-use crate::sources::{
-    RankFence, RecoveryFailure, RecoveryRequestId, RecoveryResponse, SourceCommand,
-};
+use crate::pool::PoolFault;
+use crate::sources::{RecoveryFailure, RecoveryRequestId, RecoveryResponse, SourceCommand};
 
 /// An outcome the async shell reports back: the result of a command it carried out, or a fact
 /// about the processes it runs. Reports naming a generation that is no longer starting or
@@ -53,20 +50,28 @@ pub enum ShellReport {
         /// What failed.
         failure: RecoveryFailure,
     },
-    /// The pool refused a `Source` command for a rank. This reaches only the rank's tracker;
-    /// the actor's own fault report (a producer fence in particular) goes to the host as
-    /// [`ShellReport::ActorFault`].
+    /// A pool actor reported a failed write ([`PoolEffect::Fault`](crate::pool::PoolEffect)).
+    /// It reaches the rank's tracker as [`ShellReport::ApplyFailed`] and the host's fault
+    /// coalescing as [`ShellReport::ActorFault`], both under the fence the failed command
+    /// carried.
+    PoolFault {
+        /// The endpoint.
+        endpoint: EndpointPath,
+        /// The generation whose actor reported it.
+        layout_generation: u64,
+        /// The fault.
+        fault: PoolFault,
+    },
+    /// The pool refused a write of a rank that reaches only the rank's tracker: a rank
+    /// replacement the pool answered with a refusal
+    /// ([`PoolMachine::replace_ranks`](crate::pool::PoolMachine::replace_ranks)).
     ApplyFailed {
         /// The endpoint of the command.
         endpoint: EndpointPath,
         /// The generation of the command.
         layout_generation: u64,
-        /// The rank.
-        source: SourceKey,
-        /// The fence the failed command carried.
-        fence: RankFence,
-        /// What the pool says should happen.
-        disposition: FailureDisposition,
+        /// The refusal, under the fence the refused command carried.
+        fault: PoolFault,
     },
     /// The generation's actor reported a fault for the host to coalesce.
     ActorFault {

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use super::*;
 use crate::discovery::DiscoveryScope;
-use crate::host::ActorFaultAction;
 use crate::host::{HostCommand, RetireReason, SlotLifecycle};
 use crate::inputs::{
     CardInstanceId, DcInput, EndpointInstances, KvEventBatch, KvEventSourceAdvert, LoadObservation,
@@ -23,12 +22,12 @@ use crate::model::identity::{EndpointPath, RelayIdentity, resolve_indexer_domain
 use crate::model::kv_events::{
     KvCacheEvent, KvCacheEventData, RouterEvent, SourceKey, StorageTier, StoreData, StoredBlock,
 };
-use crate::pool::FailureDisposition;
+use crate::pool::{ApplyError, PoolFault};
 use crate::readiness::ReadinessState;
 use crate::rng::{RelayRng, rng_from_seed};
 use crate::sources::{
-    RECOVERY_ATTEMPTS_MAX, RecoveryRequestId, RecoveryResponse, ResetReason, SourceCommand,
-    TreeDumpScope,
+    RECOVERY_ATTEMPTS_MAX, RankFence, RecoveryRequestId, RecoveryResponse, ResetReason,
+    SourceCommand, SourceTracker, TreeDumpScope,
 };
 
 const BACKEND: &str = "dynamo/backend/generate";
@@ -886,30 +885,47 @@ fn answer_tree_dump(shell: &mut Shell, generation: u64, request_id: RecoveryRequ
     }
 }
 
-/// What the shell reports when the pool refuses an event of `source` with a resource failure.
-fn report_resource_failure(shell: &mut Shell, generation: u64) -> Vec<ControlCommand> {
-    let fence = shell.plane.tracker(&endpoint(BACKEND)).unwrap().rank(source()).unwrap().fence;
-    let disposition = FailureDisposition::ReportResourceFailure;
-    let failed = ShellReport::ApplyFailed {
-        endpoint: endpoint(BACKEND),
-        layout_generation: generation,
-        source: source(),
-        fence,
-        disposition,
-    };
-    let mut commands = shell.plane.report(failed, shell.now, &mut shell.rng);
-    let fault = crate::host::ActorFault {
-        source: source(),
-        source_epoch: fence.0,
-        action: ActorFaultAction::from(disposition),
-    };
-    let report = ShellReport::ActorFault {
+/// What the shell reports when the pool refuses an event of `source` with a resource failure,
+/// written under `fence`.
+fn report_pool_fault(shell: &mut Shell, generation: u64, fence: RankFence) -> Vec<ControlCommand> {
+    let fault =
+        PoolFault { source: source(), fence, event_id: 9, error: ApplyError::AllocationFailed };
+    let report = ShellReport::PoolFault {
         endpoint: endpoint(BACKEND),
         layout_generation: generation,
         fault,
     };
-    commands.extend(shell.plane.report(report, shell.now, &mut shell.rng));
+    let commands = shell.plane.report(report, shell.now, &mut shell.rng);
     shell.execute(commands)
+}
+
+/// [`report_pool_fault`] under the rank's current fence.
+fn report_resource_failure(shell: &mut Shell, generation: u64) -> Vec<ControlCommand> {
+    let fence = shell.plane.tracker(&endpoint(BACKEND)).unwrap().rank(source()).unwrap().fence;
+    report_pool_fault(shell, generation, fence)
+}
+
+#[test]
+fn a_pool_fault_under_an_older_fence_than_the_ranks_is_stale() {
+    let mut shell = Shell::new();
+    let generation = recovered_aggregated_up(&mut shell);
+    fn tracker(shell: &Shell) -> &SourceTracker {
+        shell.plane.tracker(&endpoint(BACKEND)).unwrap()
+    }
+    let before = tracker(&shell).rank(source()).unwrap();
+    let stale_before = tracker(&shell).counters().faults_stale;
+    assert!(before.fence.0 > 1, "the rank was reset and replaced since its first fence");
+
+    let _ = report_pool_fault(&mut shell, generation, RankFence(before.fence.0 - 1));
+    let after = tracker(&shell).rank(source()).unwrap();
+    assert_eq!(tracker(&shell).counters().faults_stale, stale_before + 1);
+    assert_eq!(after.fence, before.fence, "a stale fault resets nothing");
+    assert!(!after.recovering, "a stale fault starts no recovery");
+
+    let _ = report_resource_failure(&mut shell, generation);
+    let current = tracker(&shell).rank(source()).unwrap();
+    assert!(current.fence > before.fence, "a fault under the current fence resets the rank");
+    assert!(current.recovering);
 }
 
 #[test]

@@ -39,6 +39,7 @@ use super::script::{
 };
 use crate::model::identity::LaneLease;
 use crate::model::kv_events::{RouterEvent, SourceKey};
+use crate::sources::{RankDump, RankFence};
 
 /// Where a machine hands its deltas, in order, during the call that publishes them.
 pub trait DeltaOutlet {
@@ -72,11 +73,14 @@ pub enum SubscribeStep {
     Held(HoldId),
 }
 
-/// A rank's event failed (capacity omissions and unknown removals are counted, not reported).
+/// A rank's write failed (capacity omissions and unknown removals are counted, not reported).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolFault {
-    /// The rank whose event failed.
+    /// The rank whose write failed.
     pub source: SourceKey,
+    /// The fence the failed command carried. The rank's tracker ignores a fault whose fence is
+    /// older than the rank's current one: it is about state a later reset already replaced.
+    pub fence: RankFence,
     /// The failed event's id (0 for a rank reset).
     pub event_id: u64,
     /// What went wrong; its disposition says what the host should do.
@@ -254,9 +258,16 @@ impl PoolMachine {
         self.debug_check();
     }
 
-    /// Apply a batch of events from one publisher, in order. A failed event is reported as a
-    /// [`PoolEffect::Fault`] and counts toward the threshold like an applied one.
-    pub fn apply(&mut self, events: &[RouterEvent], now: Duration, outlet: &mut impl DeltaOutlet) {
+    /// Apply a batch of events from one publisher, written under `fence`, in order. A failed
+    /// event is reported as a [`PoolEffect::Fault`] and counts toward the threshold like an
+    /// applied one.
+    pub fn apply(
+        &mut self,
+        fence: RankFence,
+        events: &[RouterEvent],
+        now: Duration,
+        outlet: &mut impl DeltaOutlet,
+    ) {
         self.catch_up(outlet);
         let mut due = false;
         for event in events {
@@ -267,6 +278,7 @@ impl PoolMachine {
                     let (source, event_id) = (event.source(), event.event.event_id);
                     self.effects.push_back(PoolEffect::Fault(PoolFault {
                         source,
+                        fence,
                         event_id,
                         error,
                     }));
@@ -286,25 +298,63 @@ impl PoolMachine {
         self.deterministic_step(outlet);
     }
 
-    /// Replace several ranks at once and publish; returns the capacity omissions.
+    /// Replace the ranks of `dumps` with their tree dumps and publish. A rank whose dump does
+    /// not build (an event out of replay order, an unknown parent) keeps its state; when the
+    /// pool cannot take the built replacements, no rank is replaced. Returns a fault for every
+    /// rank left unreplaced, with its dump's fence: the dumps that did not build in dump order,
+    /// then the replacements the pool could not take in rank order.
     pub fn replace_ranks(
         &mut self,
-        replacements: BTreeMap<SourceKey, RankReplacement>,
+        dumps: Vec<RankDump>,
         outlet: &mut impl DeltaOutlet,
-    ) -> Result<u32, ApplyError> {
+    ) -> Vec<PoolFault> {
         self.catch_up(outlet);
-        let result = self.pool.replace_ranks(replacements);
+        let mut refused = Vec::new();
+        let mut replacements = BTreeMap::new();
+        let mut fences = BTreeMap::new();
+        for dump in dumps {
+            let mut replacement = RankReplacement::new(self.pool.table_key());
+            let built = dump.events.iter().try_for_each(|event| {
+                replacement.push_event(event).map_err(|error| (event.event.event_id, error))
+            });
+            match built {
+                Ok(()) => {
+                    fences.insert(dump.source, dump.fence);
+                    replacements.insert(dump.source, replacement);
+                }
+                Err((event_id, error)) => refused.push(PoolFault {
+                    source: dump.source,
+                    fence: dump.fence,
+                    event_id,
+                    error,
+                }),
+            }
+        }
+        if let Err(error) = self.pool.replace_ranks(replacements) {
+            refused.extend(fences.into_iter().map(|(source, fence)| PoolFault {
+                source,
+                fence,
+                event_id: 0,
+                error: error.clone(),
+            }));
+        }
         self.deadline = None;
         let _ = self.publish(outlet);
         self.deterministic_step(outlet);
-        result
+        refused
     }
 
-    /// Drop every block of one rank and publish.
-    pub fn reset_rank(&mut self, source: SourceKey, outlet: &mut impl DeltaOutlet) {
+    /// Drop every block of one rank, under its new `fence`, and publish.
+    pub fn reset_rank(
+        &mut self,
+        source: SourceKey,
+        fence: RankFence,
+        outlet: &mut impl DeltaOutlet,
+    ) {
         self.catch_up(outlet);
         if let Err(error) = self.pool.remove_rank(source) {
-            self.effects.push_back(PoolEffect::Fault(PoolFault { source, event_id: 0, error }));
+            let fault = PoolFault { source, fence, event_id: 0, error };
+            self.effects.push_back(PoolEffect::Fault(fault));
         }
         self.deadline = None;
         let _ = self.publish(outlet);

@@ -9,8 +9,10 @@ use crate::model::kv_events::{
 };
 use crate::pool::{LeaseRecord, PublicationScript};
 use crate::rng::rng_from_seed;
+use crate::sources::RankDump;
 
 const MS: Duration = Duration::from_millis(1);
+const FENCE: RankFence = RankFence(3);
 
 /// Collects every delta; refuses them all while `closed`.
 #[derive(Debug, Default)]
@@ -90,10 +92,10 @@ fn the_timer_publishes_one_delay_after_the_first_pending_event() {
     let mut pool = machine(PublicationRole::Free);
     assert_eq!(subscribed(&mut pool, 1, &mut outlet).sequence, 0);
     assert_eq!(pool.poll_timeout(), None);
-    pool.apply(&[store(1, None)], 10 * MS, &mut outlet);
+    pool.apply(FENCE, &[store(1, None)], 10 * MS, &mut outlet);
     assert_eq!(pool.poll_timeout(), Some(11 * MS));
     // A second event does not push the deadline back.
-    pool.apply(&[store(2, None)], 10 * MS + MS / 2, &mut outlet);
+    pool.apply(FENCE, &[store(2, None)], 10 * MS + MS / 2, &mut outlet);
     assert_eq!(pool.poll_timeout(), Some(11 * MS));
     pool.handle_timeout(10 * MS + MS / 2, &mut outlet);
     assert!(outlet.deltas.is_empty(), "nothing before the deadline");
@@ -111,12 +113,12 @@ fn the_threshold_cuts_a_batch_inside_the_input_without_the_timer() {
     let mut pool = machine(PublicationRole::Free);
     subscribed(&mut pool, 1, &mut outlet);
     let events: Vec<RouterEvent> = (1..=16).map(|i| store(i, None)).collect();
-    pool.apply(&events, Duration::ZERO, &mut outlet);
+    pool.apply(FENCE, &events, Duration::ZERO, &mut outlet);
     assert_eq!(outlet.deltas.len(), 1);
     assert_eq!(pool.poll_timeout(), None);
     // Failed events count toward the threshold too, and are reported.
     let failing: Vec<RouterEvent> = (100..116).map(|i| store(i, Some(9_999))).collect();
-    pool.apply(&failing, Duration::ZERO, &mut outlet);
+    pool.apply(FENCE, &failing, Duration::ZERO, &mut outlet);
     let faults: Vec<PoolFault> = effects(&mut pool)
         .into_iter()
         .filter_map(|effect| match effect {
@@ -127,6 +129,7 @@ fn the_threshold_cuts_a_batch_inside_the_input_without_the_timer() {
     assert_eq!(faults.len(), 16);
     assert_eq!(faults[0].error, ApplyError::ParentBlockNotFound(9_999));
     assert_eq!(faults[0].event_id, 100);
+    assert!(faults.iter().all(|fault| fault.fence == FENCE), "a fault names its command's fence");
     assert_eq!(pool.poll_timeout(), None, "nothing unpublished: no timer");
 }
 
@@ -135,9 +138,9 @@ fn a_reporting_machine_emits_every_point_its_inputs_do_not_determine() {
     let mut outlet = Outlet::default();
     let mut pool = machine(PublicationRole::Reported);
     subscribed(&mut pool, 1, &mut outlet);
-    pool.apply(&[store(1, None)], Duration::ZERO, &mut outlet);
+    pool.apply(FENCE, &[store(1, None)], Duration::ZERO, &mut outlet);
     pool.handle_timeout(MS, &mut outlet);
-    pool.apply(&[store(2, None)], MS, &mut outlet);
+    pool.apply(FENCE, &[store(2, None)], MS, &mut outlet);
     assert_eq!(pool.flush(&mut outlet), Ok(2));
     pool.retire_lease(lease(1));
     assert_eq!(
@@ -152,7 +155,7 @@ fn a_reporting_machine_emits_every_point_its_inputs_do_not_determine() {
     // A delta nobody takes is a point of its own, with its ordinal, and fences delivery.
     subscribed(&mut pool, 2, &mut outlet);
     outlet.closed = true;
-    pool.apply(&[store(3, None)], MS, &mut outlet);
+    pool.apply(FENCE, &[store(3, None)], MS, &mut outlet);
     assert_eq!(pool.flush(&mut outlet), Err(PublishError::DeliveryFailed));
     assert_eq!(pool.stats().fence, Some(FenceReason::DeliveryUncertain));
     let steps = points(&mut pool);
@@ -189,14 +192,14 @@ fn a_scripted_machine_replays_the_recorded_points_and_holds_subscribers_until_th
         panic!("answered: {answered:?}");
     };
     assert_eq!((*answered_hold, snapshot.sequence, snapshot.lease), (hold, 0, lease(1)));
-    pool.apply(&[store(1, None)], Duration::ZERO, &mut outlet);
+    pool.apply(FENCE, &[store(1, None)], Duration::ZERO, &mut outlet);
     assert_eq!(pool.poll_timeout(), Some(100 * MS), "no publication timer while scripted");
     assert!(outlet.deltas.is_empty());
-    pool.apply(&[store(2, None)], Duration::ZERO, &mut outlet);
+    pool.apply(FENCE, &[store(2, None)], Duration::ZERO, &mut outlet);
     assert_eq!(outlet.deltas.len(), 1, "the recorded publication after the second batch");
     assert_eq!(pool.script_mismatches(), 0);
     // A flush does not publish while scripted, and a subscriber under another lease waits.
-    pool.apply(&[store(3, None)], Duration::ZERO, &mut outlet);
+    pool.apply(FENCE, &[store(3, None)], Duration::ZERO, &mut outlet);
     assert_eq!(pool.flush(&mut outlet), Ok(1));
     let SubscribeStep::Held(waiting) = pool.subscribe(lease(2), &mut outlet) else {
         panic!("held");
@@ -222,7 +225,7 @@ fn a_replay_that_leaves_the_recorded_sequence_is_counted() {
     };
     let mut outlet = Outlet::default();
     let mut pool = machine(PublicationRole::Scripted(script));
-    pool.apply(&[store(1, None)], Duration::ZERO, &mut outlet);
+    pool.apply(FENCE, &[store(1, None)], Duration::ZERO, &mut outlet);
     assert_eq!(pool.script_mismatches(), 1, "no lease: the sequence stays 0, not the recorded 7");
 }
 
@@ -243,7 +246,7 @@ fn the_invariant_audit_fires_on_a_bad_state() {
     // A scripted machine with an armed timer.
     let script = PublicationScript { points: Vec::new(), until: 10 * MS };
     let mut scripted = machine(PublicationRole::Scripted(script));
-    scripted.apply(&[store(1, None)], Duration::ZERO, &mut outlet);
+    scripted.apply(FENCE, &[store(1, None)], Duration::ZERO, &mut outlet);
     scripted.deadline = Some(MS);
     assert!(scripted.check_invariants().unwrap_err().contains("scripted"));
 }
@@ -253,7 +256,7 @@ fn shutdown_publishes_the_tail_and_retires_the_lease() {
     let mut outlet = Outlet::default();
     let mut pool = machine(PublicationRole::Free);
     subscribed(&mut pool, 1, &mut outlet);
-    pool.apply(&[store(1, None)], Duration::ZERO, &mut outlet);
+    pool.apply(FENCE, &[store(1, None)], Duration::ZERO, &mut outlet);
     pool.shutdown(&mut outlet);
     assert_eq!(outlet.deltas.len(), 1);
     assert_eq!(pool.stats().lease, None);
@@ -268,4 +271,36 @@ fn chunked_digest_equals_the_one_shot_hash_of_the_bytes() {
     let bytes: Vec<u8> = values.iter().flat_map(|value| value.to_le_bytes()).collect();
     assert_eq!(digest_u64s(values.iter().copied()), xxhash_rust::xxh3::xxh3_64(&bytes));
     assert_eq!(digest_u64s(std::iter::empty()), xxhash_rust::xxh3::xxh3_64(&[]));
+}
+
+fn rank(worker_id: u64) -> SourceKey {
+    SourceKey { worker_id, dp_rank: 0 }
+}
+
+fn dump(worker_id: u64, fence: u64, events: Vec<RouterEvent>) -> RankDump {
+    let events = events.into_iter().map(|event| RouterEvent { worker_id, ..event }).collect();
+    RankDump { source: rank(worker_id), fence: RankFence(fence), events, last_event_id: 0 }
+}
+
+#[test]
+fn a_dump_that_does_not_build_is_refused_with_its_fence_and_the_others_are_replaced() {
+    let mut outlet = Outlet::default();
+    let mut pool = machine(PublicationRole::Free);
+    subscribed(&mut pool, 1, &mut outlet);
+    let good = dump(1, 7, vec![store(1, None), store(2, Some(1))]);
+    let orphan = dump(2, 8, vec![store(5, None), store(6, Some(99))]);
+    let refused = pool.replace_ranks(vec![good, orphan], &mut outlet);
+    assert_eq!(
+        refused,
+        vec![PoolFault {
+            source: rank(2),
+            fence: RankFence(8),
+            event_id: 6,
+            error: ApplyError::ParentBlockNotFound(99),
+        }]
+    );
+    assert_eq!(pool.stats().owned_blocks, 2, "only the dump that built was replaced");
+    assert_eq!(outlet.deltas.len(), 1, "a replacement publishes at once");
+    assert!(effects(&mut pool).is_empty(), "a refused dump is answered, not reported");
+    pool.check_invariants().expect("invariants hold");
 }

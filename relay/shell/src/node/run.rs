@@ -22,13 +22,12 @@ use crate::wan::{RelayService, WanPublisher, WanViews, wan_channels};
 use kvrelay_core::control::{
     ControlCommand, ControlConfig, ControlError, ControlPlane, ShellReport,
 };
-use kvrelay_core::host::{ActorFaultAction, HostCommand, StopMode};
+use kvrelay_core::host::{HostCommand, StopMode};
 use kvrelay_core::inputs::DcInput;
 use kvrelay_core::model::identity::{EndpointPath, PoolId, RelayIdentity};
-use kvrelay_core::model::kv_events::SourceKey;
-use kvrelay_core::pool::{PoolFault, PoolOwnership, RankReplacement};
+use kvrelay_core::pool::{PoolFault, PoolOwnership};
 use kvrelay_core::rng::{RelayRng, rng_from_seed};
-use kvrelay_core::sources::{RankFence, RecoveryFailure, SourceCommand};
+use kvrelay_core::sources::{RecoveryFailure, SourceCommand};
 use kvrelay_core::wire::encode;
 
 /// How a node runs.
@@ -109,27 +108,18 @@ impl NodeHandle {
     }
 }
 
-/// What the node's own tasks (actors, recovery calls) report back.
-#[derive(Debug)]
-enum Internal {
-    /// A report for the control plane as it is.
-    Report(ShellReport),
-    /// A pool actor refused an event.
-    PoolFault { endpoint: EndpointPath, layout_generation: u64, fault: PoolFault },
-}
-
 #[derive(Debug)]
 struct NodeFaults {
     endpoint: EndpointPath,
     pool_id: PoolId,
     layout_generation: u64,
-    reports: mpsc::Sender<Internal>,
+    reports: mpsc::Sender<ShellReport>,
     fences: FenceRequests,
 }
 
 impl FaultSink for NodeFaults {
     fn report(&self, fault: PoolFault) {
-        let report = Internal::PoolFault {
+        let report = ShellReport::PoolFault {
             endpoint: self.endpoint.clone(),
             layout_generation: self.layout_generation,
             fault,
@@ -148,12 +138,11 @@ struct Node {
     origin: Instant,
     config: NodeConfig,
     actors: BTreeMap<(PoolId, u64), PoolActorHandle>,
-    rank_fences: BTreeMap<(PoolId, u64, SourceKey), RankFence>,
     /// Generations withdrawn by the commands being executed whose streams are still open:
     /// they end right after the catalog update that withdraws them is published.
     withdrawn: Vec<(PoolId, u64)>,
     recoveries: RecoveryCalls,
-    reports: mpsc::Sender<Internal>,
+    reports: mpsc::Sender<ShellReport>,
     publications: Arc<PoolPublications>,
     wan: WanPublisher,
     executor: Arc<dyn BlockingExecutor>,
@@ -207,7 +196,6 @@ pub fn start_node_with_tap(
         origin,
         config,
         actors: BTreeMap::new(),
-        rank_fences: BTreeMap::new(),
         withdrawn: Vec::new(),
         recoveries: RecoveryCalls::default(),
         reports,
@@ -231,7 +219,7 @@ impl Node {
     async fn run(
         mut self,
         mut inputs: mpsc::Receiver<DcInput>,
-        mut reports: mpsc::Receiver<Internal>,
+        mut reports: mpsc::Receiver<ShellReport>,
         shutdown: CancellationToken,
     ) {
         let window = self.config.load_window.max(Duration::from_millis(1));
@@ -245,7 +233,7 @@ impl Node {
             let commands = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
-                Some(report) = reports.recv() => self.report(report),
+                Some(report) = reports.recv() => self.plane.report(report, self.now(), &mut self.rng),
                 () = fences.notified() => {
                     let mut commands = Vec::new();
                     for (pool_id, layout_generation) in fences.take() {
@@ -288,44 +276,6 @@ impl Node {
             let _ = actor.shutdown().await;
         }
         self.publish_status(inputs_handled, true);
-    }
-
-    /// Feed a report back. A pool fault goes to the rank's tracker (with the rank's current
-    /// fence) and to the host's fault coalescing (with that fence as the source epoch).
-    fn report(&mut self, internal: Internal) -> Vec<ControlCommand> {
-        let now = self.now();
-        let report = match internal {
-            Internal::Report(report) => report,
-            Internal::PoolFault { endpoint, layout_generation, fault } => {
-                let mut commands = Vec::new();
-                let disposition = fault.error.disposition();
-                let fence = self.plane.active_producer(&endpoint).and_then(|producer| {
-                    self.rank_fences
-                        .get(&(producer.pool_id(), layout_generation, fault.source))
-                        .copied()
-                });
-                if let Some(fence) = fence {
-                    let failed = ShellReport::ApplyFailed {
-                        endpoint: endpoint.clone(),
-                        layout_generation,
-                        source: fault.source,
-                        fence,
-                        disposition,
-                    };
-                    commands.extend(self.plane.report(failed, now, &mut self.rng));
-                }
-                let coalesced = kvrelay_core::host::ActorFault {
-                    source: fault.source,
-                    source_epoch: fence.map_or(0, |fence| fence.0),
-                    action: ActorFaultAction::from(disposition),
-                };
-                let report =
-                    ShellReport::ActorFault { endpoint, layout_generation, fault: coalesced };
-                commands.extend(self.plane.report(report, now, &mut self.rng));
-                return commands;
-            }
-        };
-        self.plane.report(report, now, &mut self.rng)
     }
 
     async fn execute(&mut self, commands: Vec<ControlCommand>) {
@@ -421,9 +371,6 @@ impl Node {
                         StopMode::Fence => actor.fence(),
                     }
                 }
-                self.rank_fences.retain(|(pool, generation, _), _| {
-                    !(*pool == pool_id && *generation == layout_generation)
-                });
                 Vec::new()
             }
             HostCommand::ReleasePool { pool_id, layout_generation, .. } => {
@@ -450,54 +397,21 @@ impl Node {
         };
         let now = self.now();
         match command {
-            SourceCommand::ApplyEvents { source, fence, events } => {
-                self.rank_fences.insert((pool_id, layout_generation, source), fence);
-                let _ = actor.apply(events).await;
+            SourceCommand::ApplyEvents { fence, events, .. } => {
+                let _ = actor.apply(fence, events).await;
                 Vec::new()
             }
             SourceCommand::ResetRank { source, fence, .. } => {
-                self.rank_fences.insert((pool_id, layout_generation, source), fence);
-                let _ = actor.reset_rank(source).await;
+                let _ = actor.reset_rank(source, fence).await;
                 Vec::new()
             }
             SourceCommand::ReplaceRanks { ranks } => {
-                let mut replacements = BTreeMap::new();
+                let refused = actor.replace_ranks(ranks).await.unwrap_or_default();
                 let mut commands = Vec::new();
-                for dump in ranks {
-                    self.rank_fences.insert((pool_id, layout_generation, dump.source), dump.fence);
-                    let mut replacement = RankReplacement::new(actor.table_key());
-                    let built =
-                        dump.events.iter().try_for_each(|event| replacement.push_event(event));
-                    match built {
-                        Ok(()) => {
-                            replacements.insert(dump.source, (replacement, dump.fence));
-                        }
-                        Err(error) => {
-                            let report = ShellReport::ApplyFailed {
-                                endpoint: endpoint.clone(),
-                                layout_generation,
-                                source: dump.source,
-                                fence: dump.fence,
-                                disposition: error.disposition(),
-                            };
-                            commands.extend(self.plane.report(report, now, &mut self.rng));
-                        }
-                    }
-                }
-                let fences: Vec<(SourceKey, RankFence)> =
-                    replacements.iter().map(|(source, (_, fence))| (*source, *fence)).collect();
-                let batch = replacements.into_iter().map(|(source, (r, _))| (source, r)).collect();
-                if let Ok(Err(error)) = actor.replace_ranks(batch).await {
-                    for (source, fence) in fences {
-                        let report = ShellReport::ApplyFailed {
-                            endpoint: endpoint.clone(),
-                            layout_generation,
-                            source,
-                            fence,
-                            disposition: error.disposition(),
-                        };
-                        commands.extend(self.plane.report(report, now, &mut self.rng));
-                    }
+                for fault in refused {
+                    let endpoint = endpoint.clone();
+                    let report = ShellReport::ApplyFailed { endpoint, layout_generation, fault };
+                    commands.extend(self.plane.report(report, now, &mut self.rng));
                 }
                 commands
             }
@@ -527,7 +441,7 @@ impl Node {
                             failure: RecoveryFailure::TimedOut,
                         },
                     };
-                    let _ = reports.send(Internal::Report(report)).await;
+                    let _ = reports.send(report).await;
                 });
                 self.recoveries.insert(pool_id, layout_generation, request_id, task.abort_handle());
                 Vec::new()
@@ -603,12 +517,14 @@ mod tests {
     use kvrelay_core::model::identity::{DcId, resolve_indexer_domain};
     use kvrelay_core::model::kv_events::SourceKey;
     use kvrelay_core::pool::ApplyError;
+    use kvrelay_core::sources::RankFence;
 
     use super::*;
 
     fn fault(event_id: u64) -> PoolFault {
         PoolFault {
             source: SourceKey { worker_id: 7, dp_rank: 0 },
+            fence: RankFence(2),
             event_id,
             error: ApplyError::AllocationFailed,
         }
@@ -630,7 +546,7 @@ mod tests {
         assert_eq!(fences.take(), vec![(pool_id, 4)], "the lost fault fences instead");
         assert!(matches!(
             queue.try_recv(),
-            Ok(Internal::PoolFault {
+            Ok(ShellReport::PoolFault {
                 layout_generation: 4,
                 fault: PoolFault { event_id: 1, .. },
                 ..

@@ -33,11 +33,11 @@ use crate::runtime::{BlockingExecutor, run_blocking};
 use kvrelay_core::model::identity::LaneLease;
 use kvrelay_core::model::kv_events::{RouterEvent, SourceKey};
 use kvrelay_core::pool::{
-    ApplyError, CadenceConfig, Delta, DeltaOutlet, HoldId, OwnershipCounters, PUBLICATION_DELAY_MS,
+    CadenceConfig, Delta, DeltaOutlet, HoldId, OwnershipCounters, PUBLICATION_DELAY_MS,
     PUBLICATION_THRESHOLD_EVENTS, PoolDigest, PoolEffect, PoolFault, PoolMachine, PoolOwnership,
-    PoolStats, PublicationRole, PublicationScript, PublishError, RankReplacement, Snapshot,
-    SubscribeStep, TableKey,
+    PoolStats, PublicationRole, PublicationScript, PublishError, Snapshot, SubscribeStep,
 };
+use kvrelay_core::sources::{RankDump, RankFence};
 
 /// Bounds and cadence of one pool actor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -129,33 +129,14 @@ impl PoolTotals {
 }
 
 enum Command {
-    Apply {
-        events: Vec<RouterEvent>,
-        _permit: OwnedSemaphorePermit,
-    },
-    ReplaceRanks {
-        replacements: BTreeMap<SourceKey, RankReplacement>,
-        reply: oneshot::Sender<Result<u32, ApplyError>>,
-    },
-    ResetRank {
-        source: SourceKey,
-    },
-    Flush {
-        reply: oneshot::Sender<Result<u64, PublishError>>,
-    },
-    Subscribe {
-        lease: LaneLease,
-        reply: oneshot::Sender<Result<Subscription, SubscribeError>>,
-    },
-    RetireLease {
-        lease: LaneLease,
-    },
-    Stats {
-        reply: oneshot::Sender<PoolStats>,
-    },
-    Digest {
-        reply: oneshot::Sender<PoolDigest>,
-    },
+    Apply { fence: RankFence, events: Vec<RouterEvent>, _permit: OwnedSemaphorePermit },
+    ReplaceRanks { dumps: Vec<RankDump>, reply: oneshot::Sender<Vec<PoolFault>> },
+    ResetRank { source: SourceKey, fence: RankFence },
+    Flush { reply: oneshot::Sender<Result<u64, PublishError>> },
+    Subscribe { lease: LaneLease, reply: oneshot::Sender<Result<Subscription, SubscribeError>> },
+    RetireLease { lease: LaneLease },
+    Stats { reply: oneshot::Sender<PoolStats> },
+    Digest { reply: oneshot::Sender<PoolDigest> },
     Shutdown,
 }
 
@@ -177,7 +158,6 @@ pub struct PoolActorHandle {
     permits: Arc<Semaphore>,
     permits_max: u32,
     fence: CancellationToken,
-    table_key: TableKey,
 }
 
 /// The broadcast the hub's streams receive deltas from.
@@ -282,7 +262,6 @@ pub fn spawn_pool_actor_with(
     let permits_max = config.pending_block_permits.max(1);
     let permits = Arc::new(Semaphore::new(permits_max as usize));
     let fence = CancellationToken::new();
-    let table_key = pool.table_key();
     let (deltas, _) = broadcast::channel(config.delta_broadcast_capacity.max(1));
     let origin = Instant::now();
     let (role, sink) = match mode {
@@ -308,7 +287,7 @@ pub fn spawn_pool_actor_with(
         mismatches: 0,
     };
     let task = crate::runtime::spawn(run(actor, mailbox, executor, fence.clone()));
-    (PoolActorHandle { commands, permits, permits_max, fence, table_key }, task)
+    (PoolActorHandle { commands, permits, permits_max, fence }, task)
 }
 
 async fn run(
@@ -348,11 +327,13 @@ async fn run(
         let now = actor.now();
         let Actor { machine, outlet, .. } = &mut actor;
         match command {
-            Command::Apply { events, _permit } => machine.apply(&events, now, outlet),
-            Command::ReplaceRanks { replacements, reply } => {
-                let _ = reply.send(machine.replace_ranks(replacements, outlet));
+            Command::Apply { fence, events, _permit } => {
+                machine.apply(fence, &events, now, outlet);
             }
-            Command::ResetRank { source } => machine.reset_rank(source, outlet),
+            Command::ReplaceRanks { dumps, reply } => {
+                let _ = reply.send(machine.replace_ranks(dumps, outlet));
+            }
+            Command::ResetRank { source, fence } => machine.reset_rank(source, fence, outlet),
             Command::Flush { reply } => {
                 let _ = reply.send(machine.flush(outlet));
             }
@@ -429,38 +410,31 @@ async fn sleep_until(deadline: Option<Instant>) {
 }
 
 impl PoolActorHandle {
-    /// The key the pool's tables hash under; rank replacements for it are built with it.
-    #[must_use]
-    pub fn table_key(&self) -> TableKey {
-        self.table_key
-    }
-
     async fn send(&self, command: Command) -> Result<(), ActorGone> {
         self.commands.send(command).await.map_err(|_| ActorGone)
     }
 
-    /// Queue a batch of events from one publisher, after taking block-weighted permits.
-    pub async fn apply(&self, events: Vec<RouterEvent>) -> Result<(), ActorGone> {
+    /// Queue a batch of events from one publisher, written under `fence`, after taking
+    /// block-weighted permits.
+    pub async fn apply(&self, fence: RankFence, events: Vec<RouterEvent>) -> Result<(), ActorGone> {
         let blocks: usize = events.iter().map(event_weight).sum();
         let weight = u32::try_from(blocks).unwrap_or(u32::MAX).clamp(1, self.permits_max);
         let permit =
             Arc::clone(&self.permits).acquire_many_owned(weight).await.map_err(|_| ActorGone)?;
-        self.send(Command::Apply { events, _permit: permit }).await
+        self.send(Command::Apply { fence, events, _permit: permit }).await
     }
 
-    /// Replace several ranks at once; returns the capacity omissions.
-    pub async fn replace_ranks(
-        &self,
-        replacements: BTreeMap<SourceKey, RankReplacement>,
-    ) -> Result<Result<u32, ApplyError>, ActorGone> {
+    /// Replace the dumps' ranks at once; answers the ranks left unreplaced
+    /// ([`PoolMachine::replace_ranks`]).
+    pub async fn replace_ranks(&self, dumps: Vec<RankDump>) -> Result<Vec<PoolFault>, ActorGone> {
         let (reply, answer) = oneshot::channel();
-        self.send(Command::ReplaceRanks { replacements, reply }).await?;
+        self.send(Command::ReplaceRanks { dumps, reply }).await?;
         answer.await.map_err(|_| ActorGone)
     }
 
-    /// Drop every block of one rank.
-    pub async fn reset_rank(&self, source: SourceKey) -> Result<(), ActorGone> {
-        self.send(Command::ResetRank { source }).await
+    /// Drop every block of one rank, under its new `fence`.
+    pub async fn reset_rank(&self, source: SourceKey, fence: RankFence) -> Result<(), ActorGone> {
+        self.send(Command::ResetRank { source, fence }).await
     }
 
     /// Publish pending changes now; returns the last published sequence.

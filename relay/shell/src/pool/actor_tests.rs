@@ -10,7 +10,9 @@ use kvrelay_core::model::hashing::{ExternalBlockHash, LocalBlockHash};
 use kvrelay_core::model::kv_events::{
     KvCacheEvent, KvCacheEventData, StorageTier, StoreData, StoredBlock,
 };
-use kvrelay_core::pool::{FenceReason, PublicationPoint, PublicationStep, ScriptPosition};
+use kvrelay_core::pool::{
+    ApplyError, FenceReason, PublicationPoint, PublicationStep, ScriptPosition,
+};
 use kvrelay_core::rng::rng_from_seed;
 
 #[derive(Debug, Default)]
@@ -60,11 +62,11 @@ async fn a_batch_is_cut_at_the_threshold_or_after_the_delay() {
     let (actor, _task, _) = start(ActorConfig::default());
     let mut subscription = actor.subscribe(lease(1)).await.unwrap();
     assert_eq!(subscription.snapshot.sequence, 0);
-    actor.apply((1..=16).map(|i| store(i, None)).collect()).await.unwrap();
+    actor.apply(RankFence(1), (1..=16).map(|i| store(i, None)).collect()).await.unwrap();
     let delta = subscription.deltas.recv().await.unwrap();
     assert_eq!((delta.base_sequence, delta.sequence), (0, 1));
     assert_eq!(delta.images.len(), 16.min(delta.images.len()));
-    actor.apply(vec![store(100, None)]).await.unwrap();
+    actor.apply(RankFence(1), vec![store(100, None)]).await.unwrap();
     actor.stats().await.unwrap(); // the apply has been processed
     assert!(subscription.deltas.try_recv().is_err(), "one event waits for the delay");
     tokio::time::sleep(Duration::from_millis(2)).await;
@@ -76,16 +78,16 @@ async fn a_batch_is_cut_at_the_threshold_or_after_the_delay() {
 async fn the_first_delta_after_a_barrier_continues_the_snapshot_sequence() {
     let (actor, _task, _) = start(ActorConfig::default());
     let mut first = actor.subscribe(lease(1)).await.unwrap();
-    actor.apply(vec![store(1, None)]).await.unwrap();
+    actor.apply(RankFence(1), vec![store(1, None)]).await.unwrap();
     assert_eq!(actor.flush().await.unwrap(), Ok(1));
-    actor.apply(vec![store(2, None)]).await.unwrap();
+    actor.apply(RankFence(1), vec![store(2, None)]).await.unwrap();
     // The pending tail is published under the old lease before the new snapshot is cut.
     let mut second = actor.subscribe(lease(2)).await.unwrap();
     assert_eq!(second.snapshot.sequence, 2);
     assert_eq!(first.deltas.recv().await.unwrap().sequence, 1);
     let tail = first.deltas.recv().await.unwrap();
     assert_eq!((tail.sequence, tail.lease), (2, lease(1)));
-    actor.apply(vec![store(3, None)]).await.unwrap();
+    actor.apply(RankFence(1), vec![store(3, None)]).await.unwrap();
     actor.flush().await.unwrap().unwrap();
     let next = second.deltas.recv().await.unwrap();
     assert_eq!((next.base_sequence, next.sequence, next.lease), (2, 3, lease(2)));
@@ -107,7 +109,7 @@ async fn the_first_delta_after_a_barrier_continues_the_snapshot_sequence() {
 #[tokio::test(start_paused = true)]
 async fn without_a_lease_the_sequence_does_not_advance() {
     let (actor, _task, _) = start(ActorConfig::default());
-    actor.apply((1..=40).map(|i| store(i, None)).collect()).await.unwrap();
+    actor.apply(RankFence(1), (1..=40).map(|i| store(i, None)).collect()).await.unwrap();
     assert_eq!(actor.flush().await.unwrap(), Ok(0));
     let subscription = actor.subscribe(lease(1)).await.unwrap();
     assert_eq!(subscription.snapshot.sequence, 0);
@@ -118,7 +120,7 @@ async fn without_a_lease_the_sequence_does_not_advance() {
 async fn fencing_discards_the_unpublished_tail() {
     let (actor, task, _) = start(ActorConfig::default());
     let mut subscription = actor.subscribe(lease(1)).await.unwrap();
-    actor.apply(vec![store(1, None)]).await.unwrap();
+    actor.apply(RankFence(1), vec![store(1, None)]).await.unwrap();
     actor.stats().await.unwrap();
     actor.fence();
     assert_eq!(task.await.unwrap(), ActorExit::Fenced);
@@ -130,7 +132,7 @@ async fn fencing_discards_the_unpublished_tail() {
 async fn graceful_shutdown_publishes_the_tail_then_retires_the_lease() {
     let (actor, task, _) = start(ActorConfig::default());
     let mut subscription = actor.subscribe(lease(1)).await.unwrap();
-    actor.apply(vec![store(1, None)]).await.unwrap();
+    actor.apply(RankFence(1), vec![store(1, None)]).await.unwrap();
     actor.shutdown().await.unwrap();
     assert_eq!(task.await.unwrap(), ActorExit::Graceful);
     assert_eq!(subscription.deltas.recv().await.unwrap().sequence, 1);
@@ -139,7 +141,7 @@ async fn graceful_shutdown_publishes_the_tail_then_retires_the_lease() {
 #[tokio::test(start_paused = true)]
 async fn rejected_events_are_reported_and_later_ones_still_apply() {
     let (actor, _task, faults) = start(ActorConfig::default());
-    actor.apply(vec![store(2, Some(99)), store(3, None)]).await.unwrap();
+    actor.apply(RankFence(1), vec![store(2, Some(99)), store(3, None)]).await.unwrap();
     let stats = actor.stats().await.unwrap();
     assert_eq!(stats.owned_blocks, 1);
     let faults = faults.0.lock().unwrap().clone();
@@ -153,7 +155,7 @@ async fn a_delta_nobody_receives_fences_delivery_until_a_new_barrier() {
     let (actor, _task, _) = start(ActorConfig::default());
     let subscription = actor.subscribe(lease(1)).await.unwrap();
     drop(subscription);
-    actor.apply(vec![store(1, None)]).await.unwrap();
+    actor.apply(RankFence(1), vec![store(1, None)]).await.unwrap();
     assert_eq!(actor.flush().await.unwrap(), Err(PublishError::DeliveryFailed));
     assert_eq!(actor.stats().await.unwrap().fence, Some(FenceReason::DeliveryUncertain));
     let again = actor.subscribe(lease(2)).await.unwrap();
@@ -166,9 +168,9 @@ async fn admission_is_weighted_by_blocks_and_never_exceeds_the_pool() {
     let config = ActorConfig { pending_block_permits: 4, ..ActorConfig::default() };
     let (actor, _task, _) = start(config);
     // A batch heavier than the whole permit pool is clamped and still admitted.
-    actor.apply((1..=10).map(|i| store(i, None)).collect()).await.unwrap();
+    actor.apply(RankFence(1), (1..=10).map(|i| store(i, None)).collect()).await.unwrap();
     for round in 0..20u64 {
-        actor.apply(vec![store(100 + round, None)]).await.unwrap();
+        actor.apply(RankFence(1), vec![store(100 + round, None)]).await.unwrap();
     }
     assert_eq!(actor.stats().await.unwrap().owned_blocks, 30);
     assert_eq!(actor.permits.available_permits(), 4, "every permit returned after processing");
@@ -178,24 +180,22 @@ async fn admission_is_weighted_by_blocks_and_never_exceeds_the_pool() {
 async fn replace_and_reset_rank_publish_at_once() {
     let (actor, _task, _) = start(ActorConfig::default());
     let mut subscription = actor.subscribe(lease(1)).await.unwrap();
-    actor.apply(vec![store(1, None)]).await.unwrap();
+    actor.apply(RankFence(1), vec![store(1, None)]).await.unwrap();
     actor.flush().await.unwrap().unwrap();
-    actor.reset_rank(SourceKey { worker_id: 1, dp_rank: 0 }).await.unwrap();
+    actor.reset_rank(SourceKey { worker_id: 1, dp_rank: 0 }, RankFence(2)).await.unwrap();
     let add = subscription.deltas.recv().await.unwrap();
     let remove = subscription.deltas.recv().await.unwrap();
     assert_eq!((add.sequence, remove.sequence), (1, 2));
     assert!(remove.images.iter().all(|image| image.word == 0));
-    let mut replacement = RankReplacement::new(actor.table_key());
-    replacement.push_event(&store(7, None)).unwrap();
-    let replaced = actor
-        .replace_ranks(BTreeMap::from([(SourceKey { worker_id: 1, dp_rank: 0 }, replacement)]))
-        .await
-        .unwrap();
-    assert_eq!(replaced, Ok(0));
+    let source = SourceKey { worker_id: 1, dp_rank: 0 };
+    let dump =
+        RankDump { source, fence: RankFence(3), events: vec![store(7, None)], last_event_id: 7 };
+    let refused = actor.replace_ranks(vec![dump]).await.unwrap();
+    assert_eq!(refused, Vec::new());
     assert_eq!(subscription.deltas.recv().await.unwrap().sequence, 3);
     // A store and a reset inside one batch cancel out: nothing is published.
-    actor.apply(vec![store(9, None)]).await.unwrap();
-    actor.reset_rank(SourceKey { worker_id: 1, dp_rank: 0 }).await.unwrap();
+    actor.apply(RankFence(1), vec![store(9, None)]).await.unwrap();
+    actor.reset_rank(SourceKey { worker_id: 1, dp_rank: 0 }, RankFence(2)).await.unwrap();
     assert_eq!(
         subscription.deltas.recv().await.unwrap().sequence,
         4,
@@ -209,12 +209,12 @@ async fn the_digest_follows_the_commands_queued_before_it() {
     let (actor, _task, _) = start(ActorConfig::default());
     let empty = actor.digest().await.unwrap();
     assert_eq!(empty.owned_blocks, 0);
-    actor.apply((1..=5).map(|i| store(i, None)).collect()).await.unwrap();
+    actor.apply(RankFence(1), (1..=5).map(|i| store(i, None)).collect()).await.unwrap();
     let stored = actor.digest().await.unwrap();
     assert_eq!(stored.owned_blocks, 5);
     assert_ne!(stored.canonical_digest, empty.canonical_digest);
     assert_ne!(stored.filter_digest, empty.filter_digest);
-    actor.reset_rank(SourceKey { worker_id: 1, dp_rank: 0 }).await.unwrap();
+    actor.reset_rank(SourceKey { worker_id: 1, dp_rank: 0 }, RankFence(2)).await.unwrap();
     let cleared = actor.digest().await.unwrap();
     assert_eq!(cleared.owned_blocks, 0);
     assert_eq!(
@@ -260,15 +260,15 @@ async fn deterministic_commands(actor: &PoolActorHandle, sleep: bool) -> Vec<Poo
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     };
-    actor.apply(vec![store(1, None)]).await.unwrap();
+    actor.apply(RankFence(1), vec![store(1, None)]).await.unwrap();
     pause().await;
-    actor.apply((10..26).map(|i| store(i, None)).collect()).await.unwrap();
-    actor.apply(vec![store(2, None)]).await.unwrap();
+    actor.apply(RankFence(1), (10..26).map(|i| store(i, None)).collect()).await.unwrap();
+    actor.apply(RankFence(1), vec![store(2, None)]).await.unwrap();
     digests.push(actor.digest().await.unwrap());
     pause().await;
     digests.push(actor.digest().await.unwrap());
     pause().await;
-    actor.apply(vec![store(3, None)]).await.unwrap();
+    actor.apply(RankFence(1), vec![store(3, None)]).await.unwrap();
     pause().await;
     digests.push(actor.digest().await.unwrap());
     digests
@@ -280,15 +280,15 @@ async fn a_scripted_actor_publishes_exactly_at_the_recorded_points() {
     let (actor, _task) = start_with(PublicationMode::Reported(recorded.clone()));
     let subscription = actor.subscribe(lease(1)).await.unwrap();
     let mut digests = Vec::new();
-    actor.apply(vec![store(1, None)]).await.unwrap();
+    actor.apply(RankFence(1), vec![store(1, None)]).await.unwrap();
     tokio::time::sleep(Duration::from_millis(2)).await; // the timer publishes: 1
-    actor.apply((10..26).map(|i| store(i, None)).collect()).await.unwrap(); // threshold: 2
-    actor.apply(vec![store(2, None)]).await.unwrap();
+    actor.apply(RankFence(1), (10..26).map(|i| store(i, None)).collect()).await.unwrap(); // threshold: 2
+    actor.apply(RankFence(1), vec![store(2, None)]).await.unwrap();
     digests.push(actor.digest().await.unwrap());
     tokio::time::sleep(Duration::from_millis(2)).await; // the timer publishes: 3
     digests.push(actor.digest().await.unwrap());
     actor.retire_lease(lease(1)).await.unwrap();
-    actor.apply(vec![store(3, None)]).await.unwrap();
+    actor.apply(RankFence(1), vec![store(3, None)]).await.unwrap();
     tokio::time::sleep(Duration::from_millis(2)).await; // no lease: nothing numbered
     digests.push(actor.digest().await.unwrap());
     drop(subscription);
@@ -324,7 +324,7 @@ async fn a_recorded_failed_delivery_fences_the_replay_at_the_same_delta() {
     let recorded = Arc::new(RecordedPoints::default());
     let (actor, _task) = start_with(PublicationMode::Reported(recorded.clone()));
     drop(actor.subscribe(lease(1)).await.unwrap());
-    actor.apply(vec![store(1, None)]).await.unwrap();
+    actor.apply(RankFence(1), vec![store(1, None)]).await.unwrap();
     assert_eq!(actor.flush().await.unwrap(), Err(PublishError::DeliveryFailed));
     let points = recorded.0.lock().unwrap().clone();
     assert_eq!(
@@ -336,7 +336,7 @@ async fn a_recorded_failed_delivery_fences_the_replay_at_the_same_delta() {
         ]
     );
     let (replay, _task) = start_with(scripted(points, Duration::from_secs(3600)));
-    replay.apply(vec![store(1, None)]).await.unwrap();
+    replay.apply(RankFence(1), vec![store(1, None)]).await.unwrap();
     let stats = replay.stats().await.unwrap();
     assert_eq!((stats.fence, stats.sequence), (Some(FenceReason::DeliveryUncertain), 0));
 }
@@ -363,8 +363,8 @@ async fn a_replay_subscriber_waits_for_a_published_state_and_adds_no_publication
         let actor = actor.clone();
         async move { actor.subscribe(lease(2)).await }
     });
-    actor.apply(vec![store(1, None)]).await.unwrap(); // then the script publishes 1
-    actor.apply(vec![store(2, None)]).await.unwrap(); // pending until after the next digest
+    actor.apply(RankFence(1), vec![store(1, None)]).await.unwrap(); // then the script publishes 1
+    actor.apply(RankFence(1), vec![store(2, None)]).await.unwrap(); // pending until after the next digest
     let waiting = crate::runtime::spawn({
         let actor = actor.clone();
         async move { actor.subscribe(lease(1)).await }
@@ -376,7 +376,7 @@ async fn a_replay_subscriber_waits_for_a_published_state_and_adds_no_publication
     assert_eq!(subscription.snapshot.sequence, 2, "answered at the next recorded publication");
     assert_eq!(actor.digest().await.unwrap().sequence, 2);
     // A write after the last recorded point stays pending while the script runs...
-    actor.apply(vec![store(3, None)]).await.unwrap();
+    actor.apply(RankFence(1), vec![store(3, None)]).await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(actor.stats().await.unwrap().sequence, 2);
     assert!(subscription.deltas.try_recv().is_err());

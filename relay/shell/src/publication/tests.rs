@@ -16,6 +16,7 @@ use kvrelay_core::model::kv_events::{
 };
 use kvrelay_core::pool::{PoolFault, PoolOwnership};
 use kvrelay_core::rng::rng_from_seed;
+use kvrelay_core::sources::RankFence;
 
 #[derive(Debug)]
 struct IgnoreFaults;
@@ -60,7 +61,7 @@ fn store(external: u64) -> RouterEvent {
 
 /// Store one block and publish it as one delta.
 async fn publish_one(actor: &PoolActorHandle, external: u64) {
-    actor.apply(vec![store(external)]).await.unwrap();
+    actor.apply(RankFence(1), vec![store(external)]).await.unwrap();
     actor.flush().await.unwrap().unwrap();
 }
 
@@ -184,7 +185,7 @@ async fn oversized_delta_resnapshots_and_closes_subscribers() {
     publications.activate(identity, actor.clone());
     let mut stream = publications.subscribe(&identity).await.unwrap();
     frame(&mut stream).await;
-    actor.apply((1..=8).map(store).collect()).await.unwrap();
+    actor.apply(RankFence(1), (1..=8).map(store).collect()).await.unwrap();
     actor.flush().await.unwrap().unwrap();
     assert_eq!(stream.next().await, Err(PublicationError::Unavailable));
     let mut fresh = publications.subscribe(&identity).await.unwrap();
