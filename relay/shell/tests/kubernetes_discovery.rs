@@ -294,7 +294,9 @@ async fn workers_appear_change_and_disappear_through_list_and_watch() {
         requests.iter().any(|(path, _)| path.starts_with(METADATA) && path.contains("continue=")),
         "one item per page paginates the metadata listing: {requests:#?}"
     );
-    assert!(requests.iter().any(|(path, _)| path.contains("watch=1&allowWatchBookmarks=true")));
+    assert!(requests.iter().any(|(path, _)| {
+        path.contains("watch=true") && path.contains("&allowWatchBookmarks=true")
+    }));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -333,7 +335,7 @@ async fn a_410_relists_both_resources_and_nothing_is_lost() {
     relay.until("change after a closed watch", |facts| facts.contains(&live(&[0xa0, 0xb0]))).await;
     let stats = relay.stop().await;
     assert_eq!(stats.listings, listings, "a closed watch is reopened, not relisted: {stats:?}");
-    let watches = emulator.requests().iter().filter(|(p, _)| p.contains("watch=1")).count();
+    let watches = emulator.requests().iter().filter(|(p, _)| p.contains("watch=true")).count();
     assert!(watches >= 6, "two watches opened three times, got {watches}");
 }
 

@@ -1,18 +1,16 @@
-//! A minimal read-only Kubernetes API client: `GET` over HTTP/1.1 (plaintext or TLS) with a
-//! bearer token, bounded JSON bodies, and watch streams read as bounded lines.
+//! The Kubernetes API client of the discovery backend: the `kube` crate's client (its HTTP
+//! stack, rustls with the configured CA on the `ring` provider, connection pool and connect
+//! timeout) sending requests built with `kube`'s request builders, with every response body
+//! read here under a byte bound.
 //!
-//! It is built on `hyper`'s HTTP/1 connection API instead of the `kube` crate: `hyper`,
-//! `hyper-util`, `http-body-util`, `rustls` and `tokio-rustls` were already compiled for tonic,
-//! axum and the TLS planes, so this client adds no crate to the build (`cargo tree` before and
-//! after: the same packages). `kube`'s cost on the two-core build machines was not measured; it
-//! would bring `kube-client`, `kube-core`, `k8s-openapi` (a generated type for every API group)
-//! and their own HTTP stack for what is four read-only `GET` paths here: no writes, no
-//! kubeconfig, no auth plugins.
+//! The bodies are read here rather than through `kube`'s `request` / `request_events`, which
+//! buffer a whole list body, and every watch line, without a limit: a relay that reads the
+//! API server's answers must not let one oversized object take its memory.
 //!
 //! Invariants:
 //!
-//! - one TCP (and TLS) connection per request; a watch owns its connection until it is dropped,
-//!   and the task driving the connection is aborted with it;
+//! - only `GET`s are sent; a watch owns its connection until it is dropped (a body dropped
+//!   unread closes its connection rather than returning it to the pool);
 //! - the token file is read for every request (projected service-account tokens rotate), at
 //!   most [`TOKEN_FILE_BYTES_MAX`] bytes, and is never logged or put in an error;
 //! - a response body is bounded before it is buffered: a `GET` fails with
@@ -23,19 +21,12 @@
 //!   [`KubeError::Gone`], so callers can relist.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
-use hyper::body::Incoming;
+use http_body_util::BodyExt;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use kube::client::Body;
 use thiserror::Error;
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpStream;
-use tokio::task::AbortHandle;
-use tokio_rustls::TlsConnector;
 
 use kvrelay_consumer::pem_files;
 
@@ -57,7 +48,8 @@ pub struct KubeApiConfig {
     pub ca_file: Option<PathBuf>,
     /// Limit on TCP connect plus TLS handshake.
     pub connect_timeout: Duration,
-    /// Limit on a whole `GET` (connect, headers and body); watches have none.
+    /// Limit on a whole `GET` (connect, headers and body), and on opening a watch; the
+    /// stream of a watch has none (the server ends it after its `timeoutSeconds`).
     pub request_timeout: Duration,
 }
 
@@ -72,6 +64,43 @@ impl KubeApiConfig {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(30),
         }
+    }
+
+    /// The `kube` client configuration: the URL checked, the CA read and parsed. No client is
+    /// built, so this runs outside an async runtime (`kube`'s client needs one).
+    pub fn kube_config(&self) -> Result<kube::Config, KubeError> {
+        let invalid = |reason| KubeError::InvalidUrl { url: self.api_url.clone(), reason };
+        let (https, host, port) = parse_api_url(&self.api_url)?;
+        let authority =
+            if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
+        let scheme = if https { "https" } else { "http" };
+        let uri: http::Uri =
+            format!("{scheme}://{authority}").parse().map_err(|_| invalid("not a valid URI"))?;
+        let mut config = kube::Config::new(uri);
+        config.connect_timeout = Some(self.connect_timeout);
+        // Watches are quiet between events; `get` bounds itself with `request_timeout`.
+        config.read_timeout = None;
+        config.write_timeout = Some(self.request_timeout);
+        if https {
+            let Some(ca) = &self.ca_file else {
+                return Err(invalid("https needs a CA file"));
+            };
+            let file_error = |reason: String| KubeError::File {
+                what: "Kubernetes CA file",
+                path: ca.clone(),
+                reason,
+            };
+            let certificates =
+                pem_files::read_certificates(ca).map_err(|e| file_error(e.to_string()))?;
+            let roots = certificates.iter().map(|der| der.as_ref().to_vec()).collect();
+            config.root_cert = Some(roots);
+            if host.parse::<std::net::IpAddr>().is_err()
+                && rustls::pki_types::ServerName::try_from(host.as_str()).is_err()
+            {
+                return Err(invalid("host is not a valid TLS server name"));
+            }
+        }
+        Ok(config)
     }
 }
 
@@ -96,29 +125,20 @@ pub enum KubeError {
         /// Why it failed.
         reason: String,
     },
-    /// TCP connect failed.
-    #[error("connect to {authority}: {source}")]
-    Connect {
-        /// `host:port`.
-        authority: String,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// The TLS handshake failed.
-    #[error("TLS with {authority}: {source}")]
-    Tls {
-        /// `host:port`.
-        authority: String,
-        /// The I/O error carrying the TLS alert.
-        source: std::io::Error,
-    },
+    /// The `kube` client could not be built or could not send (connect, HTTP); the text is
+    /// the whole cause chain.
+    #[error("Kubernetes API client: {0}")]
+    Client(String),
+    /// The TLS handshake with the API server failed (an untrusted certificate, a bad name).
+    #[error("TLS with the Kubernetes API: {0}")]
+    Tls(String),
     /// A step took longer than its limit.
     #[error("{what} timed out")]
     Timeout {
         /// The step.
         what: &'static str,
     },
-    /// HTTP framing or connection error.
+    /// HTTP framing or connection error, or a request that could not be built.
     #[error("HTTP: {0}")]
     Http(String),
     /// `410 Gone`: the `resourceVersion` or `continue` token is too old; relist.
@@ -143,24 +163,19 @@ pub enum KubeError {
     },
 }
 
-/// A stream the HTTP connection runs over.
-trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
-
 /// A client for one API server. Cheap to clone.
 #[derive(Clone)]
 pub struct KubeClient {
-    config: KubeApiConfig,
-    authority: String,
-    host: String,
-    tls: Option<TlsConnector>,
+    client: kube::Client,
+    token_file: Option<PathBuf>,
+    request_timeout: Duration,
 }
 
 impl std::fmt::Debug for KubeClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KubeClient")
-            .field("authority", &self.authority)
-            .field("tls", &self.tls.is_some())
+            .field("token_file", &self.token_file)
+            .field("request_timeout", &self.request_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -216,116 +231,53 @@ fn read_small_file(what: &'static str, path: &Path, max: u64) -> Result<Vec<u8>,
     Ok(bytes)
 }
 
+/// A request built by `kube`'s builders (`kube::core::Request`), not yet sent.
+pub type ApiRequest = Request<Vec<u8>>;
+
 impl KubeClient {
-    /// A client for `config`; reads and checks the CA file now (the token is read per request).
+    /// A client for `config`. Reads and checks the CA file now (the token is read per request).
+    /// Must be called inside a Tokio runtime: `kube`'s client starts its dispatch task here.
     pub fn new(config: KubeApiConfig) -> Result<Self, KubeError> {
-        let (https, host, port) = parse_api_url(&config.api_url)?;
-        let authority =
-            if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
-        let tls = match (https, &config.ca_file) {
-            (false, _) => None,
-            (true, None) => {
-                return Err(KubeError::InvalidUrl {
-                    url: config.api_url.clone(),
-                    reason: "https needs a CA file",
-                });
-            }
-            (true, Some(ca)) => {
-                let file_error = |reason: String| KubeError::File {
-                    what: "Kubernetes CA file",
-                    path: ca.clone(),
-                    reason,
-                };
-                let certificates =
-                    pem_files::read_certificates(ca).map_err(|e| file_error(e.to_string()))?;
-                let mut roots = rustls::RootCertStore::empty();
-                for certificate in certificates {
-                    roots.add(certificate).map_err(|e| file_error(e.to_string()))?;
-                }
-                let provider = Arc::new(rustls::crypto::ring::default_provider());
-                let tls_config = rustls::ClientConfig::builder_with_provider(provider)
-                    .with_safe_default_protocol_versions()
-                    .map_err(|e| file_error(e.to_string()))?
-                    .with_root_certificates(roots)
-                    .with_no_client_auth();
-                Some(TlsConnector::from(Arc::new(tls_config)))
-            }
-        };
-        Ok(KubeClient { config, authority, host, tls })
+        let kube_config = config.kube_config()?;
+        let client = kube::Client::try_from(kube_config).map_err(|e| client_error(&e))?;
+        Ok(KubeClient {
+            client,
+            token_file: config.token_file,
+            request_timeout: config.request_timeout,
+        })
     }
 
     /// The bearer token, trimmed; `None` without a token file.
     fn token(&self) -> Result<Option<String>, KubeError> {
-        let Some(path) = &self.config.token_file else { return Ok(None) };
-        let bytes = read_small_file("Kubernetes token file", path, TOKEN_FILE_BYTES_MAX)?;
-        let text = String::from_utf8(bytes).map_err(|_| KubeError::File {
-            what: "Kubernetes token file",
-            path: path.clone(),
-            reason: "not UTF-8".to_owned(),
-        })?;
-        Ok(Some(text.trim().to_owned()))
+        read_token(self.token_file.as_deref())
     }
 
-    async fn connect(&self) -> Result<Box<dyn Io>, KubeError> {
-        let tcp = TcpStream::connect(&self.authority)
-            .await
-            .map_err(|source| KubeError::Connect { authority: self.authority.clone(), source })?;
-        let _ = tcp.set_nodelay(true);
-        match &self.tls {
-            None => Ok(Box::new(tcp)),
-            Some(connector) => {
-                let name =
-                    rustls::pki_types::ServerName::try_from(self.host.clone()).map_err(|_| {
-                        KubeError::InvalidUrl {
-                            url: self.config.api_url.clone(),
-                            reason: "host is not a valid TLS server name",
-                        }
-                    })?;
-                let stream = connector.connect(name, tcp).await.map_err(|source| {
-                    KubeError::Tls { authority: self.authority.clone(), source }
-                })?;
-                Ok(Box::new(stream))
-            }
-        }
-    }
-
-    /// Send `GET path_and_query` on a new connection; the returned handle aborts the task that
-    /// drives the connection.
-    async fn send(
-        &self,
-        path_and_query: &str,
-    ) -> Result<(Response<Incoming>, ConnectionGuard), KubeError> {
+    /// Send `request` (a `GET`) with the bearer token and JSON accepted.
+    async fn send(&self, request: ApiRequest) -> Result<Response<Body>, KubeError> {
         let token = self.token()?;
-        let io = tokio::time::timeout(self.config.connect_timeout, self.connect())
-            .await
-            .map_err(|_| KubeError::Timeout { what: "connecting to the Kubernetes API" })??;
-        let (mut sender, connection) =
-            hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(TokioIo::new(io))
-                .await
-                .map_err(|e| KubeError::Http(e.to_string()))?;
-        let guard = ConnectionGuard(
-            crate::runtime::spawn(async move {
-                let _ = connection.await;
-            })
-            .abort_handle(),
+        let (mut parts, body) = request.into_parts();
+        let headers = &mut parts.headers;
+        headers.insert(hyper::header::ACCEPT, http::HeaderValue::from_static("application/json"));
+        headers.insert(
+            hyper::header::USER_AGENT,
+            http::HeaderValue::from_static(concat!("kvrelay/", env!("CARGO_PKG_VERSION"))),
         );
-        let mut request = Request::get(path_and_query)
-            .header(hyper::header::HOST, &self.authority)
-            .header(hyper::header::ACCEPT, "application/json")
-            .header(hyper::header::USER_AGENT, concat!("kvrelay/", env!("CARGO_PKG_VERSION")));
         if let Some(token) = token {
-            request = request.header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
+            let mut value = http::HeaderValue::from_str(&format!("Bearer {token}"))
+                .map_err(|_| KubeError::Http("the token is not a valid header value".into()))?;
+            value.set_sensitive(true);
+            headers.insert(hyper::header::AUTHORIZATION, value);
         }
-        let request = request.body(Empty::new()).map_err(|e| KubeError::Http(e.to_string()))?;
-        let response =
-            sender.send_request(request).await.map_err(|e| KubeError::Http(e.to_string()))?;
-        Ok((response, guard))
+        self.client
+            .send(Request::from_parts(parts, Body::from(body)))
+            .await
+            .map_err(|e| client_error(&e))
     }
 
     /// `GET` a JSON document of at most `max_bytes`; non-2xx statuses are errors.
-    pub async fn get(&self, path_and_query: &str, max_bytes: usize) -> Result<Vec<u8>, KubeError> {
+    pub async fn get(&self, request: ApiRequest, max_bytes: usize) -> Result<Vec<u8>, KubeError> {
         let request = async {
-            let (response, _guard) = self.send(path_and_query).await?;
+            let response = self.send(request).await?;
             let status = response.status();
             if !status.is_success() {
                 return Err(status_error(status, response.into_body()).await);
@@ -339,23 +291,22 @@ impl KubeClient {
                 .await?
                 .ok_or(KubeError::TooLarge { max: max_bytes })
         };
-        tokio::time::timeout(self.config.request_timeout, request)
+        tokio::time::timeout(self.request_timeout, request)
             .await
             .map_err(|_| KubeError::Timeout { what: "a Kubernetes API request" })?
     }
 
-    /// Open a watch (`GET` with `watch=1` in `path_and_query`) whose lines are at most
-    /// `line_max` bytes. Connecting and the response headers are bounded by the request timeout;
-    /// the stream itself is not.
+    /// Open a watch (a `watch=true` request) whose lines are at most `line_max` bytes.
+    /// Connecting and the response headers are bounded by the request timeout; the stream
+    /// itself is not.
     pub async fn watch(
         &self,
-        path_and_query: &str,
+        request: ApiRequest,
         line_max: usize,
     ) -> Result<WatchLines, KubeError> {
-        let (response, guard) =
-            tokio::time::timeout(self.config.request_timeout, self.send(path_and_query))
-                .await
-                .map_err(|_| KubeError::Timeout { what: "opening a Kubernetes watch" })??;
+        let response = tokio::time::timeout(self.request_timeout, self.send(request))
+            .await
+            .map_err(|_| KubeError::Timeout { what: "opening a Kubernetes watch" })??;
         let status = response.status();
         if !status.is_success() {
             return Err(status_error(status, response.into_body()).await);
@@ -366,27 +317,62 @@ impl KubeClient {
             line_max,
             skipping: None,
             ended: false,
-            _guard: guard,
         })
     }
 }
 
-/// Aborts the connection task when dropped.
-#[derive(Debug)]
-struct ConnectionGuard(AbortHandle);
-
-impl Drop for ConnectionGuard {
-    fn drop(&mut self) {
-        self.0.abort();
+/// `error` with its whole cause chain (`kube`'s own text names only the outermost layer), as
+/// [`KubeError::Tls`] when a TLS error is among the causes.
+fn client_error(error: &kube::Error) -> KubeError {
+    let mut text = error.to_string();
+    let mut tls = false;
+    let mut cause = std::error::Error::source(error);
+    while let Some(current) = cause {
+        tls |= is_tls_error(current);
+        let layer = current.to_string();
+        if !text.contains(&layer) {
+            text.push_str(": ");
+            text.push_str(&layer);
+        }
+        cause = current.source();
     }
+    if tls { KubeError::Tls(text) } else { KubeError::Client(text) }
 }
 
-fn content_length(response: &Response<Incoming>) -> Option<u64> {
+/// Whether `error` is a TLS error, or an I/O error wrapping one (at any depth: an I/O error's
+/// `source` skips the error it wraps, so the wrapped ones are read here).
+fn is_tls_error(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = error;
+    for _ in 0..8 {
+        if current.is::<rustls::Error>() {
+            return true;
+        }
+        match current.downcast_ref::<std::io::Error>().and_then(std::io::Error::get_ref) {
+            Some(inner) => current = inner,
+            None => return false,
+        }
+    }
+    false
+}
+
+/// The bearer token in `path`, trimmed; `None` without a token file.
+fn read_token(path: Option<&Path>) -> Result<Option<String>, KubeError> {
+    let Some(path) = path else { return Ok(None) };
+    let bytes = read_small_file("Kubernetes token file", path, TOKEN_FILE_BYTES_MAX)?;
+    let text = String::from_utf8(bytes).map_err(|_| KubeError::File {
+        what: "Kubernetes token file",
+        path: path.to_owned(),
+        reason: "not UTF-8".to_owned(),
+    })?;
+    Ok(Some(text.trim().to_owned()))
+}
+
+fn content_length(response: &Response<Body>) -> Option<u64> {
     response.headers().get(hyper::header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }
 
 /// The body, or `None` if it exceeds `max` bytes (reading stops at the first frame past it).
-async fn read_bounded(mut body: Incoming, max: usize) -> Result<Option<Vec<u8>>, KubeError> {
+async fn read_bounded(mut body: Body, max: usize) -> Result<Option<Vec<u8>>, KubeError> {
     let mut bytes = Vec::new();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| KubeError::Http(e.to_string()))?;
@@ -401,7 +387,7 @@ async fn read_bounded(mut body: Incoming, max: usize) -> Result<Option<Vec<u8>>,
 }
 
 /// The error for a non-2xx response, with the `message` of a Kubernetes `Status` body.
-async fn status_error(status: StatusCode, body: Incoming) -> KubeError {
+async fn status_error(status: StatusCode, body: Body) -> KubeError {
     let message = match read_bounded(body, ERROR_BODY_BYTES_MAX).await {
         Ok(Some(bytes)) => status_message(&bytes),
         _ => String::new(),
@@ -437,13 +423,12 @@ pub enum WatchLine {
 /// The lines of a watch response, read as they arrive.
 #[derive(Debug)]
 pub struct WatchLines {
-    body: Incoming,
+    body: Body,
     buffer: Vec<u8>,
     line_max: usize,
     /// Bytes of the oversized line being skipped, if one is.
     skipping: Option<usize>,
     ended: bool,
-    _guard: ConnectionGuard,
 }
 
 impl WatchLines {
@@ -519,26 +504,53 @@ mod tests {
     #[test]
     fn https_without_a_ca_and_unreadable_files_are_refused() {
         assert!(matches!(
-            KubeClient::new(KubeApiConfig::new("https://127.0.0.1:6443")),
+            KubeApiConfig::new("https://127.0.0.1:6443").kube_config(),
             Err(KubeError::InvalidUrl { reason: "https needs a CA file", .. })
         ));
         let config = KubeApiConfig {
             ca_file: Some("/nonexistent/ca.crt".into()),
             ..KubeApiConfig::new("https://127.0.0.1:6443")
         };
-        assert!(matches!(KubeClient::new(config), Err(KubeError::File { .. })));
+        assert!(matches!(config.kube_config(), Err(KubeError::File { .. })));
 
         let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.crt");
+        std::fs::write(&empty, "").unwrap();
+        let config =
+            KubeApiConfig { ca_file: Some(empty), ..KubeApiConfig::new("https://127.0.0.1:6443") };
+        let error = config.kube_config().unwrap_err();
+        assert!(matches!(error, KubeError::File { .. }), "{error}");
+        assert!(error.to_string().contains("no PEM certificate"), "{error}");
+
         let big = dir.path().join("token");
         std::fs::write(&big, vec![b'a'; usize::try_from(TOKEN_FILE_BYTES_MAX).unwrap() + 1])
             .unwrap();
-        let client = KubeClient::new(KubeApiConfig {
-            token_file: Some(big),
-            ..KubeApiConfig::new("http://127.0.0.1:1")
-        })
-        .unwrap();
-        let error = client.token().unwrap_err();
+        let error = read_token(Some(&big)).unwrap_err();
         assert!(error.to_string().contains("larger than"), "{error}");
+        let small = dir.path().join("small");
+        std::fs::write(&small, " t0k3n\n").unwrap();
+        assert_eq!(read_token(Some(&small)).unwrap().as_deref(), Some("t0k3n"));
+        assert_eq!(read_token(None).unwrap(), None);
+    }
+
+    #[test]
+    fn tls_errors_are_found_inside_wrapping_io_errors() {
+        use std::io::{Error, ErrorKind};
+        let alert = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let wrapped = Error::other(Error::new(ErrorKind::InvalidData, alert.clone()));
+        assert!(is_tls_error(&wrapped));
+        assert!(is_tls_error(&alert));
+        assert!(!is_tls_error(&Error::new(ErrorKind::ConnectionRefused, "refused")));
+        assert!(!is_tls_error(&Error::other(Error::other("plain"))));
+    }
+
+    #[test]
+    fn the_kube_configuration_carries_the_url_ca_and_timeouts() {
+        let config = KubeApiConfig::new("http://[::1]:8080/").kube_config().unwrap();
+        assert_eq!(config.cluster_url.to_string(), "http://[::1]:8080/");
+        assert_eq!(config.connect_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(config.read_timeout, None, "a quiet watch is not a dead one");
+        assert!(config.root_cert.is_none());
     }
 
     #[test]

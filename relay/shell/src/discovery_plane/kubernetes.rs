@@ -54,8 +54,10 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use kube::api::{ListParams, WatchParams};
+
 use super::kube_client::{
-    KubeApiConfig, KubeClient, KubeError, SERVICE_ACCOUNT_DIR, WatchLine, WatchLines,
+    ApiRequest, KubeApiConfig, KubeClient, KubeError, SERVICE_ACCOUNT_DIR, WatchLine, WatchLines,
 };
 use super::records::{EntryValue, KeyForm, ListingEntry, ListingMode, RecordDiffer};
 use super::{
@@ -221,7 +223,7 @@ impl KubeDiscoveryConfig {
     /// Check the values are usable.
     pub fn validate(&self) -> Result<(), DiscoveryPlaneError> {
         let invalid = |field, reason| Err(DiscoveryPlaneError::InvalidConfig { field, reason });
-        if let Err(error) = KubeClient::new(self.api.clone()) {
+        if let Err(error) = self.api.kube_config() {
             return Err(DiscoveryPlaneError::InvalidKubeApi(error.to_string()));
         }
         if !is_dns_label(&self.namespace) {
@@ -265,42 +267,46 @@ impl KubeDiscoveryConfig {
         })
     }
 
-    /// The label selector query part of `resource` (`&labelSelector=...` or empty).
-    fn selector(resource: Resource) -> String {
+    /// The label selector of `resource`'s requests, if it has one.
+    fn selector(resource: Resource) -> Option<&'static str> {
         match resource {
-            Resource::Metadata => String::new(),
-            Resource::Readiness => {
-                format!("&labelSelector={}", query_escape(DISCOVERY_LABEL_SELECTOR))
-            }
+            Resource::Metadata => None,
+            Resource::Readiness => Some(DISCOVERY_LABEL_SELECTOR),
         }
     }
 
-    /// The path of one list page.
-    #[must_use]
-    fn list_path(&self, resource: Resource, continue_token: Option<&str>) -> String {
-        let mut path = format!(
-            "{}?limit={}{}",
-            self.collection(resource),
-            self.page_limit,
-            Self::selector(resource)
-        );
+    /// The request for one list page (built by `kube`'s request builder).
+    fn list_request(
+        &self,
+        resource: Resource,
+        continue_token: Option<&str>,
+    ) -> Result<ApiRequest, KubeError> {
+        let mut params = ListParams::default().limit(self.page_limit);
+        if let Some(selector) = Self::selector(resource) {
+            params = params.labels(selector);
+        }
         if let Some(token) = continue_token {
-            path.push_str("&continue=");
-            path.push_str(&query_escape(token));
+            params = params.continue_token(token);
         }
-        path
+        kube::core::Request::new(self.collection(resource))
+            .list(&params)
+            .map_err(|error| KubeError::Http(format!("building a list request: {error}")))
     }
 
-    /// The path of a watch from `resource_version`.
-    #[must_use]
-    fn watch_path(&self, resource: Resource, resource_version: &str) -> String {
-        format!(
-            "{}?watch=1&allowWatchBookmarks=true&resourceVersion={}&timeoutSeconds={}{}",
-            self.collection(resource),
-            query_escape(resource_version),
-            self.watch_timeout.as_secs(),
-            Self::selector(resource)
-        )
+    /// The request for a watch of `resource` from `resource_version`, with bookmarks.
+    fn watch_request(
+        &self,
+        resource: Resource,
+        resource_version: &str,
+    ) -> Result<ApiRequest, KubeError> {
+        let seconds = u32::try_from(self.watch_timeout.as_secs()).unwrap_or(u32::MAX);
+        let mut params = WatchParams::default().timeout(seconds);
+        if let Some(selector) = Self::selector(resource) {
+            params = params.labels(selector);
+        }
+        kube::core::Request::new(self.collection(resource))
+            .watch(&params, resource_version)
+            .map_err(|error| KubeError::Http(format!("building a watch request: {error}")))
     }
 }
 
@@ -311,19 +317,6 @@ fn is_dns_label(name: &str) -> bool {
         && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !name.starts_with('-')
         && !name.ends_with('-')
-}
-
-/// Percent-encode a query value (everything but unreserved characters).
-fn query_escape(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for byte in value.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(byte));
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
 }
 
 /// `(API group, version, plural)` of `resource` in `mode`; the core group is `""`. The one
@@ -685,8 +678,8 @@ impl KubeWatcher {
             let mut objects = Vec::new();
             let mut continue_token: Option<String> = None;
             loop {
-                let path = self.config.list_path(resource, continue_token.as_deref());
-                let body = match self.client.get(&path, self.config.list_bytes_max).await {
+                let request = self.config.list_request(resource, continue_token.as_deref())?;
+                let body = match self.client.get(request, self.config.list_bytes_max).await {
                     Ok(body) => body,
                     Err(KubeError::Gone { .. }) if continue_token.is_some() && !restarted => {
                         restarted = true;
@@ -855,11 +848,11 @@ impl KubeWatcher {
         let line_max = self.config.object_bytes_max;
         let metadata = self
             .client
-            .watch(&self.config.watch_path(Resource::Metadata, metadata_version), line_max)
+            .watch(self.config.watch_request(Resource::Metadata, metadata_version)?, line_max)
             .await?;
         let readiness = self
             .client
-            .watch(&self.config.watch_path(Resource::Readiness, readiness_version), line_max)
+            .watch(self.config.watch_request(Resource::Readiness, readiness_version)?, line_max)
             .await?;
         Ok((metadata, readiness))
     }
@@ -1171,9 +1164,14 @@ mod tests {
         assert_eq!(explicit.namespace, "dynamo-system");
         assert_eq!(explicit.mode, KubeDiscoveryMode::Container);
         assert_eq!(explicit.api.token_file, Some(account.path().join("token")));
+        // `kube`'s builder leaves an empty pair after `?`, which API servers ignore.
         assert_eq!(
-            explicit.watch_path(Resource::Readiness, "41"),
-            "/api/v1/namespaces/dynamo-system/pods?watch=1&allowWatchBookmarks=true&resourceVersion=41&timeoutSeconds=300&labelSelector=nvidia.com%2Fdynamo-discovery-backend%3Dkubernetes%2Cnvidia.com%2Fdynamo-discovery-enabled%3Dtrue"
+            explicit.watch_request(Resource::Readiness, "41").unwrap().uri().to_string(),
+            "/api/v1/namespaces/dynamo-system/pods?&watch=true&timeoutSeconds=300&labelSelector=nvidia.com%2Fdynamo-discovery-backend%3Dkubernetes%2Cnvidia.com%2Fdynamo-discovery-enabled%3Dtrue&allowWatchBookmarks=true&resourceVersion=41"
+        );
+        assert_eq!(
+            explicit.list_request(Resource::Metadata, Some("a b/c")).unwrap().uri().to_string(),
+            "/apis/nvidia.com/v1alpha1/namespaces/dynamo-system/dynamoworkermetadatas?&limit=500&continue=a+b%2Fc"
         );
         // In-cluster: https needs the CA, which this account directory lacks.
         let in_cluster = KubeDiscoveryConfig::from_lookup(

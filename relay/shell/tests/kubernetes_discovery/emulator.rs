@@ -383,7 +383,8 @@ fn handle(state: &Mutex<State>, expected: &str, request: Request<Incoming>) -> R
     if request.method() != hyper::Method::GET {
         return status(StatusCode::METHOD_NOT_ALLOWED, "read-only emulator");
     }
-    if query_value(&query, "watch").as_deref() == Some("1") {
+    // As the API server does, `watch=true` and `watch=1` both ask for a watch.
+    if matches!(query_value(&query, "watch").as_deref(), Some("true" | "1")) {
         state.watch(&path, &query)
     } else {
         state.list(&path, &query)
