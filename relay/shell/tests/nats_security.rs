@@ -1,13 +1,14 @@
 //! The NATS event plane against a real `nats-server` configured per case with a generated
-//! config file: user/password, token, NKEY and TLS with a client certificate (certificates made
-//! by `rcgen`, the NKEY pair by `nkeys`). Each case shows a published `kv-events` envelope
-//! arriving through the relay's plane with the right credentials, and the plane ending with
-//! [`EventPlaneError::NatsRefused`] with wrong ones (a failed TLS handshake is retried like a
-//! server that is down: the plane never connects nor delivers).
+//! config file: user/password, token, NKEY, a credentials file (user JWT and seed) against a
+//! server in operator mode, and TLS with a client certificate (certificates made by `rcgen`,
+//! NKEY pairs by `nkeys`, the operator, account and user JWTs by the small builder in
+//! [`jwt`]). Each case shows a published `kv-events` envelope arriving through the relay's plane
+//! with the right credentials, and the plane ending with [`EventPlaneError::NatsRefused`] with
+//! wrong ones (a failed TLS handshake is retried like a server that is down: the plane never
+//! connects nor delivers).
 //!
 //! The relay's settings are read with [`NatsSecurity::from_lookup`] from the same variable names
-//! the relay reads from its environment. Credentials files (user JWTs) need a server in operator
-//! mode and are validated by unit tests only.
+//! the relay reads from its environment.
 
 mod pki;
 mod servers;
@@ -229,6 +230,194 @@ async fn an_nkey_seed_delivers_and_an_unknown_key_is_refused() {
     let stranger = nkeys::KeyPair::new_user().seed().unwrap();
     let wrong = security(&[("NATS_AUTH_NKEY", &stranger)]);
     assert_refused(start_plane(server.url("nats"), wrong), "authorization violation").await;
+}
+
+/// NATS 2 decentralized-auth JWTs, just enough for a server in operator mode: an operator
+/// (self-signed), an account (signed by the operator) and users (signed by the account). A
+/// JWT is `header.claims.signature`, each part base64url without padding; the signature is the
+/// issuer's ed25519 NKEY signature over `header.claims`.
+mod jwt {
+    use nkeys::KeyPair;
+    use serde_json::{Value, json};
+
+    const HEADER: &str = r#"{"typ":"JWT","alg":"ed25519-nkey"}"#;
+    /// A fixed past issue time (2023-11-14): the server checks only `exp` and `nbf`, which
+    /// these JWTs leave out, and the tests read no wall clock.
+    const ISSUED_AT_S: u64 = 1_700_000_000;
+    /// `-1`: no limit, in every NATS limit field.
+    const NO_LIMIT: i64 = -1;
+
+    /// RFC 4648 §5 (URL-safe alphabet), no padding.
+    pub fn base64url(bytes: &[u8]) -> String {
+        const ALPHABET: &[u8; 64] =
+            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+        let mut encoded = String::with_capacity(bytes.len().div_ceil(3) * 4);
+        for chunk in bytes.chunks(3) {
+            let group = chunk
+                .iter()
+                .enumerate()
+                .fold(0_u32, |group, (index, byte)| group | u32::from(*byte) << (16 - 8 * index));
+            // n input bytes carry n + 1 sextets.
+            for sextet in 0..=chunk.len() {
+                encoded.push(char::from(ALPHABET[(group >> (18 - 6 * sextet)) as usize & 63]));
+            }
+        }
+        encoded
+    }
+
+    /// A signed JWT: standard claims around the NATS-specific `nats` object.
+    fn signed(issuer: &KeyPair, subject: &str, name: &str, nats: Value) -> String {
+        let claims = json!({
+            // Any unique id will do: the server does not recompute it.
+            "jti": format!("{name}-{subject}"),
+            "iat": ISSUED_AT_S,
+            "iss": issuer.public_key(),
+            "sub": subject,
+            "name": name,
+            "nats": nats,
+        });
+        let signed = format!(
+            "{}.{}",
+            base64url(HEADER.as_bytes()),
+            base64url(&claims.to_string().into_bytes())
+        );
+        let signature = issuer.sign(signed.as_bytes()).unwrap();
+        format!("{signed}.{}", base64url(&signature))
+    }
+
+    pub fn operator(operator: &KeyPair) -> String {
+        let nats = json!({ "type": "operator", "version": 2 });
+        signed(operator, &operator.public_key(), "test-operator", nats)
+    }
+
+    /// An account with the limits `nsc` writes by default: none (`-1`; a field left out would
+    /// decode as 0).
+    pub fn account(operator: &KeyPair, account: &KeyPair) -> String {
+        let nats = json!({
+            "limits": {
+                "subs": NO_LIMIT, "data": NO_LIMIT, "payload": NO_LIMIT,
+                "imports": NO_LIMIT, "exports": NO_LIMIT, "wildcards": true,
+                "conn": NO_LIMIT, "leaf": NO_LIMIT,
+            },
+            "default_permissions": { "pub": {}, "sub": {} },
+            "type": "account",
+            "version": 2,
+        });
+        signed(operator, &account.public_key(), "test-account", nats)
+    }
+
+    /// A user of `account`, allowed to publish and subscribe anywhere.
+    pub fn user(account: &KeyPair, user: &KeyPair, name: &str) -> String {
+        let nats = json!({
+            "pub": {}, "sub": {},
+            "subs": NO_LIMIT, "data": NO_LIMIT, "payload": NO_LIMIT,
+            "type": "user",
+            "version": 2,
+        });
+        signed(account, &user.public_key(), name, nats)
+    }
+
+    /// A `.creds` file as `nsc` writes it: the decorated user JWT, then the decorated seed.
+    pub fn creds_file(user_jwt: &str, seed: &str) -> String {
+        format!(
+            "-----BEGIN NATS USER JWT-----\n{user_jwt}\n------END NATS USER JWT------\n\n\
+             ************************* IMPORTANT *************************\n\
+             NKEY Seed printed below can be used to sign and prove identity.\n\
+             NKEYs are sensitive and should be treated as secrets.\n\n\
+             -----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n\n\
+             *************************************************************\n"
+        )
+    }
+}
+
+/// A server in operator mode trusting `operator`, with `account`'s JWT preloaded in its
+/// memory resolver (no account server: an account it was not given does not exist).
+async fn operator_mode_nats(operator: &nkeys::KeyPair, account: &nkeys::KeyPair) -> ConfiguredNats {
+    ConfiguredNats::start(&format!(
+        "operator: \"{}\"\nresolver: MEMORY\nresolver_preload: {{\n  {}: \"{}\"\n}}",
+        jwt::operator(operator),
+        account.public_key(),
+        jwt::account(operator, account),
+    ))
+    .await
+}
+
+#[test]
+fn the_jwt_encoder_is_unpadded_url_safe_base64() {
+    // RFC 4648 §10 vectors, without padding, and the two URL-safe characters.
+    for (plain, encoded) in [
+        ("", ""),
+        ("f", "Zg"),
+        ("fo", "Zm8"),
+        ("foo", "Zm9v"),
+        ("foob", "Zm9vYg"),
+        ("fooba", "Zm9vYmE"),
+    ] {
+        assert_eq!(jwt::base64url(plain.as_bytes()), encoded);
+    }
+    assert_eq!(jwt::base64url(&[0xfb, 0xff]), "-_8");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credentials_file_delivers_in_operator_mode_and_unknown_accounts_or_seeds_are_refused() {
+    let operator = nkeys::KeyPair::new_operator();
+    let account = nkeys::KeyPair::new_account();
+    let server = operator_mode_nats(&operator, &account).await;
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, contents: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, contents).unwrap();
+        path
+    };
+    let creds_security = |path: &Path| security(&[("NATS_AUTH_CREDENTIALS_FILE", text(path))]);
+
+    // The worker publishing the events is another user of the same account, connecting with
+    // the client's own credentials support (not through the relay's settings).
+    let worker = nkeys::KeyPair::new_user();
+    let worker_creds =
+        jwt::creds_file(&jwt::user(&account, &worker, "worker"), &worker.seed().unwrap());
+    let publisher = async_nats::ConnectOptions::with_credentials(&worker_creds)
+        .unwrap()
+        .connect(server.url("nats"))
+        .await
+        .expect("the worker's credentials are accepted");
+
+    let relay = nkeys::KeyPair::new_user();
+    let relay_jwt = jwt::user(&account, &relay, "kvrelay");
+    let good = write("relay.creds", &jwt::creds_file(&relay_jwt, &relay.seed().unwrap()));
+    let mut plane = start_plane(server.url("nats"), creds_security(&good));
+    assert_delivered(&mut plane, &publisher).await;
+    stop(plane).await;
+
+    // A user JWT signed by an account the server was never given.
+    let stranger_account = nkeys::KeyPair::new_account();
+    let unknown = write(
+        "unknown-account.creds",
+        &jwt::creds_file(&jwt::user(&stranger_account, &relay, "kvrelay"), &relay.seed().unwrap()),
+    );
+    assert_refused(
+        start_plane(server.url("nats"), creds_security(&unknown)),
+        "authorization violation",
+    )
+    .await;
+    // The relay's JWT with a seed that is not its subject's: the nonce signature does not verify.
+    let other_seed = nkeys::KeyPair::new_user().seed().unwrap();
+    let mismatched = write("mismatched.creds", &jwt::creds_file(&relay_jwt, &other_seed));
+    assert_refused(
+        start_plane(server.url("nats"), creds_security(&mismatched)),
+        "authorization violation",
+    )
+    .await;
+    // The same valid file ending right after its seed's closing line, with no final newline
+    // (as a Kubernetes Secret written with `stringData: |-` or `--from-literal` holds it), still
+    // delivers: the NATS tools accept it.
+    let full = jwt::creds_file(&relay_jwt, &relay.seed().unwrap());
+    const SEED_END: &str = "------END USER NKEY SEED------";
+    let unterminated = &full[..full.find(SEED_END).unwrap() + SEED_END.len()];
+    let unterminated = write("no-final-newline.creds", unterminated);
+    let mut plane = start_plane(server.url("nats"), creds_security(&unterminated));
+    assert_delivered(&mut plane, &publisher).await;
+    stop(plane).await;
 }
 
 fn tls_block(ca: &TestCa, server: &pki::Leaf, verify: bool) -> String {

@@ -223,11 +223,17 @@ impl NatsSecurity {
         if let Some(path) = get(NATS_AUTH_CREDENTIALS_FILE) {
             let path = PathBuf::from(path.trim());
             let bytes = read_bounded(NATS_AUTH_CREDENTIALS_FILE, &path)?;
-            let contents = String::from_utf8(bytes).map_err(|_| NatsSecurityError::File {
+            let mut contents = String::from_utf8(bytes).map_err(|_| NatsSecurityError::File {
                 variable: NATS_AUTH_CREDENTIALS_FILE,
                 path: path.clone(),
                 reason: "not UTF-8 text".to_owned(),
             })?;
+            // The client's parser wants a line break after the seed's closing line, which a
+            // file ending right there lacks (a Kubernetes Secret written with `|-` or
+            // `--from-literal`); the NATS tools accept such a file, so the relay does too.
+            if !contents.ends_with('\n') {
+                contents.push('\n');
+            }
             ConnectOptions::new().credentials(&contents).map_err(|error| {
                 NatsSecurityError::File {
                     variable: NATS_AUTH_CREDENTIALS_FILE,
@@ -459,6 +465,25 @@ mod tests {
         let parsed = security(&[(NATS_AUTH_CREDENTIALS_FILE, path.to_str().unwrap())]).unwrap();
         assert!(matches!(&parsed.auth, NatsAuth::Credentials { path: read, .. } if *read == path));
         assert!(!format!("{parsed:?}").contains(&seed));
+    }
+
+    #[test]
+    fn a_credentials_file_ending_without_a_newline_is_accepted() {
+        let dir = tempfile::tempdir().unwrap();
+        let seed = nkeys::KeyPair::new_user().seed().unwrap();
+        let path = dir.path().join("relay.creds");
+        std::fs::write(
+            &path,
+            format!(
+                "-----BEGIN NATS USER JWT-----\neyJhbGciOiJlZDI1NTE5In0.e30.c2ln\n------END NATS USER JWT------\n\n\
+                 -----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------"
+            ),
+        )
+        .unwrap();
+        let parsed = security(&[(NATS_AUTH_CREDENTIALS_FILE, path.to_str().unwrap())]).unwrap();
+        assert_eq!(parsed.auth.method(), "credentials file");
+        // What is kept is what the client is given on every connection: it must parse too.
+        assert!(parsed.apply(ConnectOptions::new()).is_ok());
     }
 
     #[test]
