@@ -164,6 +164,14 @@ pub struct CardInstanceId {
     pub model_suffix: Option<String>,
 }
 
+impl CardInstanceId {
+    /// Bytes of the id's texts (endpoint segments and adapter suffix).
+    #[must_use]
+    pub fn text_bytes(&self) -> usize {
+        self.endpoint.text_bytes() + self.model_suffix.as_ref().map_or(0, String::len)
+    }
+}
+
 /// The live worker set of one endpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct EndpointInstances {

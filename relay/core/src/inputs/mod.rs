@@ -25,6 +25,7 @@ mod errors;
 mod event_plane;
 mod facts;
 pub mod limits;
+mod weight;
 mod wire;
 
 #[cfg(test)]

@@ -68,6 +68,24 @@ pub enum Residency {
 pub struct UnsupportedResidencyDomain(pub String);
 
 impl RouterEvent {
+    /// Bytes this event is taken to hold in memory: the event value plus its block list (a
+    /// stored block is two 64-bit hashes, a removed one a single hash). An estimate that errs
+    /// high: the vectors' spare capacity is the only thing it leaves out, and decoders size them
+    /// exactly. Every queue and buffer that bounds events in bytes weighs them with this.
+    #[must_use]
+    pub fn weight_bytes(&self) -> usize {
+        let blocks = match &self.event.data {
+            KvCacheEventData::Stored(store) => {
+                store.blocks.len().saturating_mul(std::mem::size_of::<StoredBlock>())
+            }
+            KvCacheEventData::Removed(remove) => {
+                remove.block_hashes.len().saturating_mul(std::mem::size_of::<ExternalBlockHash>())
+            }
+            KvCacheEventData::Cleared => 0,
+        };
+        std::mem::size_of::<RouterEvent>().saturating_add(blocks)
+    }
+
     /// The `(worker_id, dp_rank)` source of this event.
     #[must_use]
     pub fn source(&self) -> SourceKey {

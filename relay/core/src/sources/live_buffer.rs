@@ -1,23 +1,10 @@
 //! The live events one rank holds while its recovery is under way, weighed in bytes.
 
-use crate::model::kv_events::{KvCacheEventData, RouterEvent};
+use crate::model::kv_events::RouterEvent;
 
-/// Bytes one buffered event is taken to hold: the event value plus its block list (a stored
-/// block is two 64-bit hashes, a removed one a single hash). An estimate that errs high: the
-/// vectors' spare capacity is the only thing it leaves out, and decoders size them exactly.
-#[must_use]
-pub fn event_bytes(event: &RouterEvent) -> usize {
-    let blocks = match &event.event.data {
-        KvCacheEventData::Stored(store) => store.blocks.len() * 16,
-        KvCacheEventData::Removed(remove) => remove.block_hashes.len() * 8,
-        KvCacheEventData::Cleared => 0,
-    };
-    std::mem::size_of::<RouterEvent>() + blocks
-}
-
-/// A rank's buffered live events with their total [`event_bytes`].
+/// A rank's buffered live events with their total [`RouterEvent::weight_bytes`].
 ///
-/// Invariant: `bytes` is the sum of [`event_bytes`] over `events`.
+/// Invariant: `bytes` is the sum of [`RouterEvent::weight_bytes`] over `events`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(super) struct LiveBuffer {
     events: Vec<RouterEvent>,
@@ -33,13 +20,13 @@ impl LiveBuffer {
         self.events.is_empty()
     }
 
-    /// The buffered events' total [`event_bytes`].
+    /// The buffered events' total [`RouterEvent::weight_bytes`].
     pub(super) fn bytes(&self) -> usize {
         self.bytes
     }
 
     pub(super) fn push(&mut self, event: RouterEvent) {
-        self.bytes += event_bytes(&event);
+        self.bytes += event.weight_bytes();
         self.events.push(event);
     }
 
@@ -59,7 +46,7 @@ impl LiveBuffer {
         self.events.retain(|event| {
             let kept = keep(event);
             if kept {
-                bytes += event_bytes(event);
+                bytes += event.weight_bytes();
             }
             kept
         });
@@ -68,7 +55,7 @@ impl LiveBuffer {
 
     /// Whether `bytes` still equals the sum it stands for (O(events)).
     pub(super) fn weighs_what_it_holds(&self) -> bool {
-        self.events.iter().map(event_bytes).sum::<usize>() == self.bytes
+        self.events.iter().map(RouterEvent::weight_bytes).sum::<usize>() == self.bytes
     }
 }
 

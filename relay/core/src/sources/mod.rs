@@ -33,7 +33,6 @@ mod tests;
 
 pub use commands::{RankDump, RankFence, RecoveryCall, ResetReason, SourceCommand, SourceInput};
 pub use cursor::{CursorObservation, EVENT_ID_EXHAUSTED, RankCursor};
-pub use live_buffer::event_bytes;
 pub use membership::{
     ADVERTS_MAX, AdvertChange, AdvertTable, AdvertTableError, DATA_PARALLEL_SIZE_MAX,
     EXPECTED_RANKS_MAX, KvSourceMembership, KvStateEndpointResolution, MembershipDiagnostic,

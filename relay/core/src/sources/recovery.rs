@@ -28,7 +28,7 @@
 //! - ranks: at most the view's expected ranks, never more than [`EXPECTED_RANKS_MAX`] (a view
 //!   with more is cut at the bound, in rank order);
 //! - live buffer per rank: [`LIVE_BUFFER_EVENTS_MAX`] events and [`LIVE_BUFFER_BYTES_MAX`] bytes
-//!   (weighed by [`event_bytes`], before the event is held); on overflow the batch holding the
+//!   (weighed by [`RouterEvent::weight_bytes`], before the event is held); on overflow the batch holding the
 //!   rank's dump is released early if there is one, otherwise the buffer (and the event) are
 //!   dropped, the rank is reset and a fresh tree dump is requested as the next attempt of the
 //!   same episode (so overflows count against the attempt bound);
@@ -50,7 +50,7 @@ use thiserror::Error;
 
 use super::commands::{RankDump, RankFence, RecoveryCall, ResetReason, SourceCommand, SourceInput};
 use super::cursor::{CursorObservation, EVENT_ID_EXHAUSTED, RankCursor};
-use super::live_buffer::{LiveBuffer, event_bytes};
+use super::live_buffer::LiveBuffer;
 use super::membership::{EXPECTED_RANKS_MAX, RankView, SourceView};
 use super::protocol::{RecoveryRequest, RecoveryRequestId, RecoveryResponse, TreeDumpScope};
 use crate::inputs::{KvEventBatch, RecoveryTarget};
@@ -62,7 +62,7 @@ use crate::rng::RelayRng;
 /// Live events buffered per rank while its recovery is under way (the worker's ring buffer has
 /// the same size).
 pub const LIVE_BUFFER_EVENTS_MAX: usize = 1024;
-/// Bytes of live events buffered per rank while its recovery is under way ([`event_bytes`]):
+/// Bytes of live events buffered per rank while its recovery is under way ([`RouterEvent::weight_bytes`]):
 /// a worker may put up to 1Mi blocks in one event, so the event bound alone would let one rank
 /// hold gigabytes. 64 MiB is about 4Mi stored blocks, far above a healthy rank's traffic during
 /// a recovery of a few seconds.
@@ -372,7 +372,7 @@ fn is_rank_clear(event: &RouterEvent) -> bool {
 ///   exactly, and at most `recovery_fetches_in_flight_max` calls are in flight;
 /// - a rank's buffer is non-empty only while its recovery is under way, never exceeds
 ///   `live_buffer_events_max` events nor `live_buffer_bytes_max` bytes (its weight is the sum of
-///   its events' [`event_bytes`]), and only recoverable ranks buffer.
+///   its events' [`RouterEvent::weight_bytes`]), and only recoverable ranks buffer.
 #[derive(Debug, Clone)]
 pub struct SourceTracker {
     config: SourceTrackerConfig,
@@ -914,7 +914,7 @@ impl SourceTracker {
         let Some(state) = self.ranks.get(&source) else {
             return;
         };
-        let fits_bytes = state.buffer.bytes().saturating_add(event_bytes(&event))
+        let fits_bytes = state.buffer.bytes().saturating_add(event.weight_bytes())
             <= self.config.live_buffer_bytes_max;
         if state.buffer.len() < self.config.live_buffer_events_max && fits_bytes {
             self.push_buffer(source, event);

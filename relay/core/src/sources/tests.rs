@@ -1098,7 +1098,7 @@ fn heavy(source: SourceKey, event_id: u64, blocks: u64) -> RouterEvent {
 #[test]
 fn the_live_buffer_is_bounded_in_bytes_before_an_event_is_held() {
     // Room for two 4,096-block events, not three: the event bound (1024) is never near.
-    let per_event = event_bytes(&heavy(R0, 1, 4096));
+    let per_event = heavy(R0, 1, 4096).weight_bytes();
     let config = SourceTrackerConfig {
         live_buffer_bytes_max: 2 * per_event + per_event / 2,
         ..SourceTrackerConfig::default()

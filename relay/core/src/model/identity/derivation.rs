@@ -265,6 +265,12 @@ pub struct EndpointPath {
 }
 
 impl EndpointPath {
+    /// Bytes of the three segments' texts (what the path holds beyond its own value).
+    #[must_use]
+    pub fn text_bytes(&self) -> usize {
+        self.namespace.len() + self.component.len() + self.endpoint.len()
+    }
+
     /// Build from the three segments, validating each.
     pub fn new(
         namespace: impl Into<String>,
