@@ -13,7 +13,7 @@ use crate::publication::HubConfig;
 use crate::runtime::{BlockingExecutor, WallClock};
 use kvrelay_core::control::ControlConfig;
 use kvrelay_core::discovery::DiscoveryScope;
-use kvrelay_core::inputs::{DcInput, RecoveryTarget};
+use kvrelay_core::inputs::RecoveryTarget;
 use kvrelay_core::model::identity::{RelayIdentity, stable_dc_id};
 use kvrelay_core::rng::{RelayRng, derive_seed, rng_from_seed};
 use kvrelay_core::sources::{RecoveryFailure, RecoveryRequest, RecoveryResponse};
@@ -99,6 +99,7 @@ impl Demo {
             load_window: Duration::from_secs(1),
             input_queue_capacity: 1024,
             load_fanout_capacity: 16,
+            input_queue_bytes_max: crate::node::INPUT_QUEUE_BYTES_MAX_DEFAULT,
         };
         let mut dc_rng = rng_from_seed(derive_seed(options.seed, "demo/dc"));
         let dc = SharedDc(Arc::new(Mutex::new(SimulatedDc::start(
@@ -128,7 +129,7 @@ impl Demo {
 
 async fn drive(
     dc: SharedDc,
-    inputs: tokio::sync::mpsc::Sender<DcInput>,
+    inputs: crate::node::InputSender,
     options: DemoOptions,
     mut rng: RelayRng,
     stop: CancellationToken,

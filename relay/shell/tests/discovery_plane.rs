@@ -112,7 +112,7 @@ fn listed_ids(fact: &DcInput) -> Vec<CardInstanceId> {
 
 /// Receive facts until `done` holds for everything received; panics after `within`.
 async fn receive_until(
-    facts: &mut mpsc::Receiver<DcInput>,
+    facts: &mut kvrelay::node::InputReceiver,
     within: Duration,
     what: &str,
     done: impl Fn(&[DcInput]) -> bool,
@@ -120,7 +120,7 @@ async fn receive_until(
     let mut received = Vec::new();
     let deadline = tokio::time::Instant::now() + within;
     while !done(&received) {
-        match tokio::time::timeout_at(deadline, facts.recv()).await {
+        match tokio::time::timeout_at(deadline, facts.recv_input()).await {
             Ok(Some(fact)) => received.push(fact),
             Ok(None) => panic!("{what}: the transport ended; received {received:#?}"),
             Err(_) => panic!("{what}: not within {within:?}; received {received:#?}"),
@@ -295,7 +295,8 @@ async fn file_discovery_loop_delivers_facts_and_expires_a_dead_worker() {
     let store = FileStore::new();
     let clock = Arc::new(ManualWallClock::new(T0_US));
     write_worker(&store, T0_US);
-    let (facts_tx, mut facts_rx) = mpsc::channel(4);
+    let (facts_tx, mut facts_rx) =
+        kvrelay::node::input_queue(4, kvrelay::node::INPUT_QUEUE_BYTES_MAX_DEFAULT);
     let (channels_tx, mut channels_rx) = mpsc::channel(4);
     let (stats_tx, stats_rx) = watch::channel(DiscoveryStats::default());
     let sink = DiscoverySink::new(facts_tx).with_channels(channels_tx).with_stats(stats_tx);
@@ -344,7 +345,8 @@ async fn file_discovery_loop_delivers_facts_and_expires_a_dead_worker() {
 async fn file_discovery_loop_ends_when_the_fact_receiver_is_gone() {
     let store = FileStore::new();
     write_worker(&store, T0_US);
-    let (facts_tx, facts_rx) = mpsc::channel(1);
+    let (facts_tx, facts_rx) =
+        kvrelay::node::input_queue(1, kvrelay::node::INPUT_QUEUE_BYTES_MAX_DEFAULT);
     drop(facts_rx);
     let result = run_file_discovery(
         FileDiscoveryConfig::new(&store.root),
@@ -394,7 +396,7 @@ async fn register_worker(client: &mut EtcdClient, publisher: u64) -> u64 {
 }
 
 struct RelayUnderTest {
-    facts: mpsc::Receiver<DcInput>,
+    facts: kvrelay::node::InputReceiver,
     channels: mpsc::Receiver<ChannelChange>,
     stats: watch::Receiver<DiscoveryStats>,
     cancel: CancellationToken,
@@ -407,7 +409,8 @@ impl RelayUnderTest {
     }
 
     fn start_scoped(config: EtcdDiscoveryConfig, scope: DiscoveryScope) -> Self {
-        let (facts_tx, facts) = mpsc::channel(64);
+        let (facts_tx, facts) =
+            kvrelay::node::input_queue(64, kvrelay::node::INPUT_QUEUE_BYTES_MAX_DEFAULT);
         let (channels_tx, channels) = mpsc::channel(64);
         let (stats_tx, stats) = watch::channel(DiscoveryStats::default());
         let sink = DiscoverySink::new(facts_tx).with_channels(channels_tx).with_stats(stats_tx);
@@ -702,7 +705,7 @@ async fn etcd_with_authentication_discovers_with_the_password_and_refuses_a_wron
     }
     let last = refused.stats.borrow().last_error.clone().unwrap();
     assert!(last.contains("authentication failed"), "{last}");
-    assert!(refused.facts.try_recv().is_err());
+    assert!(refused.facts.try_recv_input().is_err());
     refused.stop().await;
     // Anonymous calls are refused once authentication is on.
     assert!(admin.range_prefix(b"v1/", 16, 1 << 10).await.is_err());
@@ -835,7 +838,10 @@ async fn etcd_reconciling_relists_of_an_unchanged_store_emit_nothing() {
             })
             .await;
         relay.stats_until("three reconciling relists", |stats| stats.relists >= 3).await;
-        assert!(relay.facts.try_recv().is_err(), "{scope:?}: a relist of the same state emitted");
+        assert!(
+            relay.facts.try_recv_input().is_err(),
+            "{scope:?}: a relist of the same state emitted"
+        );
         // A change between relists still arrives once (by the watch or by the next relist).
         let late = register_worker_in(
             &mut client,
@@ -853,7 +859,7 @@ async fn etcd_reconciling_relists_of_an_unchanged_store_emit_nothing() {
             .await;
         relay.stats_until("two more relists", |stats| stats.relists >= 5).await;
         let mut again = Vec::new();
-        while let Ok(fact) = relay.facts.try_recv() {
+        while let Ok(fact) = relay.facts.try_recv_input() {
             again.push(fact);
         }
         assert!(
@@ -959,7 +965,8 @@ async fn file_backend_reads_changed_files_only_and_a_relist_finds_exactly_the_dr
 async fn a_widened_namespace_selection_is_read_at_once_not_at_the_next_relist() {
     let store = FileStore::new();
     write_worker(&store, T0_US);
-    let (facts_tx, mut facts_rx) = mpsc::channel(16);
+    let (facts_tx, mut facts_rx) =
+        kvrelay::node::input_queue(16, kvrelay::node::INPUT_QUEUE_BYTES_MAX_DEFAULT);
     let (limit_tx, limit_rx) = watch::channel(Some(BTreeSet::new()));
     let sink = DiscoverySink::new(facts_tx).with_namespace_limit(limit_rx);
     let cancel = CancellationToken::new();

@@ -122,15 +122,15 @@ async fn bounded<F: std::future::Future>(test: F) -> F::Output {
 
 /// Receive the next input that is not a probe, failing after `wait`.
 /// Waits until redundant sends have surely landed, then discards every pending input.
-async fn settle_and_drain(inputs: &mut mpsc::Receiver<DcInput>) {
+async fn settle_and_drain(inputs: &mut kvrelay::node::InputReceiver) {
     tokio::time::sleep(Duration::from_secs(1)).await;
-    while inputs.try_recv().is_ok() {}
+    while inputs.try_recv_input().is_ok() {}
 }
 
-async fn next_input(inputs: &mut mpsc::Receiver<DcInput>, wait: Duration) -> DcInput {
+async fn next_input(inputs: &mut kvrelay::node::InputReceiver, wait: Duration) -> DcInput {
     tokio::time::timeout(wait, async {
         loop {
-            let input = inputs.recv().await.expect("sink closed");
+            let input = inputs.recv_input().await.expect("sink closed");
             if !is_probe(&input) {
                 return input;
             }
@@ -149,7 +149,7 @@ fn is_probe(input: &DcInput) -> bool {
 async fn probe_until_live(
     publisher: &async_nats::Client,
     subject: &str,
-    inputs: &mut mpsc::Receiver<DcInput>,
+    inputs: &mut kvrelay::node::InputReceiver,
     wait: Duration,
 ) {
     let probe = Bytes::from(load_envelope(1, 0, PROBE_WORKER, 1));
@@ -158,7 +158,7 @@ async fn probe_until_live(
             let _ = publisher.publish(subject.to_owned(), probe.clone()).await;
             let _ = publisher.flush().await;
             if let Ok(Some(input)) =
-                tokio::time::timeout(Duration::from_millis(100), inputs.recv()).await
+                tokio::time::timeout(Duration::from_millis(100), inputs.recv_input()).await
                 && is_probe(&input)
             {
                 return;
@@ -177,7 +177,8 @@ async fn nats_plane_delivers_dynamo_envelopes_and_survives_a_server_restart() {
         let url = server.url();
         let namespaces = NatsNamespaces::Only(["dynamo".to_owned(), "team.a".to_owned()].into());
         let config = NatsEventPlaneConfig::new(url.clone(), namespaces);
-        let (sink, mut inputs) = mpsc::channel(16);
+        let (sink, mut inputs) =
+            kvrelay::node::input_queue(16, kvrelay::node::INPUT_QUEUE_BYTES_MAX_DEFAULT);
         let counters = EventPlaneCounters::new();
         let cancel = CancellationToken::new();
         let plane: JoinHandle<Result<(), EventPlaneError>> = kvrelay::runtime::spawn(
@@ -261,7 +262,8 @@ async fn nats_plane_delivers_dynamo_envelopes_and_survives_a_server_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_plane_fails_clearly_without_namespaces() {
     let config = NatsEventPlaneConfig::new("nats://127.0.0.1:1", NatsNamespaces::Only([].into()));
-    let (sink, _inputs) = mpsc::channel(1);
+    let (sink, _inputs) =
+        kvrelay::node::input_queue(1, kvrelay::node::INPUT_QUEUE_BYTES_MAX_DEFAULT);
     let result =
         run_nats_event_plane(config, sink, EventPlaneCounters::new(), CancellationToken::new())
             .await;
@@ -308,14 +310,14 @@ fn channel(scope: &EndpointPath, topic: &str, publisher_id: u64, endpoint: &str)
 async fn publish_until_received(
     socket: &mut PubSocket,
     message: &ZmqMessage,
-    inputs: &mut mpsc::Receiver<DcInput>,
+    inputs: &mut kvrelay::node::InputReceiver,
     wait: Duration,
 ) -> DcInput {
     tokio::time::timeout(wait, async {
         loop {
             socket.send(message.clone()).await.unwrap();
             if let Ok(Some(input)) =
-                tokio::time::timeout(Duration::from_millis(50), inputs.recv()).await
+                tokio::time::timeout(Duration::from_millis(50), inputs.recv_input()).await
             {
                 return input;
             }
@@ -341,7 +343,8 @@ async fn zmq_plane_decodes_the_captured_frames_per_channel() {
         let (mut events_pub, events_endpoint) = bind_publisher(0).await;
         let (mut metrics_pub, metrics_endpoint) = bind_publisher(0).await;
         let (changes_tx, changes) = mpsc::channel(8);
-        let (sink, mut inputs) = mpsc::channel(16);
+        let (sink, mut inputs) =
+            kvrelay::node::input_queue(16, kvrelay::node::INPUT_QUEUE_BYTES_MAX_DEFAULT);
         let counters = EventPlaneCounters::new();
         let cancel = CancellationToken::new();
         let plane = kvrelay::runtime::spawn(run_zmq_event_plane(
@@ -469,7 +472,8 @@ async fn zmq_plane_waits_for_a_late_publisher_and_stops_on_removal() {
         let port = free_port();
         let advertised = format!("tcp://127.0.0.1:{port}");
         let (changes_tx, changes) = mpsc::channel(8);
-        let (sink, mut inputs) = mpsc::channel(16);
+        let (sink, mut inputs) =
+            kvrelay::node::input_queue(16, kvrelay::node::INPUT_QUEUE_BYTES_MAX_DEFAULT);
         let counters = EventPlaneCounters::new();
         let cancel = CancellationToken::new();
         let plane = kvrelay::runtime::spawn(run_zmq_event_plane(
@@ -523,7 +527,7 @@ async fn zmq_plane_waits_for_a_late_publisher_and_stops_on_removal() {
         for _ in 0..10 {
             publisher.send(captured_zmq_message()).await.unwrap();
         }
-        let late = tokio::time::timeout(Duration::from_millis(500), inputs.recv()).await;
+        let late = tokio::time::timeout(Duration::from_millis(500), inputs.recv_input()).await;
         assert!(late.is_err(), "a removed channel still delivered {late:?}");
 
         // Closing the change stream stops the plane cleanly.
@@ -642,7 +646,8 @@ async fn hostile_publisher_is_refused(attack: Attack, kind: kvrelay::event_plane
     let (hostile_endpoint, sessions, hostile_task) = hostile_publisher(attack).await;
     let (mut good_pub, good_endpoint) = bind_publisher(0).await;
     let (changes_tx, changes) = mpsc::channel(8);
-    let (sink, mut inputs) = mpsc::channel(16);
+    let (sink, mut inputs) =
+        kvrelay::node::input_queue(16, kvrelay::node::INPUT_QUEUE_BYTES_MAX_DEFAULT);
     let counters = EventPlaneCounters::new();
     let cancel = CancellationToken::new();
     let config = fast_zmq_config();

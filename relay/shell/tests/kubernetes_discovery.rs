@@ -26,7 +26,7 @@ use kvrelay_core::discovery::DiscoveryScope;
 use kvrelay_core::inputs::{CardInstanceId, DcInput, EndpointInstances};
 use kvrelay_core::model::identity::EndpointPath;
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 const NAMESPACE: &str = "dynamo";
@@ -132,7 +132,7 @@ fn lists_cards(fact: &DcInput, instances: &[u64]) -> bool {
 // The relay side.
 
 struct Relay {
-    facts: mpsc::Receiver<DcInput>,
+    facts: kvrelay::node::InputReceiver,
     stats: watch::Receiver<DiscoveryStats>,
     cancel: CancellationToken,
     task: tokio::task::JoinHandle<Result<(), DiscoveryPlaneError>>,
@@ -171,7 +171,8 @@ impl Relay {
     }
 
     fn run(config: KubeDiscoveryConfig, dir: tempfile::TempDir) -> Relay {
-        let (facts_tx, facts) = mpsc::channel(256);
+        let (facts_tx, facts) =
+            kvrelay::node::input_queue(256, kvrelay::node::INPUT_QUEUE_BYTES_MAX_DEFAULT);
         let (stats_tx, stats) = watch::channel(DiscoveryStats::default());
         let sink = DiscoverySink::new(facts_tx).with_stats(stats_tx);
         let cancel = CancellationToken::new();
@@ -185,7 +186,7 @@ impl Relay {
         let mut received = Vec::new();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         while !done(&received) {
-            match tokio::time::timeout_at(deadline, self.facts.recv()).await {
+            match tokio::time::timeout_at(deadline, self.facts.recv_input()).await {
                 Ok(Some(fact)) => received.push(fact),
                 Ok(None) => panic!("{what}: the backend ended; received {received:#?}"),
                 Err(_) => panic!("{what}: not within 20 s; received {received:#?}"),
@@ -404,7 +405,7 @@ async fn malformed_and_oversized_objects_are_counted_and_skipped() {
         relay.stats_until(&format!("relist {round}"), |s| s.listings > before).await;
     }
     let mut after = Vec::new();
-    while let Ok(fact) = relay.facts.try_recv() {
+    while let Ok(fact) = relay.facts.try_recv_input() {
         after.push(fact);
     }
     assert!(
@@ -447,7 +448,7 @@ async fn a_wrong_token_is_refused_and_counted_and_tls_uses_the_configured_ca() {
         Relay::run(config(&emulator.url(), wrong, Some(ca.cert_path.clone())), wrong_dir);
     let stats = refused.stats_until("401 counted", |s| s.transport_errors >= 2).await;
     assert!(stats.last_error.as_deref().unwrap_or("").contains("401"), "{stats:?}");
-    assert!(refused.facts.try_recv().is_err(), "nothing is delivered without access");
+    assert!(refused.facts.try_recv_input().is_err(), "nothing is delivered without access");
     refused.stop().await;
 
     // A CA that did not sign the server's certificate: the handshake fails and is counted.
@@ -572,14 +573,14 @@ async fn reconciling_relists_of_an_unchanged_cluster_emit_nothing() {
         })
         .await;
     relay.stats_until("three reconciling relists", |stats| stats.relists >= 3).await;
-    assert!(relay.facts.try_recv().is_err(), "a relist of the same cluster emitted facts");
+    assert!(relay.facts.try_recv_input().is_err(), "a relist of the same cluster emitted facts");
     // A worker that joins between relists arrives once, as differences (never a new listing).
     emulator.put(METADATA, worker_metadata("worker-1", 0xb0, 0x1b0));
     emulator.put(SLICES, slice("backend-slice", &[("worker-0", true), ("worker-1", true)]));
     let joined = relay.until("worker-1", |facts| facts.contains(&live(&[0xa0, 0xb0]))).await;
     relay.stats_until("two more relists", |stats| stats.relists >= 5).await;
     let mut later = Vec::new();
-    while let Ok(fact) = relay.facts.try_recv() {
+    while let Ok(fact) = relay.facts.try_recv_input() {
         later.push(fact);
     }
     assert!(

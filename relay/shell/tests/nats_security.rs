@@ -32,7 +32,6 @@ use kvrelay_core::model::kv_events::{
 };
 use pki::{TestCa, text};
 use servers::free_port;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 const TEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -108,14 +107,15 @@ fn envelope(sequence: u64) -> Vec<u8> {
 
 /// The relay's plane with `security`, feeding a channel.
 struct Plane {
-    inputs: mpsc::Receiver<DcInput>,
+    inputs: kvrelay::node::InputReceiver,
     counters: EventPlaneCounters,
     cancel: CancellationToken,
     task: tokio::task::JoinHandle<Result<(), EventPlaneError>>,
 }
 
 fn start_plane(url: String, security: NatsSecurity) -> Plane {
-    let (sink, inputs) = mpsc::channel(64);
+    let (sink, inputs) =
+        kvrelay::node::input_queue(64, kvrelay::node::INPUT_QUEUE_BYTES_MAX_DEFAULT);
     let counters = EventPlaneCounters::new();
     let cancel = CancellationToken::new();
     let config = NatsEventPlaneConfig {
@@ -139,7 +139,7 @@ async fn assert_delivered(plane: &mut Plane, publisher: &async_nats::Client) {
             publisher.publish(SUBJECT, envelope(sequence).into()).await.unwrap();
             publisher.flush().await.unwrap();
             if let Ok(Some(input)) =
-                tokio::time::timeout(Duration::from_millis(200), plane.inputs.recv()).await
+                tokio::time::timeout(Duration::from_millis(200), plane.inputs.recv_input()).await
             {
                 return input;
             }
@@ -475,7 +475,7 @@ async fn assert_never_connects(mut plane: Plane, publisher: &async_nats::Client)
         publisher.publish(SUBJECT, envelope(sequence).into()).await.unwrap();
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(plane.inputs.try_recv().is_err(), "delivered over a TLS setup the peer refuses");
+    assert!(plane.inputs.try_recv_input().is_err(), "delivered over a TLS setup the peer refuses");
     assert_eq!(plane.counters.snapshot().connects, 0);
     assert!(plane.counters.snapshot().connect_failures >= 1);
     assert!(!plane.task.is_finished(), "the plane retries a failed handshake");

@@ -11,6 +11,7 @@
 //! and the relay resumes on the probe: it watches from its last applied revision (or relists
 //! when the planes host compacted it). A failed probe is retried every [`PROBE_RETRY`].
 
+use kvrelay::node::InputSender;
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::Arc;
@@ -24,7 +25,7 @@ use kvrelay::node::RecoveryTransport;
 use kvrelay::request_plane::PayloadCodec;
 use kvrelay::request_plane::answer::read_answer_stream;
 use kvrelay_core::discovery::DiscoveryScope;
-use kvrelay_core::inputs::{DcInput, RecoveryTarget};
+use kvrelay_core::inputs::RecoveryTarget;
 use kvrelay_core::sources::{RecoveryFailure, RecoveryRequest, RecoveryResponse};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
@@ -127,7 +128,7 @@ impl PlanesClient {
     }
 
     /// Follow the planes host, feeding `inputs`, until the node stops taking them.
-    pub async fn run(mut self, inputs: mpsc::Sender<DcInput>) {
+    pub async fn run(mut self, inputs: InputSender) {
         let mut next: Option<(Reader, Writer)> = None;
         loop {
             let (reader, writer) = match next.take() {
@@ -165,7 +166,7 @@ impl PlanesClient {
         &mut self,
         mut reader: Reader,
         mut writer: Writer,
-        inputs: &mpsc::Sender<DcInput>,
+        inputs: &InputSender,
     ) -> Ended {
         if send(&mut writer, &ToPlanes::Subscribe { after: self.applied }).await.is_err() {
             return Ended::Broken;
@@ -223,7 +224,7 @@ impl PlanesClient {
     }
 
     /// Apply one frame; `false` when the node no longer takes inputs.
-    async fn handle(&mut self, frame: ToRelay, inputs: &mpsc::Sender<DcInput>) -> bool {
+    async fn handle(&mut self, frame: ToRelay, inputs: &InputSender) -> bool {
         let outputs = match frame {
             ToRelay::Listing { revision, entries } => {
                 let entries = entries

@@ -9,7 +9,6 @@ use kvrelay_core::discovery::DiscoveryScope;
 use kvrelay_core::inputs::DcInput;
 use kvrelay_core::rng::rng_from_seed;
 use kvrelay_dc::{Deployment, SimulatedDc, TrafficConfig};
-use tokio::sync::mpsc;
 
 use super::client::PlanesClient;
 use super::frame::ToPlanes;
@@ -68,12 +67,13 @@ where
     sim.client(RELAY, async move {
         let scope = DiscoveryScope::new(Vec::new(), Vec::new(), true).expect("watch-all");
         let (client, _recovery) = PlanesClient::new(scope, Arc::default());
-        let (inputs, mut facts) = mpsc::channel(1024);
+        let (inputs, mut facts) =
+            kvrelay::node::input_queue(1024, kvrelay::node::INPUT_QUEUE_BYTES_MAX_DEFAULT);
         kvrelay::runtime::spawn(client.run(inputs));
         let received = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&received);
         kvrelay::runtime::spawn(async move {
-            while let Some(fact) = facts.recv().await {
+            while let Some(fact) = facts.recv_input().await {
                 sink.lock().unwrap().push(fact);
             }
         });

@@ -20,6 +20,7 @@
 //! record differ and decoders, so a partition, stall or noise acts on them as on a live DC.
 //! Otherwise the inputs go to the node as recorded.
 
+use kvrelay::node::InputSender;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -33,7 +34,7 @@ use kvrelay_core::inputs::DcInput;
 use kvrelay_core::model::identity::RelayIdentity;
 use kvrelay_core::rng::{derive_seed, rng_from_seed};
 use kvrelay_core::wire::{LoadUpdate, validate_load_update};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::listing::DiscoveryState;
@@ -120,7 +121,7 @@ fn sim_elapsed() -> Duration {
 
 /// Where the feeder hands inputs.
 enum Sink {
-    Node(mpsc::Sender<DcInput>),
+    Node(InputSender),
     Planes(Arc<Mutex<Planes>>),
 }
 

@@ -50,6 +50,7 @@ mod soft_errors;
 #[cfg(test)]
 mod records_tests;
 
+use crate::node::InputSender;
 use std::time::Duration;
 
 use thiserror::Error;
@@ -58,7 +59,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::runtime::WallClock;
 use kvrelay_core::discovery::DiscoveryScope;
-use kvrelay_core::inputs::{DcInput, InputCounters};
+use kvrelay_core::inputs::InputCounters;
 
 pub use etcd::{
     EtcdDiscoveryConfig, EtcdQueries, NAMESPACE_QUERIES_MAX, namespace_prefixes, run_etcd_discovery,
@@ -178,7 +179,7 @@ pub struct DiscoveryStats {
 /// Both output channels are bounded by their creator; a full channel makes the transport wait.
 #[derive(Debug)]
 pub struct DiscoverySink {
-    facts: mpsc::Sender<DcInput>,
+    facts: InputSender,
     channels: Option<mpsc::Sender<ChannelChange>>,
     stats: Option<watch::Sender<DiscoveryStats>>,
     namespaces: Option<watch::Receiver<NamespaceLimit>>,
@@ -198,7 +199,7 @@ enum Delivery {
 impl DiscoverySink {
     /// A sink that sends facts to `facts` and drops channel changes and stats.
     #[must_use]
-    pub fn new(facts: mpsc::Sender<DcInput>) -> Self {
+    pub fn new(facts: InputSender) -> Self {
         DiscoverySink { facts, channels: None, stats: None, namespaces: None }
     }
 
@@ -497,10 +498,13 @@ mod tests {
 
     #[tokio::test]
     async fn delivery_stops_on_a_closed_receiver_and_on_cancellation() {
-        let (facts, receiver) = mpsc::channel(1);
+        let (facts, receiver) =
+            crate::node::input_queue(1, crate::node::INPUT_QUEUE_BYTES_MAX_DEFAULT);
         let sink = DiscoverySink::new(facts);
         let cancel = CancellationToken::new();
-        let fact = || DiscoveryOutput::Fact(DcInput::CardsListed { cards: Vec::new() });
+        let fact = || {
+            DiscoveryOutput::Fact(kvrelay_core::inputs::DcInput::CardsListed { cards: Vec::new() })
+        };
         // The channel holds one fact; the second send waits until cancelled.
         let waiting = sink.deliver(vec![fact(), fact()], &cancel);
         cancel.cancel();

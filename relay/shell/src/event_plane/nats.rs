@@ -28,6 +28,7 @@
 //! [`client_drops`](super::EventPlaneStats::client_drops) slow-consumer notices). The server caps
 //! one message at its `max_payload` (1 MiB by default).
 
+use crate::node::InputSender;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -198,7 +199,7 @@ fn reconnect_delay(attempts: usize) -> Duration {
 /// into `sink` awaits capacity (backpressure), while cancellation stays prompt.
 pub async fn run_nats_event_plane(
     config: NatsEventPlaneConfig,
-    sink: mpsc::Sender<DcInput>,
+    sink: InputSender,
     counters: EventPlaneCounters,
     cancel: CancellationToken,
 ) -> Result<(), EventPlaneError> {

@@ -32,6 +32,7 @@
 //! replay and the publisher drops at its high-water mark, so loss shows up downstream as
 //! `sequence` gaps.
 
+use crate::node::InputSender;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -142,7 +143,7 @@ struct Subscription {
 pub async fn run_zmq_event_plane(
     config: ZmqEventPlaneConfig,
     mut changes: mpsc::Receiver<ChannelChange>,
-    sink: mpsc::Sender<DcInput>,
+    sink: InputSender,
     counters: EventPlaneCounters,
     cancel: CancellationToken,
 ) -> Result<(), EventPlaneError> {
@@ -332,7 +333,7 @@ async fn subscribe_channel(
     config: ZmqEventPlaneConfig,
     key: EventRecordKey,
     endpoint: String,
-    sink: mpsc::Sender<DcInput>,
+    sink: InputSender,
     counters: EventPlaneCounters,
     stop: CancellationToken,
 ) {
@@ -391,7 +392,7 @@ async fn receive(
     session: &mut ZmtpSession,
     config: &ZmqEventPlaneConfig,
     key: &EventRecordKey,
-    sink: &mpsc::Sender<DcInput>,
+    sink: &InputSender,
     counters: &EventPlaneCounters,
     stop: &CancellationToken,
 ) -> Result<SessionEnd, SinkGone> {

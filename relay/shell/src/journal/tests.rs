@@ -570,6 +570,7 @@ fn node_config() -> NodeConfig {
         load_window: Duration::from_secs(1),
         input_queue_capacity: 1024,
         load_fanout_capacity: 16,
+        input_queue_bytes_max: crate::node::INPUT_QUEUE_BYTES_MAX_DEFAULT,
     }
 }
 

@@ -4,13 +4,19 @@
 //!
 //! Order: inputs, shell reports, fence requests and timers are handled one at a time; the
 //! commands each produces run to completion, in order, before the next is taken (the control
-//! plane's protocol). Queues: DC inputs wait in a bounded channel (senders wait), shell reports
+//! plane's protocol). Queues: DC inputs wait in a queue bounded in items and in bytes (senders
+//! wait; [`input_queue`]), shell reports
 //! in another; actor faults that find the report queue full fence their generation instead of
 //! being lost. A withdrawn generation's streams end only after the catalog update that
 //! withdraws it has been handed to the WAN publisher (withdraw, then drain).
 
+mod input_queue;
 mod recovery;
 mod run;
 
+pub use input_queue::{
+    INPUT_QUEUE_BYTES_MAX_DEFAULT, INPUT_QUEUE_BYTES_MAX_LIMIT, InputCharge, InputQueueClosed,
+    InputQueueStats, InputReceiver, InputSender, QueuedInput, input_queue,
+};
 pub use recovery::{NoRecovery, RecoveryTransport};
 pub use run::{NodeConfig, NodeHandle, NodeStatus, start_node, start_node_with_tap};

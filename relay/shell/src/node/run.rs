@@ -10,6 +10,9 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
+use super::input_queue::{
+    INPUT_QUEUE_BYTES_MAX_DEFAULT, InputReceiver, InputSender, QueuedInput, input_queue,
+};
 use super::recovery::{RecoveryCalls, RecoveryTransport};
 use crate::config::WanTuning;
 use crate::journal::{NodeTap, capture_checkpoint};
@@ -23,7 +26,6 @@ use kvrelay_core::control::{
     ControlCommand, ControlConfig, ControlError, ControlPlane, ShellReport,
 };
 use kvrelay_core::host::{HostCommand, StopMode};
-use kvrelay_core::inputs::DcInput;
 use kvrelay_core::model::identity::{EndpointPath, PoolId, RelayIdentity};
 use kvrelay_core::pool::{PoolFault, PoolOwnership};
 use kvrelay_core::rng::{RelayRng, rng_from_seed};
@@ -49,6 +51,15 @@ pub struct NodeConfig {
     pub input_queue_capacity: usize,
     /// Load windows buffered per load stream.
     pub load_fanout_capacity: usize,
+    /// Bytes of DC inputs queued (and in their step) before senders wait (see
+    /// [`super::input_queue`]). Last, with a default, so configurations recorded before it
+    /// existed still decode.
+    #[serde(default = "default_input_queue_bytes_max")]
+    pub input_queue_bytes_max: usize,
+}
+
+fn default_input_queue_bytes_max() -> usize {
+    INPUT_QUEUE_BYTES_MAX_DEFAULT
 }
 
 /// What a node reports about itself.
@@ -75,7 +86,7 @@ pub struct NodeStatus {
 #[derive(Debug)]
 pub struct NodeHandle {
     /// Where DC facts go in.
-    pub inputs: mpsc::Sender<DcInput>,
+    pub inputs: InputSender,
     /// What the WAN service serves.
     pub views: WanViews,
     /// The pools' publications (for the WAN service).
@@ -179,7 +190,8 @@ pub fn start_node_with_tap(
 ) -> Result<NodeHandle, ControlError> {
     let plane = ControlPlane::new(config.control.clone())?;
     let relay = plane.relay();
-    let (inputs, inputs_rx) = mpsc::channel(config.input_queue_capacity.max(1));
+    let (inputs, inputs_rx) =
+        input_queue(config.input_queue_capacity, config.input_queue_bytes_max);
     let (reports, reports_rx) = mpsc::channel(REPORT_QUEUE_CAPACITY);
     let (wan, views) = wan_channels(&relay, config.load_fanout_capacity);
     let publications = Arc::new(PoolPublications::new(config.hub, Arc::clone(&executor)));
@@ -218,7 +230,7 @@ impl Node {
 
     async fn run(
         mut self,
-        mut inputs: mpsc::Receiver<DcInput>,
+        mut inputs: InputReceiver,
         mut reports: mpsc::Receiver<ShellReport>,
         shutdown: CancellationToken,
     ) {
@@ -229,6 +241,8 @@ impl Node {
         let mut inputs_handled = 0u64;
         loop {
             let mut input_at = None;
+            // The bytes of the input being handled, held until its commands have run.
+            let mut charge = None;
             let wake = self.plane.poll_timeout().map(|at| self.origin + at);
             let commands = tokio::select! {
                 biased;
@@ -249,8 +263,9 @@ impl Node {
                     self.publish_load();
                     Vec::new()
                 }
-                input = inputs.recv() => match input {
-                    Some(input) => {
+                input = inputs.recv() => match input.map(QueuedInput::into_parts) {
+                    Some((input, input_charge)) => {
+                        charge = Some(input_charge);
                         inputs_handled += 1;
                         // One reading: the journal's stamp is the time the plane is given.
                         let now = self.now();
@@ -268,6 +283,7 @@ impl Node {
                 self.checkpoint_if_due(at, inputs_handled).await;
             }
             self.publish_status(inputs_handled, false);
+            drop(charge);
         }
         let commands = self.plane.begin_shutdown(self.now(), &mut self.rng);
         self.execute(commands).await;

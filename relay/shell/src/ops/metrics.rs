@@ -440,6 +440,31 @@ fn host_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
         "DC inputs handled by the node.",
         node.inputs_handled,
     );
+    let queue = &snapshot.input_queue;
+    out.single(
+        "kvrelay_input_queue_bytes",
+        Kind::Gauge,
+        "Bytes of DC inputs queued for the node or in their step.",
+        queue.bytes_queued,
+    );
+    out.single(
+        "kvrelay_input_queue_bytes_max",
+        Kind::Gauge,
+        "The node input queue's byte budget; senders wait past it.",
+        queue.bytes_max,
+    );
+    out.single(
+        "kvrelay_input_queue_byte_waits_total",
+        Kind::Counter,
+        "Inputs whose sender waited for the input queue's byte budget.",
+        queue.byte_waits,
+    );
+    out.single(
+        "kvrelay_input_queue_oversized_total",
+        Kind::Counter,
+        "Inputs heavier than the whole input queue budget (each waited for an empty queue).",
+        queue.oversized,
+    );
     let counters = node.control.as_ref().map(|health| health.counters).unwrap_or_default();
     if let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(counters) {
         for (field, value) in fields {

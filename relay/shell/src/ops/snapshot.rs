@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::discovery_plane::DiscoveryStats;
 use crate::event_plane::EventPlaneStats;
 use crate::journal::RecorderStats;
-use crate::node::NodeStatus;
+use crate::node::{InputQueueStats, NodeStatus};
 use crate::pool::PoolTotals;
 use crate::publication::HubCounts;
 use crate::request_plane::RequestPlaneStats;
@@ -73,6 +73,8 @@ pub struct OpsSnapshot {
     pub shutting_down: bool,
     /// The node's status.
     pub node: NodeStatus,
+    /// The node's input queue (bytes queued against its budget).
+    pub input_queue: InputQueueStats,
     /// The WAN listener, if `--bind` is set.
     pub wan: Option<WanSnapshot>,
     /// Pools in the published catalog.

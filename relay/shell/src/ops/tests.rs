@@ -53,6 +53,12 @@ pub(super) fn snapshot() -> OpsSnapshot {
     decode.record::<()>(&Err(InputError::MessagePack { what: "envelope", detail: "eof".into() }));
     OpsSnapshot {
         shutting_down: false,
+        input_queue: crate::node::InputQueueStats {
+            bytes_max: 256 << 20,
+            bytes_queued: 4096,
+            byte_waits: 3,
+            oversized: 1,
+        },
         node: NodeStatus {
             healthy: true,
             catalog_revision: 7,
@@ -145,6 +151,11 @@ fn metrics_render_the_relay_names_and_the_existing_counters() {
         "kvrelay_pool_budget_waiting_endpoint_count 1",
         "kvrelay_pools_max 2048",
         "kvrelay_control_inputs_total 40",
+        "kvrelay_input_queue_bytes 4096",
+        "kvrelay_input_queue_bytes_max 268435456",
+        "# TYPE kvrelay_input_queue_byte_waits_total counter",
+        "kvrelay_input_queue_byte_waits_total 3",
+        "kvrelay_input_queue_oversized_total 1",
         "kvrelay_control_kv_batches_routed_total 30",
         "# TYPE kvrelay_control_kv_batches_unrouted_total counter",
         "kvrelay_discovery_records_accepted_total 1",

@@ -28,12 +28,13 @@
 //! periodic checkpoints) into a fresh subdirectory of the record root; a recorder that cannot
 //! start is logged and the relay serves without recording.
 //!
-//! The input planes take the node's input boundary (an `mpsc::Sender<DcInput>`) as a parameter,
+//! The input planes take the node's input boundary (an `InputSender`) as a parameter,
 //! so a recorder can put its own channel in between.
 
 pub mod sources_file;
 mod sources_poller;
 
+use crate::node::InputSender;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,7 +63,7 @@ use crate::runtime::{BlockingExecutor, WallClock};
 use crate::wan::{RelayService, ServeError as WanServeError};
 use kvrelay_core::control::{ControlConfig, ControlError};
 use kvrelay_core::discovery::NamespaceSelection;
-use kvrelay_core::inputs::{DcInput, RecoveryTarget};
+use kvrelay_core::inputs::RecoveryTarget;
 use kvrelay_core::model::identity::RelayIdentity;
 use kvrelay_core::rng::{derive_seed, rng_from_seed};
 use kvrelay_core::sources::{RecoveryFailure, RecoveryRequest, RecoveryResponse};
@@ -163,6 +164,7 @@ pub fn node_config(config: &RelayConfig, relay: RelayIdentity, seed: u64) -> Nod
         load_window: config.wan.load_window,
         input_queue_capacity: 4096,
         load_fanout_capacity: config.wan.load_fanout_capacity,
+        input_queue_bytes_max: crate::node::INPUT_QUEUE_BYTES_MAX_DEFAULT,
     }
 }
 
@@ -229,7 +231,7 @@ impl InputPlanes {
 #[must_use]
 pub fn start_input_planes(
     config: &RelayConfig,
-    inputs: mpsc::Sender<DcInput>,
+    inputs: InputSender,
     clock: Arc<dyn WallClock>,
     sources: Option<SourcesSetup>,
 ) -> InputPlanes {
@@ -661,6 +663,7 @@ struct SnapshotInputs<'a> {
 /// A closure reading the running relay's state for the operations endpoints.
 fn snapshot_source(inputs: SnapshotInputs<'_>) -> ops::SnapshotSource {
     let status = inputs.node.status.clone();
+    let input_queue = inputs.node.inputs.clone();
     let views = inputs.node.views.clone();
     let publications = Arc::clone(&inputs.node.publications);
     let discovery = inputs.planes.discovery.clone();
@@ -707,6 +710,7 @@ fn snapshot_source(inputs: SnapshotInputs<'_>) -> ops::SnapshotSource {
         OpsSnapshot {
             shutting_down: *shutting_down.borrow(),
             node: status.borrow().clone(),
+            input_queue: input_queue.stats(),
             wan,
             catalog_pool_count,
             topology,
