@@ -663,6 +663,12 @@ fn journal_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
         u64::from(recording.active),
     );
     let stats = &recording.stats;
+    out.single(
+        "kvrelay_journal_queue_bytes",
+        Kind::Gauge,
+        "Bytes of journal records queued for the writer (at most the queue's byte budget).",
+        stats.queue_bytes,
+    );
     for (name, help, value) in [
         (
             "kvrelay_journal_records_written_total",
@@ -673,6 +679,11 @@ fn journal_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
             "kvrelay_journal_records_dropped_total",
             "Journal records lost (queue full, write failure, unencodable).",
             stats.records_dropped,
+        ),
+        (
+            "kvrelay_journal_records_dropped_queue_bytes_total",
+            "Journal records dropped at the queue's byte budget (also in records_dropped).",
+            stats.records_dropped_queue_bytes,
         ),
         ("kvrelay_journal_write_errors_total", "Journal write errors.", stats.write_errors),
         ("kvrelay_journal_bytes_written_total", "Journal bytes written.", stats.bytes_written),
