@@ -619,9 +619,20 @@ fn input_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
             "Call-home connections with an unreadable or late handshake.",
             recovery.call_homes_malformed,
         ),
+        (
+            "kvrelay_recovery_answer_bytes_waits_total",
+            "Times a recovery answer's read waited for the answers' shared byte budget.",
+            recovery.answer_bytes_waits,
+        ),
     ] {
         out.single(name, Kind::Counter, help, value);
     }
+    out.single(
+        "kvrelay_recovery_answer_bytes",
+        Kind::Gauge,
+        "Bytes of recovery answers being read (bounded by the answers' shared byte budget).",
+        recovery.answer_bytes_in_use,
+    );
 
     if let Some(sources) = &snapshot.sources {
         out.single(
