@@ -626,3 +626,116 @@ async fn unreachable_workers_and_unsupported_targets_fail_fast() {
     })
     .await;
 }
+
+/// A call-home that sends the prologue and `sent` bytes of an item frame declaring `declared`
+/// body bytes, then stalls: an answer caught mid-read.
+fn stalls_mid_item(declared: usize, sent: usize) -> Script {
+    let mut item = two_part(b"", &vec![7u8; declared]);
+    item.truncate(24 + sent);
+    Arc::new(move |_| Reply {
+        ack: Some(Vec::new()),
+        call_home: Some(vec![prologue(), item.clone()]),
+        end: CallHomeEnd::Stall,
+        ..Reply::default()
+    })
+}
+
+/// Wait (bounded by the test's own bound) until the client's answers hold at least `bytes`.
+async fn answers_hold_at_least(client: &RecoveryClient, bytes: u64) {
+    while client.stats().answer_bytes_in_use < bytes {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Per-answer bound 2 MiB, shared bound 3 MiB: one answer stalled at about 2 MiB leaves room
+/// for small answers but not for a second large one.
+fn small_answer_budget(seed: u64) -> RecoveryClientConfig {
+    let mut config = RecoveryClientConfig::new(seed);
+    config.response_bytes_max = 2 << 20;
+    config.answers_bytes_max = 3 << 20;
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_in_flight_share_one_byte_budget_and_the_over_budget_call_waits_out_its_deadline() {
+    bounded(async {
+        let client = Arc::new(client(small_answer_budget(23)).await);
+        // A: 1.5 MiB of a body declared at 2 MiB - 1 KiB arrive, then the worker stalls. Its
+        // buffer grew to the declared length after the first MiB arrived: that much is held.
+        let declared = (2 << 20) - 1024;
+        let stalled = FakeWorker::start(stalls_mid_item(declared, 3 << 19)).await;
+        let holding = {
+            let client = Arc::clone(&client);
+            let target = stalled.target();
+            kvrelay::runtime::spawn(async move {
+                client.query(&target, dump_request(), Duration::from_secs(50)).await
+            })
+        };
+        answers_hold_at_least(&client, declared as u64).await;
+
+        // B: a complete 1.7 MB dump, within its own bound but not within what A leaves.
+        let large = radix_dump_body(300, 100);
+        assert!(large.len() > 3 << 19 && large.len() < (2 << 20) - 4096, "{}", large.len());
+        let small = captured_tree_dump_body();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let script: Script = Arc::new(move |_| {
+            let body = if calls.fetch_add(1, Ordering::SeqCst) == 0 { &large } else { &small };
+            Reply {
+                ack: Some(Vec::new()),
+                call_home: Some(answer_frames(body.clone())),
+                ..Reply::default()
+            }
+        });
+        let worker = FakeWorker::start(script).await;
+        let timeout = Duration::from_secs(3);
+        let waited = client.query(&worker.target(), dump_request(), timeout).await;
+        assert_eq!(
+            waited,
+            Err(RecoveryError::Timeout { timeout, phase: QueryPhase::ReceivingResponse })
+        );
+        let stats = client.stats();
+        assert!(stats.answer_bytes_waits >= 1, "{stats:?}");
+        assert!(stats.answer_bytes_peak <= 3 << 20, "the budget was exceeded: {stats:?}");
+        assert!(stats.answer_bytes_peak > declared as u64, "{stats:?}");
+        // B's bytes came back when it failed; A still holds its own.
+        assert!(stats.answer_bytes_in_use >= declared as u64, "{stats:?}");
+        assert!(stats.answer_bytes_in_use < (2 << 20) + 4096, "{stats:?}");
+
+        // C: a small answer fits beside A and is answered.
+        let answer =
+            client.query(&worker.target(), dump_request(), Duration::from_secs(10)).await.unwrap();
+        assert!(matches!(answer, RecoveryResponse::TreeDump { last_event_id: 5, .. }));
+        assert!(client.stats().answer_bytes_peak <= 3 << 20);
+        assert!(!holding.is_finished(), "A is still mid-read");
+        holding.abort();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_dropped_mid_read_returns_its_answer_bytes() {
+    bounded(async {
+        let client = client(small_answer_budget(24)).await;
+        let declared = (2 << 20) - 1024;
+        let stalled = FakeWorker::start(stalls_mid_item(declared, 3 << 19)).await;
+        let target = stalled.target();
+        let query = client.query(&target, dump_request(), Duration::from_secs(50));
+        tokio::select! {
+            biased;
+            outcome = query => panic!("a stalled answer completed: {outcome:?}"),
+            () = answers_hold_at_least(&client, declared as u64) => {}
+        }
+        // The query future is gone: every byte it held is back.
+        assert_eq!(client.stats().answer_bytes_in_use, 0);
+
+        // The whole budget is usable again: an answer at the per-answer bound's edge fits.
+        let body = radix_dump_body(300, 100);
+        let worker = FakeWorker::start(accept_and_answer(body)).await;
+        let answer =
+            client.query(&worker.target(), dump_request(), Duration::from_secs(10)).await.unwrap();
+        assert!(matches!(answer, RecoveryResponse::TreeDump { .. }));
+        let stats = client.stats();
+        assert_eq!((stats.answer_bytes_in_use, stats.answer_bytes_waits), (0, 0));
+    })
+    .await;
+}

@@ -38,8 +38,8 @@ pub use checkpoint::{
 pub use format::{FORMAT_VERSION, JournalHeader, Record, RecoveryOutcome, Stamp};
 pub use reader::{JournalError, JournalErrorKind, JournalReader, read_journal};
 pub use recorder::{
-    Recorder, RecorderConfig, RecorderProbe, RecorderStats, is_recording_dir_name, recording_dir,
-    start_recorder,
+    QUEUE_BYTES_MAX_DEFAULT, Recorder, RecorderConfig, RecorderProbe, RecorderStats,
+    is_recording_dir_name, record_weight_bytes, recording_dir, start_recorder,
 };
 pub use replay::{
     Divergence, END_MARGIN, JournalReplay, ReplayError, ReplayOptions, ReplayReport, replay_journal,

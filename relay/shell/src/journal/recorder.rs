@@ -1,19 +1,27 @@
 //! The recorder: a [`NodeTap`], a recovery-transport wrapper and the pool actors' publication
 //! sinks that queue records, and a writer task that drains the queue into segment files.
 //!
-//! Serving never waits for the disk: taps `try_send` into a bounded queue of
-//! [`RecorderConfig::queue_capacity`] records (memory is bounded by that many records) and a
-//! full queue drops the record, counted in [`RecorderStats::records_dropped`]. The writer task
-//! takes batches off the queue (gathered for up to [`BATCH_DELAY`]) and writes them through the
-//! blocking-executor seam; a write
-//! error is logged (the first and then every [`ERROR_LOG_EVERY`]th), counted, and loses the
+//! Serving never waits for the disk: taps `try_send` into a queue bounded twice, by
+//! [`RecorderConfig::queue_bytes_max`] bytes and [`RecorderConfig::queue_capacity`] records.
+//! Each record is weighed before it is queued ([`record_weight_bytes`]: an input by
+//! [`DcInput::weight_bytes`], a checkpoint, recovery answer or publication point by the heap
+//! bytes it holds) and its bytes are held from then until the writer task has appended it
+//! (or lost it). A record that does not fit either bound is dropped, counted in
+//! [`RecorderStats::records_dropped`] (and, for the byte bound, in
+//! [`RecorderStats::records_dropped_queue_bytes`]), and the next record written is preceded by a
+//! [`Record::Gap`] counting it. The records queued (each weight includes its queue slot) thus
+//! weigh at most `queue_bytes_max` together, however large any one of them is.
+//!
+//! The writer task takes batches off the queue (gathered for up to [`BATCH_DELAY`]) and writes
+//! them through the blocking-executor seam; a write error is logged (the first and then every [`ERROR_LOG_EVERY`]th), counted, and loses the
 //! rest of its batch and what the writer had buffered; the segment is cut back to its whole
 //! frames and closed (see [`segments`](super::segments)), and the next batch starts a new
 //! segment. Every loss is written as a [`Record::Gap`] before the next record that makes it to
 //! disk, so a segment after a failure starts with one.
 
+use std::mem::size_of;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -23,8 +31,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::checkpoint::{Checkpoint, CheckpointSchedule};
-use super::format::{JournalHeader, Record, Stamp};
+use super::checkpoint::{Checkpoint, CheckpointSchedule, PoolCheckpoint};
+use super::format::{JournalHeader, Record, RecoveryOutcome, Stamp};
 use super::segments::{FileSystem, SegmentIo, SegmentLimits, SegmentWriter, WriteTally};
 use super::tap::NodeTap;
 use crate::node::{NodeConfig, RecoveryTransport};
@@ -32,8 +40,9 @@ use crate::pool::{PublicationMode, PublicationSink};
 use crate::runtime::{BlockingExecutor, WallClock, run_blocking};
 use kvrelay_core::inputs::{DcInput, RecoveryTarget};
 use kvrelay_core::model::identity::PoolId;
+use kvrelay_core::model::kv_events::RouterEvent;
 use kvrelay_core::pool::PublicationPoint;
-use kvrelay_core::sources::{RecoveryFailure, RecoveryRequest, RecoveryResponse};
+use kvrelay_core::sources::{RecoveryFailure, RecoveryRequest, RecoveryResponse, TreeDumpScope};
 
 /// Write errors between two log lines.
 pub const ERROR_LOG_EVERY: u64 = 1024;
@@ -45,7 +54,15 @@ const BATCH_RECORDS_MAX: usize = 512;
 /// blocking job per batch rather than per record keeps thread hand-offs off the hot path.
 pub const BATCH_DELAY: Duration = Duration::from_millis(20);
 
+/// Default of [`RecorderConfig::queue_bytes_max`]: 64 MiB, room for four of the largest KV
+/// events a publisher sends (a million blocks weigh about 16 MiB) or thousands of ordinary
+/// inputs, and a small fraction of what the node itself holds.
+pub const QUEUE_BYTES_MAX_DEFAULT: usize = 64 << 20;
+
 /// How recording runs (`serve --record DIR --record-max-bytes N --record-max-age S`).
+///
+/// Not serialized and not journaled: a journal's header records the node's configuration, not
+/// the recorder's, so fields added here never affect reading older journals.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecorderConfig {
     /// The directory of this recording's segments (created; must hold no journal yet).
@@ -54,6 +71,9 @@ pub struct RecorderConfig {
     pub limits: SegmentLimits,
     /// Records queued before new ones are dropped.
     pub queue_capacity: usize,
+    /// Bytes of records queued (by [`record_weight_bytes`]) before new ones are dropped; default
+    /// [`QUEUE_BYTES_MAX_DEFAULT`]. A record heavier than this alone is always dropped.
+    pub queue_bytes_max: usize,
     /// Checkpoint after this many inputs...
     pub checkpoint_every_inputs: u64,
     /// ...or after this long with at least one input.
@@ -66,10 +86,11 @@ pub struct RecorderConfig {
 
 impl RecorderConfig {
     /// A configuration keeping at most `max_total_bytes` in `dir`, rotating segments at a
-    /// sixteenth of that (at most 64 MiB) or after `max_segment_age`; 8192 queued records;
-    /// a checkpoint every 10,000 inputs or 10 s. When `dir` is named like a
-    /// [`recording_dir`], its parent is the [`retention_root`](Self::retention_root): the bound
-    /// covers every recording there, so restarts do not each add a budget.
+    /// sixteenth of that (at most 64 MiB) or after `max_segment_age`; at most 8192 queued
+    /// records of at most [`QUEUE_BYTES_MAX_DEFAULT`] bytes together; a checkpoint every 10,000
+    /// inputs or 10 s. When `dir` is named like a [`recording_dir`], its parent is the
+    /// [`retention_root`](Self::retention_root): the bound covers every recording there, so
+    /// restarts do not each add a budget.
     #[must_use]
     pub fn new(dir: PathBuf, max_total_bytes: u64, max_segment_age: Duration) -> Self {
         let retention_root = dir
@@ -87,6 +108,7 @@ impl RecorderConfig {
                 max_total_bytes,
             },
             queue_capacity: 8192,
+            queue_bytes_max: QUEUE_BYTES_MAX_DEFAULT,
             checkpoint_every_inputs: 10_000,
             checkpoint_interval: Duration::from_secs(10),
         }
@@ -123,6 +145,12 @@ pub struct RecorderStats {
     pub records_queued: u64,
     /// Records dropped (queue full, write failure, unencodable).
     pub records_dropped: u64,
+    /// Of [`records_dropped`](Self::records_dropped), those dropped because the queue's byte
+    /// budget ([`RecorderConfig::queue_bytes_max`]) could not hold them.
+    pub records_dropped_queue_bytes: u64,
+    /// Bytes of the records queued now (weighed by [`record_weight_bytes`]), at most
+    /// [`RecorderConfig::queue_bytes_max`].
+    pub queue_bytes: u64,
     /// Records on disk (gap markers included).
     pub records_written: u64,
     /// Bytes written.
@@ -133,11 +161,73 @@ pub struct RecorderStats {
     pub segments_deleted: u64,
 }
 
-/// A queued record and the queue's drop count when it was queued.
+/// A queued record, the queue's drop count when it was queued, and the bytes it holds of the
+/// queue's byte budget until the writer has appended (or lost) it.
 #[derive(Debug)]
 struct Queued {
     record: Record,
     dropped_before: u64,
+    weight_bytes: usize,
+}
+
+/// Bytes a queued record is taken to hold: its queue slot plus the heap bytes of its contents.
+///
+/// An input weighs [`DcInput::weight_bytes`] (its KV events by their blocks; this counts the
+/// input value's own size twice, a small over-estimate). A checkpoint, a recovery answer and a
+/// publication point weigh the heap their texts and lists hold (texts and lists by capacity; a
+/// recovery answer's events as [`RouterEvent::weight_bytes`] weighs them). These are in-memory
+/// weights, not encoded sizes: encoding on the tap's caller (the node's own task) would cost as
+/// much as the write the queue exists to keep off that task.
+#[must_use]
+pub fn record_weight_bytes(record: &Record) -> usize {
+    let heap = match record {
+        Record::Header(_) | Record::Gap { .. } => 0,
+        Record::Input { input, .. } => input.weight_bytes(),
+        Record::Checkpoint { checkpoint, .. } => checkpoint_heap_bytes(checkpoint),
+        Record::Recovery { outcome, .. } => outcome_heap_bytes(outcome),
+        Record::Publication { pool, .. } => pool.capacity(),
+    };
+    size_of::<Queued>().saturating_add(heap)
+}
+
+fn checkpoint_heap_bytes(checkpoint: &Checkpoint) -> usize {
+    let texts = |texts: &Vec<String>| {
+        texts.iter().fold(texts.capacity().saturating_mul(size_of::<String>()), |total, text| {
+            total.saturating_add(text.capacity())
+        })
+    };
+    let pools = checkpoint.pools.iter().fold(
+        checkpoint.pools.capacity().saturating_mul(size_of::<PoolCheckpoint>()),
+        |total, pool| total.saturating_add(pool.pool.capacity()),
+    );
+    texts(&checkpoint.catalog).saturating_add(texts(&checkpoint.readiness)).saturating_add(pools)
+}
+
+fn outcome_heap_bytes(outcome: &RecoveryOutcome) -> usize {
+    let events = |events: &Vec<RouterEvent>| {
+        events.iter().map(RouterEvent::weight_bytes).fold(0, usize::saturating_add)
+    };
+    match outcome {
+        Ok(RecoveryResponse::Events { events: listed, .. }) => events(listed),
+        Ok(RecoveryResponse::TreeDump { events: dumped, reset_scope, .. }) => {
+            let scope = match reset_scope {
+                TreeDumpScope::Rank => 0,
+                TreeDumpScope::Other(name) => name.capacity(),
+            };
+            events(dumped).saturating_add(scope)
+        }
+        Ok(
+            RecoveryResponse::TreeDumpFailed { message: text, .. } | RecoveryResponse::Error(text),
+        ) => text.capacity(),
+        Ok(RecoveryResponse::TooNew { .. } | RecoveryResponse::InvalidRange { .. }) => 0,
+        Err(
+            RecoveryFailure::Unreachable(text)
+            | RecoveryFailure::Refused(text)
+            | RecoveryFailure::InvalidAnswer(text)
+            | RecoveryFailure::NotSent(text),
+        ) => text.capacity(),
+        Err(RecoveryFailure::NoTransport | RecoveryFailure::TimedOut) => 0,
+    }
 }
 
 #[derive(Debug, Default)]
@@ -145,6 +235,8 @@ struct Counters {
     queued: AtomicU64,
     /// Dropped at the queue.
     queue_dropped: AtomicU64,
+    /// Dropped at the queue because its byte budget was full (counted in `queue_dropped` too).
+    queue_bytes_dropped: AtomicU64,
     /// Dropped anywhere (queue, write failures, unencodable).
     dropped: AtomicU64,
     written: AtomicU64,
@@ -160,6 +252,10 @@ struct Shared {
     clock: Arc<dyn WallClock>,
     schedule: Mutex<CheckpointSchedule>,
     counters: Counters,
+    /// Bytes of the records queued and not yet appended by the writer; at most
+    /// `queue_bytes_max`.
+    queue_bytes: AtomicUsize,
+    queue_bytes_max: usize,
 }
 
 impl Shared {
@@ -174,14 +270,39 @@ impl Shared {
         self.origin.get().map_or(Duration::ZERO, |origin| Instant::now().duration_since(*origin))
     }
 
+    /// Queue `record` if both bounds have room for it; otherwise drop and count it (the writer
+    /// writes the loss as a gap before the next record it appends).
     fn enqueue(&self, record: Record) {
         let dropped_before = self.counters.queue_dropped.load(Ordering::Relaxed);
-        if self.queue.try_send(Queued { record, dropped_before }).is_ok() {
+        let weight_bytes = record_weight_bytes(&record);
+        let reserved = self
+            .queue_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
+                queued.checked_add(weight_bytes).filter(|total| *total <= self.queue_bytes_max)
+            })
+            .is_ok();
+        if !reserved {
+            self.counters.queue_bytes_dropped.fetch_add(1, Ordering::Relaxed);
+            self.count_queue_drop();
+            return;
+        }
+        if self.queue.try_send(Queued { record, dropped_before, weight_bytes }).is_ok() {
             self.counters.queued.fetch_add(1, Ordering::Relaxed);
         } else {
-            self.counters.queue_dropped.fetch_add(1, Ordering::Relaxed);
-            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            self.release_queue_bytes(weight_bytes);
+            self.count_queue_drop();
         }
+    }
+
+    fn count_queue_drop(&self) {
+        self.counters.queue_dropped.fetch_add(1, Ordering::Relaxed);
+        self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Return a record's bytes to the queue's budget: it was appended, lost, or not queued.
+    fn release_queue_bytes(&self, weight_bytes: usize) {
+        let before = self.queue_bytes.fetch_sub(weight_bytes, Ordering::AcqRel);
+        debug_assert!(before >= weight_bytes, "released more queue bytes than were reserved");
     }
 }
 
@@ -319,6 +440,8 @@ pub(crate) fn start_recorder_with_io(
         clock,
         schedule: Mutex::new(schedule),
         counters: Counters::default(),
+        queue_bytes: AtomicUsize::new(0),
+        queue_bytes_max: config.queue_bytes_max,
     });
     // Earlier recordings deleted at start count like later deletions.
     shared.counters.deleted.store(writer.tally().segments_deleted, Ordering::Relaxed);
@@ -363,6 +486,9 @@ impl Recorder {
         RecorderStats {
             records_queued: counters.queued.load(Ordering::Relaxed),
             records_dropped: counters.dropped.load(Ordering::Relaxed),
+            records_dropped_queue_bytes: counters.queue_bytes_dropped.load(Ordering::Relaxed),
+            queue_bytes: u64::try_from(shared.queue_bytes.load(Ordering::Relaxed))
+                .unwrap_or(u64::MAX),
             records_written: counters.written.load(Ordering::Relaxed),
             bytes_written: counters.bytes.load(Ordering::Relaxed),
             write_errors: counters.errors.load(Ordering::Relaxed),
@@ -471,8 +597,9 @@ fn write_batch(
 ) -> GapState {
     let before = writer.tally();
     let mut failed = false;
-    for Queued { record, dropped_before } in batch {
+    for Queued { record, dropped_before, weight_bytes } in batch {
         if failed {
+            shared.release_queue_bytes(weight_bytes);
             gaps.write_losses += 1;
             shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
             continue;
@@ -496,6 +623,10 @@ fn write_batch(
                 note_write_error(shared, writer, &error, &mut gaps);
             }
         }
+        // Appended (now in the writer's buffer, bounded by the segment limits) or lost: the
+        // record leaves the queue's byte budget.
+        drop(record);
+        shared.release_queue_bytes(weight_bytes);
     }
     if finishing {
         // A failed sync leaves a new segment to try once more: the losses then get their gap.

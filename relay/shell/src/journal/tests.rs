@@ -696,6 +696,8 @@ async fn a_recorded_simulated_run_replays_every_checkpoint_twice_identically() {
     let dir = tempfile::tempdir().expect("tempdir");
     let stats = record_simulated_run(dir.path(), 80).await;
     assert_eq!((stats.records_dropped, stats.write_errors), (0, 0));
+    // The default byte budget holds an ordinary run, and every record's bytes came back.
+    assert_eq!((stats.records_dropped_queue_bytes, stats.queue_bytes), (0, 0));
     let (inputs, recoveries, checkpoints) = count_records(dir.path());
     assert!(inputs > 100, "{inputs} inputs recorded");
     assert!(recoveries > 0, "recovery answers recorded");
@@ -888,6 +890,99 @@ async fn a_full_queue_drops_and_counts_instead_of_waiting() {
     assert!(records[..4].iter().all(|record| matches!(record, Record::Input { .. })));
     // The six losses came after the fourth record: the gap says so at the end.
     assert_eq!(records[4], Record::Gap { at: records[3].stamp().expect("stamped"), lost: 6 });
+}
+
+#[test]
+fn records_are_weighed_by_what_they_hold() {
+    assert_eq!(
+        RecorderConfig::new(PathBuf::from("j"), 1 << 20, Duration::from_secs(60)).queue_bytes_max,
+        QUEUE_BYTES_MAX_DEFAULT
+    );
+    let light = record_weight_bytes(&Record::Input { at: stamp(0), input: load_input(0) });
+    let blocks: Vec<(u64, u64)> = (0..1 << 16).map(|block| (block, block + 1)).collect();
+    let heavy = kv_input(1, &blocks);
+    let heavy_bytes = record_weight_bytes(&Record::Input { at: stamp(0), input: heavy.clone() });
+    // Stored and removed: 2^16 blocks each, 16 and 8 bytes a block.
+    assert!(heavy_bytes >= (1 << 16) * 24, "{heavy_bytes}");
+    assert_eq!(heavy_bytes - light, heavy.weight_bytes() - load_input(0).weight_bytes());
+
+    let small =
+        record_weight_bytes(&Record::Checkpoint { at: stamp(0), checkpoint: checkpoint(1) });
+    let mut large = checkpoint(1);
+    large.catalog.push("x".repeat(1 << 20));
+    let large = record_weight_bytes(&Record::Checkpoint { at: stamp(0), checkpoint: large });
+    assert!(large >= small + (1 << 20), "{small} {large}");
+
+    let DcInput::KvEvents(batch) = heavy else { unreachable!("kv_input makes KV events") };
+    let dump = Record::Recovery {
+        at: stamp(0),
+        target: recovery_target(),
+        request: recovery_request(),
+        outcome: Ok(kvrelay_core::sources::RecoveryResponse::TreeDump {
+            events: batch.events,
+            last_event_id: 2,
+            reset_scope: kvrelay_core::sources::TreeDumpScope::Rank,
+        }),
+    };
+    assert!(record_weight_bytes(&dump) >= (1 << 16) * 24);
+}
+
+#[tokio::test(start_paused = true)]
+async fn heavy_records_past_the_byte_budget_are_dropped_counted_and_marked_as_a_gap() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock: Arc<dyn WallClock> = Arc::new(ManualWallClock::new(1));
+    let blocks: Vec<(u64, u64)> = (0..4096).map(|block| (block, block + 1)).collect();
+    let heavy = |sequence| kv_input(sequence, &blocks);
+    let weigh = |input: DcInput| record_weight_bytes(&Record::Input { at: stamp(0), input });
+    let heavy_bytes = weigh(heavy(0));
+    assert!(heavy_bytes > 100 * weigh(load_input(0)), "{heavy_bytes}");
+    let mut config = RecorderConfig::new(dir.path().join("j"), 64 << 20, Duration::from_secs(60));
+    config.queue_bytes_max = 2 * heavy_bytes;
+    let recorder = start_recorder(&config, &node_config(), clock, Arc::new(InlineExecutor))
+        .expect("recorder starts");
+    let tap = recorder.tap();
+    tap.node_started(tokio::time::Instant::now());
+    // No await between the calls: the writer task cannot run, the byte budget fills long before
+    // the 8192 records of the item bound.
+    tap.input(Duration::from_millis(0), &heavy(0));
+    tap.input(Duration::from_millis(1), &heavy(1));
+    assert_eq!(recorder.stats().queue_bytes, 2 * heavy_bytes as u64);
+    tap.input(Duration::from_millis(2), &heavy(2));
+    // A full budget has no room for even a light record.
+    tap.input(Duration::from_millis(3), &load_input(3));
+    let full = recorder.stats();
+    assert_eq!(
+        (full.records_queued, full.records_dropped, full.records_dropped_queue_bytes),
+        (2, 2, 2)
+    );
+    assert_eq!(full.queue_bytes, 2 * heavy_bytes as u64, "drops hold no bytes");
+
+    // The writer catches up: the written records' bytes are released.
+    tokio::time::sleep(recorder::BATCH_DELAY * 2).await;
+    let caught_up = recorder.stats();
+    assert_eq!((caught_up.records_written, caught_up.queue_bytes), (2, 0));
+    // Light and heavy records are accepted again.
+    tap.input(Duration::from_millis(4), &load_input(4));
+    tap.input(Duration::from_millis(5), &heavy(5));
+    let stats = recorder.finish().await;
+    assert_eq!(
+        (stats.records_queued, stats.records_dropped, stats.records_dropped_queue_bytes),
+        (4, 2, 2)
+    );
+    assert_eq!(stats.queue_bytes, 0);
+
+    let (_, records) = read_ok(&dir.path().join("j"));
+    let input_of = |record: &Record| match record {
+        Record::Input { input, .. } => Some(input.clone()),
+        _ => None,
+    };
+    assert_eq!(records.len(), 5, "{records:?}");
+    assert_eq!(input_of(&records[0]), Some(heavy(0)));
+    assert_eq!(input_of(&records[1]), Some(heavy(1)));
+    // The two drops came between the second and the third record written: a replay knows.
+    assert_eq!(records[2], Record::Gap { at: records[3].stamp().expect("stamped"), lost: 2 });
+    assert_eq!(input_of(&records[3]), Some(load_input(4)));
+    assert_eq!(input_of(&records[4]), Some(heavy(5)));
 }
 
 #[test]

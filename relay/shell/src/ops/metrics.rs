@@ -644,9 +644,20 @@ fn input_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
             "Call-home connections with an unreadable or late handshake.",
             recovery.call_homes_malformed,
         ),
+        (
+            "kvrelay_recovery_answer_bytes_waits_total",
+            "Times a recovery answer's read waited for the answers' shared byte budget.",
+            recovery.answer_bytes_waits,
+        ),
     ] {
         out.single(name, Kind::Counter, help, value);
     }
+    out.single(
+        "kvrelay_recovery_answer_bytes",
+        Kind::Gauge,
+        "Bytes of recovery answers being read (bounded by the answers' shared byte budget).",
+        recovery.answer_bytes_in_use,
+    );
 
     if let Some(sources) = &snapshot.sources {
         out.single(
@@ -688,6 +699,12 @@ fn journal_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
         u64::from(recording.active),
     );
     let stats = &recording.stats;
+    out.single(
+        "kvrelay_journal_queue_bytes",
+        Kind::Gauge,
+        "Bytes of journal records queued for the writer (at most the queue's byte budget).",
+        stats.queue_bytes,
+    );
     for (name, help, value) in [
         (
             "kvrelay_journal_records_written_total",
@@ -698,6 +715,11 @@ fn journal_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
             "kvrelay_journal_records_dropped_total",
             "Journal records lost (queue full, write failure, unencodable).",
             stats.records_dropped,
+        ),
+        (
+            "kvrelay_journal_records_dropped_queue_bytes_total",
+            "Journal records dropped at the queue's byte budget (also in records_dropped).",
+            stats.records_dropped_queue_bytes,
         ),
         ("kvrelay_journal_write_errors_total", "Journal write errors.", stats.write_errors),
         ("kvrelay_journal_bytes_written_total", "Journal bytes written.", stats.bytes_written),

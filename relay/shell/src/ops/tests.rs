@@ -317,6 +317,8 @@ fn recording_counters_are_exported_with_record() {
         stats: crate::journal::RecorderStats {
             records_queued: 120,
             records_dropped: 3,
+            records_dropped_queue_bytes: 2,
+            queue_bytes: 4096,
             records_written: 118,
             bytes_written: 34_000,
             write_errors: 2,
@@ -330,6 +332,9 @@ fn recording_counters_are_exported_with_record() {
         "# TYPE kvrelay_journal_records_written_total counter",
         "kvrelay_journal_records_written_total 118",
         "kvrelay_journal_records_dropped_total 3",
+        "kvrelay_journal_records_dropped_queue_bytes_total 2",
+        "# TYPE kvrelay_journal_queue_bytes gauge",
+        "kvrelay_journal_queue_bytes 4096",
         "kvrelay_journal_write_errors_total 2",
         "kvrelay_journal_bytes_written_total 34000",
         "kvrelay_journal_segments_deleted_total 1",

@@ -24,19 +24,44 @@
 //! - Dropping the client stops the accept task and closes the listener and pooled connections.
 //!
 //! Every query runs under its caller's timeout; the error names the phase it was in.
+//!
+//! Answer bytes, bounded per answer and together:
+//!
+//! - one answer's frames may total [`RecoveryClientConfig::response_bytes_max`]: each frame's
+//!   declared length is checked against what is left of that bound before any of it is buffered
+//!   ([`RecoveryError::ResponseTooLarge`] otherwise);
+//! - all answers being read at once share [`RecoveryClientConfig::answers_bytes_max`] (default
+//!   [`RECOVERY_ANSWERS_BYTES_MAX`]), a semaphore of bytes. Invariant: an answer holds at least
+//!   the buffer capacity it has allocated for its frames, and reserves each allocation before
+//!   making it. A frame's header (checked against [`CONTROL_FRAME_BYTES_MAX`]) is reserved
+//!   whole; its body, whose length was checked against the per-answer bound, is reserved step
+//!   by step as its buffer grows: at most 1 MiB (`ITEM_READ_CHUNK_BYTES`) before its first
+//!   byte, then each step at most what has arrived so far, so a peer that declares a large body
+//!   and sends little holds little. The bytes are held until the answer is decoded and handed
+//!   over, or the call fails or is dropped (a cancelled call returns them at once).
+//! - At the shared bound a call **waits** for bytes, in arrival order, without reading further
+//!   (the worker's sends back up into TCP); the wait counts in
+//!   [`RequestPlaneStats::answer_bytes_waits`] and is bounded by the call's own timeout, after
+//!   which it fails as [`RecoveryError::Timeout`] in [`QueryPhase::ReceivingResponse`] (the
+//!   core retries within its attempt bound, then degrades the rank). Calls that each hold part
+//!   of the budget while waiting for more can only wait for each other until the earliest
+//!   deadline, which frees its bytes. Not counted: each call-home's fixed 64 KiB read buffer
+//!   (bounded by the pending queries), and the decoded answer once handed over (the caller's);
+//!   a cancelled call whose body is being decoded on the executor frees that memory only when
+//!   the decode ends.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use rand_core::Rng;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedMutexGuard, oneshot};
+use tokio::sync::{OwnedMutexGuard, Semaphore, TryAcquireError, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{debug, warn};
 
@@ -60,6 +85,11 @@ use kvrelay_core::sources::{RecoveryRequest, RecoveryResponse};
 /// in the 1.6.1 captures, so 128 MiB holds a dump of about 1.4 million blocks. A larger stream
 /// fails the query with [`RecoveryError::ResponseTooLarge`] before its excess is buffered.
 pub const RECOVERY_RESPONSE_BYTES_MAX: usize = 128 << 20;
+
+/// Default bound of the bytes of all answers being read at once (all frames of every answer not
+/// yet handed over): two answers at [`RECOVERY_RESPONSE_BYTES_MAX`]. Without it, the worst case
+/// was that bound times [`PENDING_QUERIES_MAX`].
+pub const RECOVERY_ANSWERS_BYTES_MAX: usize = 256 << 20;
 
 /// Largest header part of any frame (handshake, prologue, sentinel are ~100 bytes).
 pub const CONTROL_FRAME_BYTES_MAX: usize = 64 << 10;
@@ -149,6 +179,10 @@ pub struct RecoveryClientConfig {
     pub connect_timeout: Duration,
     /// Bound of one response stream's bytes (at least [`CONTROL_FRAME_BYTES_MAX`]).
     pub response_bytes_max: usize,
+    /// Bound of the bytes buffered by all answers being read at once (at least
+    /// `response_bytes_max`, so every answer within its own bound can complete alone); at the
+    /// bound a call waits within its timeout (see the module documentation).
+    pub answers_bytes_max: usize,
     /// Bound of queries waiting for a call-home at once (at least 1).
     pub pending_queries_max: usize,
     /// Bound of worker addresses with a pooled connection (at least 1).
@@ -168,6 +202,7 @@ impl RecoveryClientConfig {
             advertise_address: None,
             connect_timeout: Duration::from_secs(5),
             response_bytes_max: RECOVERY_RESPONSE_BYTES_MAX,
+            answers_bytes_max: RECOVERY_ANSWERS_BYTES_MAX,
             pending_queries_max: PENDING_QUERIES_MAX,
             worker_connections_max: WORKER_CONNECTIONS_MAX,
             handshake_timeout: CALL_HOME_HANDSHAKE_TIMEOUT,
@@ -201,6 +236,12 @@ impl RecoveryClientConfig {
         }
         if self.response_bytes_max < CONTROL_FRAME_BYTES_MAX {
             return Err(RecoveryError::InvalidConfig("response_bytes_max below one control frame"));
+        }
+        if self.answers_bytes_max < self.response_bytes_max {
+            return Err(RecoveryError::InvalidConfig("answers_bytes_max below response_bytes_max"));
+        }
+        if self.answers_bytes_max > Semaphore::MAX_PERMITS {
+            return Err(RecoveryError::InvalidConfig("answers_bytes_max too large"));
         }
         if self.pending_queries_max == 0 || self.worker_connections_max == 0 {
             return Err(RecoveryError::InvalidConfig("query and connection bounds must be >= 1"));
@@ -238,6 +279,13 @@ pub struct RequestPlaneStats {
     pub call_homes_refused: u64,
     /// Call-home connections with an unreadable or late handshake.
     pub call_homes_malformed: u64,
+    /// Times a call reading an answer waited because the answers' shared byte budget
+    /// ([`RecoveryClientConfig::answers_bytes_max`]) was spent.
+    pub answer_bytes_waits: u64,
+    /// Bytes of the shared answer budget held now.
+    pub answer_bytes_in_use: u64,
+    /// Most bytes of the shared answer budget ever held at once (never above the budget).
+    pub answer_bytes_peak: u64,
 }
 
 /// One worker's pooled request connection; its lock serializes the worker's queries.
@@ -253,6 +301,70 @@ struct Shared {
     workers: Mutex<BTreeMap<String, WorkerSlot>>,
     ids: Mutex<RelayRng>,
     stats: Mutex<RequestPlaneStats>,
+    answer_budget: AnswerBudget,
+}
+
+/// The byte budget every answer being read shares: a semaphore of bytes.
+struct AnswerBudget {
+    bytes: Semaphore,
+    bytes_max: usize,
+    peak: AtomicUsize,
+}
+
+impl AnswerBudget {
+    fn new(bytes_max: usize) -> Self {
+        AnswerBudget { bytes: Semaphore::new(bytes_max), bytes_max, peak: AtomicUsize::new(0) }
+    }
+
+    fn in_use(&self) -> usize {
+        self.bytes_max.saturating_sub(self.bytes.available_permits())
+    }
+}
+
+/// The bytes one answer holds of the shared [`AnswerBudget`]; all of them return to it when
+/// this is dropped (answer handed over, call failed, or call cancelled).
+struct AnswerBytes<'a> {
+    shared: &'a Shared,
+    held: usize,
+}
+
+impl<'a> AnswerBytes<'a> {
+    fn new(shared: &'a Shared) -> Self {
+        AnswerBytes { shared, held: 0 }
+    }
+
+    /// Take `bytes` more of the budget, before buffering them; waits while it is spent.
+    /// Cancel-safe: a wait dropped midway holds nothing.
+    async fn reserve(&mut self, bytes: usize) -> Result<(), RecoveryError> {
+        let budget = &self.shared.answer_budget;
+        let mut left = bytes;
+        while left > 0 {
+            let step = u32::try_from(left).unwrap_or(u32::MAX);
+            let permit = match budget.bytes.try_acquire_many(step) {
+                Ok(permit) => permit,
+                Err(TryAcquireError::NoPermits) => {
+                    self.shared.count(|stats| bump(&mut stats.answer_bytes_waits));
+                    budget.bytes.acquire_many(step).await.map_err(|_| RecoveryError::Closed)?
+                }
+                Err(TryAcquireError::Closed) => return Err(RecoveryError::Closed),
+            };
+            // Held by this value from here on, returned in `drop`.
+            permit.forget();
+            let step = step as usize;
+            self.held += step;
+            left -= step;
+            let in_use = budget.in_use();
+            debug_assert!(in_use <= budget.bytes_max && self.held <= in_use);
+            budget.peak.fetch_max(in_use, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for AnswerBytes<'_> {
+    fn drop(&mut self) {
+        self.shared.answer_budget.bytes.add_permits(self.held);
+    }
 }
 
 /// Lock a std mutex whose data stays consistent even if a holder panicked (every critical
@@ -385,12 +497,13 @@ impl RecoveryClient {
         };
         let shared = Arc::new(Shared {
             ids: Mutex::new(rng_from_seed(config.id_seed)),
-            config,
             advertised: advertised.to_string(),
             executor,
             pending: Mutex::new(BTreeMap::new()),
             workers: Mutex::new(BTreeMap::new()),
             stats: Mutex::new(RequestPlaneStats::default()),
+            answer_budget: AnswerBudget::new(config.answers_bytes_max),
+            config,
         });
         let stop = CancellationToken::new();
         crate::runtime::spawn(accept_call_homes(listener, Arc::clone(&shared), stop.clone()));
@@ -412,7 +525,12 @@ impl RecoveryClient {
     /// A copy of the counters.
     #[must_use]
     pub fn stats(&self) -> RequestPlaneStats {
-        lock(&self.shared.stats).clone()
+        let mut stats = lock(&self.shared.stats).clone();
+        let budget = &self.shared.answer_budget;
+        stats.answer_bytes_in_use = u64::try_from(budget.in_use()).unwrap_or(u64::MAX);
+        stats.answer_bytes_peak =
+            u64::try_from(budget.peak.load(Ordering::Relaxed)).unwrap_or(u64::MAX);
+        stats
     }
 
     /// Ask `target` for `request` with the MessagePack body codec (Dynamo 1.6.1's default),
@@ -548,7 +666,8 @@ impl RecoveryClient {
     }
 
     /// Read the response stream of one call-home connection (handshake already consumed), then
-    /// close the connection.
+    /// close the connection. The frames' bytes are held of the shared answer budget until this
+    /// returns.
     async fn receive_answer(
         &self,
         call_home: TcpStream,
@@ -557,11 +676,13 @@ impl RecoveryClient {
     ) -> Result<RecoveryResponse, RecoveryError> {
         let bytes_max = self.shared.config.response_bytes_max;
         let mut budget = bytes_max;
+        let mut held = AnswerBytes::new(&self.shared);
         let mut reader = BufReader::with_capacity(64 << 10, call_home);
         let mut stream = ResponseStream::new();
         loop {
-            let Some(frame) = read_frame(&mut reader, &mut budget, bytes_max, "call-home").await?
-            else {
+            let read =
+                read_frame(&mut reader, &mut budget, bytes_max, "call-home", Some(&mut held));
+            let Some(frame) = read.await? else {
                 // The worker closed the connection: complete only after `complete_final`.
                 return stream.finish();
             };
@@ -658,12 +779,14 @@ struct Frame {
 
 /// Read the next two-part message: `Ok(None)` at a clean end of stream (before any byte of a
 /// frame). Every frame is charged to `budget` before its parts are buffered; control headers are
-/// bounded by [`CONTROL_FRAME_BYTES_MAX`].
+/// bounded by [`CONTROL_FRAME_BYTES_MAX`]. With `shared`, every allocation of the frame's
+/// buffers is first reserved from the answers' shared budget.
 async fn read_frame<R: AsyncRead + Unpin>(
     reader: &mut R,
     budget: &mut usize,
     bytes_max: usize,
     connection: &'static str,
+    mut shared: Option<&mut AnswerBytes<'_>>,
 ) -> Result<Option<Frame>, RecoveryError> {
     let mut prefix_bytes = [0u8; TWO_PART_PREFIX_BYTES];
     let mut filled = 0;
@@ -687,9 +810,12 @@ async fn read_frame<R: AsyncRead + Unpin>(
     let frame_len = TWO_PART_PREFIX_BYTES.saturating_add(header_len).saturating_add(body_len);
     *budget =
         budget.checked_sub(frame_len).ok_or(RecoveryError::ResponseTooLarge { max: bytes_max })?;
+    if let Some(held) = shared.as_deref_mut() {
+        held.reserve(header_len).await?;
+    }
     let mut header = vec![0u8; header_len];
     reader.read_exact(&mut header).await.map_err(ended_or_io(connection))?;
-    let body = read_growing(reader, body_len).await.map_err(ended_or_io(connection))?;
+    let body = read_growing(reader, body_len, connection, shared).await?;
     if !prefix.checksum_matches(&header, &body) {
         return Err(RecoveryError::Protocol("two-part checksum mismatch".to_owned()));
     }
@@ -708,18 +834,32 @@ fn ended_or_io(connection: &'static str) -> impl Fn(io::Error) -> RecoveryError 
 
 /// Read exactly `length` bytes into a buffer that grows (doubling from
 /// [`ITEM_READ_CHUNK_BYTES`]) only as bytes arrive, so a large declared length costs memory only
-/// once its bytes are really sent. The final capacity is at most `length`.
-async fn read_growing<R: AsyncRead + Unpin>(reader: &mut R, length: usize) -> io::Result<Vec<u8>> {
-    let mut buffer = Vec::with_capacity(length.min(ITEM_READ_CHUNK_BYTES));
+/// once its bytes are really sent. The final capacity is at most `length`. With `shared`, each
+/// growth is reserved from the answers' shared budget before it is allocated.
+async fn read_growing<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    length: usize,
+    connection: &'static str,
+    mut shared: Option<&mut AnswerBytes<'_>>,
+) -> Result<Vec<u8>, RecoveryError> {
+    let first = length.min(ITEM_READ_CHUNK_BYTES);
+    if let Some(held) = shared.as_deref_mut() {
+        held.reserve(first).await?;
+    }
+    let mut buffer = Vec::with_capacity(first);
     while buffer.len() < length {
         let remaining = length - buffer.len();
         if buffer.len() == buffer.capacity() {
             let grow = buffer.capacity().max(ITEM_READ_CHUNK_BYTES).min(remaining);
+            if let Some(held) = shared.as_deref_mut() {
+                held.reserve(grow).await?;
+            }
             buffer.reserve_exact(grow);
         }
         let mut limited = (&mut *reader).take(u64::try_from(remaining).unwrap_or(u64::MAX));
-        if limited.read_buf(&mut buffer).await? == 0 {
-            return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+        let read = limited.read_buf(&mut buffer).await.map_err(ended_or_io(connection))?;
+        if read == 0 {
+            return Err(ended_or_io(connection)(io::Error::from(io::ErrorKind::UnexpectedEof)));
         }
     }
     Ok(buffer)
@@ -824,7 +964,7 @@ async fn route_call_home(mut stream: TcpStream, shared: &Shared, slot: &Cancella
 /// The first frame of a call-home connection: a header-only handshake naming the subject.
 async fn read_handshake(stream: &mut TcpStream) -> Result<String, RecoveryError> {
     let mut budget = CONTROL_FRAME_BYTES_MAX;
-    let frame = read_frame(stream, &mut budget, CONTROL_FRAME_BYTES_MAX, "call-home")
+    let frame = read_frame(stream, &mut budget, CONTROL_FRAME_BYTES_MAX, "call-home", None)
         .await?
         .ok_or(RecoveryError::StreamEnded { after: "connecting, before the handshake" })?;
     if frame.kind != FrameKind::Control {
@@ -900,7 +1040,7 @@ mod tests {
     async fn frames_are_charged_to_the_budget_before_buffering() {
         let frame = encode_two_part(b"", &[0u8; 100]);
         let mut budget = 110;
-        let read = read_frame(&mut frame.as_slice(), &mut budget, 110, "call-home").await;
+        let read = read_frame(&mut frame.as_slice(), &mut budget, 110, "call-home", None).await;
         assert!(matches!(read, Err(RecoveryError::ResponseTooLarge { max: 110 })));
 
         // A declared length far beyond what is sent fails on the missing bytes, having buffered
@@ -909,16 +1049,18 @@ mod tests {
         lying[8..16].copy_from_slice(&(50u64 << 20).to_be_bytes());
         lying.extend_from_slice(&[1, 2, 3]);
         let mut budget = usize::MAX;
-        let read = read_frame(&mut lying.as_slice(), &mut budget, usize::MAX, "call-home").await;
+        let read =
+            read_frame(&mut lying.as_slice(), &mut budget, usize::MAX, "call-home", None).await;
         assert!(matches!(read, Err(RecoveryError::StreamEnded { .. })));
 
         let mut budget = 1000;
         let empty: &[u8] = &[];
-        assert!(read_frame(&mut &*empty, &mut budget, 1000, "call-home").await.unwrap().is_none());
+        let read = read_frame(&mut &*empty, &mut budget, 1000, "call-home", None).await;
+        assert!(read.unwrap().is_none());
         let mut budget = 1000;
         let partial: &[u8] = &[0, 0, 0];
         assert!(matches!(
-            read_frame(&mut &*partial, &mut budget, 1000, "call-home").await,
+            read_frame(&mut &*partial, &mut budget, 1000, "call-home", None).await,
             Err(RecoveryError::StreamEnded { .. })
         ));
     }
@@ -929,7 +1071,7 @@ mod tests {
         let mut extra = data.clone();
         extra.extend_from_slice(b"next frame");
         let mut source = extra.as_slice();
-        let read = read_growing(&mut source, data.len()).await.unwrap();
+        let read = read_growing(&mut source, data.len(), "call-home", None).await.unwrap();
         assert_eq!(read, data);
         assert!(read.capacity() <= data.len());
         assert_eq!(source, b"next frame");

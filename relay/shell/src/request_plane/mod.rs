@@ -20,8 +20,10 @@
 //!   cannot decode ACKs it and never calls home: only the timeout ends that query);
 //! - every buffer is bounded before allocation: control frames by [`CONTROL_FRAME_BYTES_MAX`],
 //!   ACK texts by [`ACK_TEXT_BYTES_MAX`], one response stream by
-//!   [`RecoveryClientConfig::response_bytes_max`] (default [`RECOVERY_RESPONSE_BYTES_MAX`]), and
-//!   a large item's buffer grows only as its bytes arrive;
+//!   [`RecoveryClientConfig::response_bytes_max`] (default [`RECOVERY_RESPONSE_BYTES_MAX`]), all
+//!   answers being read at once together by [`RecoveryClientConfig::answers_bytes_max`] (default
+//!   [`RECOVERY_ANSWERS_BYTES_MAX`]; at that bound a call waits within its timeout), and a large
+//!   item's buffer grows only as its bytes arrive;
 //! - the pending queries, pooled worker connections and concurrent call-home handshakes are
 //!   bounded, with a typed error or a closed connection at each bound;
 //! - no input panics: malformed bytes become a [`RecoveryError`].
@@ -39,8 +41,8 @@ use thiserror::Error;
 pub use client::{
     ACK_GRACE_AFTER_ANSWER, ACK_TEXT_BYTES_MAX, CALL_HOME_HANDSHAKE_TIMEOUT,
     CALL_HOME_HANDSHAKES_IN_FLIGHT_MAX, CONTROL_FRAME_BYTES_MAX, PENDING_QUERIES_MAX, QueryPhase,
-    RECOVERY_RESPONSE_BYTES_MAX, RecoveryClient, RecoveryClientConfig, RequestPlaneStats,
-    WORKER_CONNECTIONS_MAX,
+    RECOVERY_ANSWERS_BYTES_MAX, RECOVERY_RESPONSE_BYTES_MAX, RecoveryClient, RecoveryClientConfig,
+    RequestPlaneStats, WORKER_CONNECTIONS_MAX,
 };
 pub use message::PayloadCodec;
 
