@@ -64,11 +64,8 @@ fn card_bytes(card: &ModelCard) -> usize {
 mod tests {
     use super::*;
     use crate::inputs::KvEventBatch;
-    use crate::model::hashing::{ExternalBlockHash, LocalBlockHash};
     use crate::model::identity::EndpointPath;
-    use crate::model::kv_events::{
-        KvCacheEvent, KvCacheEventData, StorageTier, StoreData, StoredBlock,
-    };
+    use crate::model::kv_events::{KvCacheEvent, StorageTier, StoredBlock, stored_from_wire};
 
     fn batch(blocks_per_event: u64, events: u64) -> DcInput {
         let endpoint: EndpointPath = "ns/backend/generate".parse().unwrap();
@@ -80,16 +77,8 @@ mod tests {
                 event: KvCacheEvent {
                     event_id: id,
                     dp_rank: 0,
-                    data: KvCacheEventData::Stored(StoreData {
-                        parent_hash: None,
-                        start_position: None,
-                        blocks: (0..blocks_per_event)
-                            .map(|block| StoredBlock {
-                                block_hash: ExternalBlockHash(block),
-                                tokens_hash: LocalBlockHash(block),
-                            })
-                            .collect(),
-                    }),
+                    data: stored_from_wire(None, None, (0..blocks_per_event).map(|b| (b, b)))
+                        .unwrap(),
                 },
             })
             .collect();

@@ -200,10 +200,9 @@ mod tests {
     use std::time::Duration;
 
     use kvrelay_core::inputs::{EndpointInstances, KvEventBatch};
-    use kvrelay_core::model::hashing::{ExternalBlockHash, LocalBlockHash};
     use kvrelay_core::model::identity::EndpointPath;
     use kvrelay_core::model::kv_events::{
-        KvCacheEvent, KvCacheEventData, RouterEvent, StorageTier, StoreData, StoredBlock,
+        KvCacheEvent, RouterEvent, StorageTier, stored_from_wire,
     };
 
     use super::*;
@@ -220,16 +219,7 @@ mod tests {
             event: KvCacheEvent {
                 event_id: sequence,
                 dp_rank: 0,
-                data: KvCacheEventData::Stored(StoreData {
-                    parent_hash: None,
-                    start_position: None,
-                    blocks: (0..blocks)
-                        .map(|b| StoredBlock {
-                            block_hash: ExternalBlockHash(b),
-                            tokens_hash: LocalBlockHash(b),
-                        })
-                        .collect(),
-                }),
+                data: stored_from_wire(None, None, (0..blocks).map(|b| (b, b))).unwrap(),
             },
         };
         DcInput::KvEvents(KvEventBatch {
