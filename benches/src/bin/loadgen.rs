@@ -29,7 +29,7 @@ mod loadgen;
 
 use loadgen::shape::Shape;
 use loadgen::trace::Trace;
-use loadgen::verify::{Verdict, VerifyOptions};
+use loadgen::verify::VerifyOptions;
 use loadgen::{Discovery, RunConfig};
 
 /// Publish Dynamo-shaped KV load on NATS and check a relay against what was published.
@@ -206,67 +206,15 @@ impl Args {
     }
 }
 
-/// Print the verdict (one JSON line on stdout, a summary on stderr) and its exit code.
-fn report(verdict: &Verdict) -> ExitCode {
-    for pool in &verdict.pools {
-        eprintln!(
-            "[verify] {}: live {} (resident slots {}), false negatives {}{}, removed still present {} of {} (expected {:.2}, bound {})",
-            pool.endpoint,
-            pool.live,
-            pool.resident_slots,
-            pool.false_negatives,
-            if pool.false_negatives > 0 {
-                format!(" e.g. {:?}", pool.false_negative_examples)
-            } else {
-                String::new()
-            },
-            pool.removed_present,
-            pool.removed_checked,
-            pool.removed_present_expected,
-            pool.removed_present_allowed,
-        );
-    }
-    match serde_json::to_string(verdict) {
-        Ok(line) => println!("{line}"),
-        Err(error) => eprintln!("[verify] cannot encode the verdict: {error}"),
-    }
-    if verdict.false_negatives > 0 {
-        eprintln!("[verify] FAILED: {} false negatives", verdict.false_negatives);
-        ExitCode::from(1)
-    } else if verdict.removed_beyond_bound {
-        eprintln!("[verify] FAILED: removed keys present beyond the false-positive bound");
-        ExitCode::from(4)
-    } else {
-        eprintln!("[verify] OK: every live key present");
-        ExitCode::SUCCESS
-    }
-}
-
 async fn main_async(args: Args, config: Option<RunConfig>) -> Result<ExitCode> {
     let Some(config) = config else {
         let Some(address) = &args.verify else { bail!("--verify-only needs --verify RELAY_ADDR") };
         let trace = Trace::read(&args.trace)?;
         let verdict = loadgen::verify::verify(address, &trace, args.verify_options()?).await?;
-        return Ok(report(&verdict));
+        return Ok(ExitCode::from(loadgen::verify::report(&verdict)));
     };
     let outcome = loadgen::run(config).await?;
-    let c = &outcome.counters;
-    eprintln!(
-        "[loadgen] done: {} stored events in {:.2}s = {:.1}/s (asked {}), {} removed events, blocks stored {} removed {}, {} kv-events + {} kv_metrics messages, {} bytes, publish errors {}, skipped {}",
-        c.stored_events,
-        c.elapsed_secs,
-        c.achieved_rate,
-        args.rate,
-        c.removed_events,
-        c.blocks_stored,
-        c.blocks_removed,
-        c.event_messages,
-        c.load_messages,
-        c.bytes_published,
-        c.publish_errors,
-        c.skipped_events,
-    );
-    Ok(outcome.verdict.as_ref().map_or(ExitCode::SUCCESS, report))
+    Ok(ExitCode::from(outcome.verdict.as_ref().map_or(0, loadgen::verify::report_code)))
 }
 
 fn main() -> ExitCode {

@@ -71,8 +71,6 @@ pub struct RunConfig {
 /// What a run ended with.
 #[derive(Debug)]
 pub struct RunOutcome {
-    /// The counters of the trace.
-    pub counters: Counters,
     /// The verification, if asked for.
     pub verdict: Option<Verdict>,
 }
@@ -138,7 +136,7 @@ pub async fn run(config: RunConfig) -> Result<RunOutcome> {
         Ok(counters) => finish(&config, &model, &endpoints, counters).await,
         Err(error) => Err(error),
     };
-    if !config.linger.is_zero() {
+    if outcome.is_ok() && !config.linger.is_zero() {
         eprintln!("[loadgen] keeping the workers registered for {:?}", config.linger);
         tokio::time::sleep(config.linger).await;
     }
@@ -179,11 +177,32 @@ async fn finish(
         "[loadgen] trace {} written: {live} live keys, {removed} removed keys kept",
         config.trace.display()
     );
+    let c = &trace.counters;
+    eprintln!(
+        "[loadgen] done: {} stored events in {:.2}s = {:.1}/s (asked {}), {} removed events, blocks stored {} removed {}, {} kv-events + {} kv_metrics messages, {} bytes, publish errors {}, skipped {}",
+        c.stored_events,
+        c.elapsed_secs,
+        c.achieved_rate,
+        config.rate,
+        c.removed_events,
+        c.blocks_stored,
+        c.blocks_removed,
+        c.event_messages,
+        c.load_messages,
+        c.bytes_published,
+        c.publish_errors,
+        c.skipped_events,
+    );
     let verdict = match &config.verify {
         None => None,
-        Some((address, options)) => Some(verify::verify(address, &trace, *options).await?),
+        Some((address, options)) => {
+            let verdict = verify::verify(address, &trace, *options).await?;
+            // Reported now: the run may linger registered for a while before it returns.
+            verify::report(&verdict);
+            Some(verdict)
+        }
     };
-    Ok(RunOutcome { counters: trace.counters, verdict })
+    Ok(RunOutcome { verdict })
 }
 
 /// The publishing loop: paced on the tokio clock, bounded catch-up, progress every second.

@@ -198,3 +198,52 @@ async fn verify_with(
         pools.iter().any(|pool| pool.removed_present as u64 > pool.removed_present_allowed);
     Ok(Verdict { pools, false_negatives, removed_beyond_bound })
 }
+
+/// Print the verdict (one JSON line on stdout, a summary on stderr); returns its exit code.
+pub fn report(verdict: &Verdict) -> u8 {
+    for pool in &verdict.pools {
+        eprintln!(
+            "[verify] {}: live {} (resident slots {}), false negatives {}{}, removed still present {} of {} (expected {:.2}, bound {})",
+            pool.endpoint,
+            pool.live,
+            pool.resident_slots,
+            pool.false_negatives,
+            if pool.false_negatives > 0 {
+                format!(" e.g. {:?}", pool.false_negative_examples)
+            } else {
+                String::new()
+            },
+            pool.removed_present,
+            pool.removed_checked,
+            pool.removed_present_expected,
+            pool.removed_present_allowed,
+        );
+    }
+    match serde_json::to_string(verdict) {
+        Ok(line) => println!("{line}"),
+        Err(error) => eprintln!("[verify] cannot encode the verdict: {error}"),
+    }
+    if verdict.false_negatives > 0 {
+        eprintln!("[verify] FAILED: {} false negatives", verdict.false_negatives);
+        1
+    } else if verdict.removed_beyond_bound {
+        eprintln!("[verify] FAILED: removed keys present beyond the false-positive bound");
+        4
+    } else {
+        eprintln!("[verify] OK: every live key present");
+        0
+    }
+}
+
+/// The exit code of a verdict already reported: 1 false negatives, 4 removed keys beyond the
+/// bound, else 0.
+#[must_use]
+pub fn report_code(verdict: &Verdict) -> u8 {
+    if verdict.false_negatives > 0 {
+        1
+    } else if verdict.removed_beyond_bound {
+        4
+    } else {
+        0
+    }
+}
