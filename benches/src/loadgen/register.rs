@@ -146,7 +146,15 @@ impl Registration {
                 std::fs::create_dir_all(parent)
                     .with_context(|| format!("creating {}", parent.display()))?;
             }
-            std::fs::write(&path, value).with_context(|| format!("writing {}", path.display()))?;
+            // Written beside as a dot file (the relay skips those) and renamed: a poll never
+            // reads a half-written record.
+            let name = path.file_name().map(|name| name.to_string_lossy().into_owned());
+            let temporary = path.with_file_name(format!(".{}.tmp", name.unwrap_or_default()));
+            std::fs::write(&temporary, value)
+                .with_context(|| format!("writing {}", temporary.display()))?;
+            std::fs::rename(&temporary, &path).with_context(|| {
+                format!("renaming {} to {}", temporary.display(), path.display())
+            })?;
             paths.push(path);
         }
         Ok(Registration::Files { paths })
