@@ -65,6 +65,8 @@ pub(crate) struct TruthWatch {
     copies: Copies,
     /// Set when the final evaluation begins: sampling ends there.
     stopped: bool,
+    /// Simulated ms of the last sample.
+    last_sample: Option<u64>,
 }
 
 impl TruthWatch {
@@ -81,6 +83,7 @@ impl TruthWatch {
             staleness: Staleness::default(),
             copies: BTreeMap::new(),
             stopped: false,
+            last_sample: None,
         }
     }
 
@@ -229,6 +232,10 @@ pub(crate) fn sample_truth(world: &World) {
         return;
     }
     let now = sim_ms();
+    if watch.last_sample.is_some_and(|last| now < last + truth::TRUTH_SAMPLE_MS) {
+        return;
+    }
+    watch.last_sample = Some(now);
     let version = world.dc_version.load(Ordering::Relaxed);
     world.dc.with(|dc| watch.update(now, version, dc));
     let consumers = lock(&world.consumers).clone();

@@ -48,10 +48,24 @@ use crate::settled::{CONVERGENCE_BOUND_MS, RECONNECT_MARGIN_MS};
 /// must show it. A block a worker stores or evicts at a DC tick reaches the planes host in the
 /// DC's next frame, the relay in the planes host's next frame (one per tick of the planes
 /// link), the pool publishes it one turmoil step later and the consumer applies the delta one
-/// WAN crossing after that: a few 5 ms steps plus at most two 50 ms DC ticks. The observer
-/// samples every 20 ms. One second leaves a margin of several times that path; the check's
-/// detail reports the slowest lag seen.
+/// WAN crossing after that: a few 5 ms steps plus at most two 50 ms DC ticks. The truth is
+/// sampled every [`TRUTH_SAMPLE_MS`]. One second leaves a margin of several times that path;
+/// the check's detail reports the slowest lag seen.
 pub const STALENESS_BOUND_MS: u64 = 1_000;
+
+/// Simulated ms between two truth samples (the consumer observer runs every 20 ms; the truth
+/// and the bounded-staleness probes, most of the simulator's own cost, every third run of it).
+/// A block's `since` is the first sample that shows it held, so it is late by less than one
+/// interval, which only loosens the bound by that much; a wrong streak is seen from
+/// [`TRANSIENT_MS`] on once it spans four samples.
+pub const TRUTH_SAMPLE_MS: u64 = 60;
+
+/// How long after its removal is due a block is probed for absence during the run. A relay
+/// that never applies a removal keeps the block present through this whole window, so the
+/// in-run check sees it; one that brings a block back later is caught by `no-stale-blocks`,
+/// which probes every block ever removed once the run is quiet. Without the horizon every
+/// sample would probe every removal of the run so far, a cost that grows with the run's square.
+pub const ABSENCE_HORIZON_MS: u64 = 10_000;
 
 /// Per-check probability that honest false positives exceed [`false_positive_allowance`].
 pub const FALSE_POSITIVE_CONFIDENCE: f64 = 1e-9;
@@ -150,10 +164,22 @@ pub struct PoolTruth {
     addressing: Option<Addressing>,
     /// Held by a listed worker of the pool (overlapping ranks excluded), by hash.
     held: Vec<Entry>,
-    /// Held at an earlier sample, held by none now, by hash.
-    removed: Vec<Entry>,
+    /// Held at an earlier sample, held by none now: each block's place in `removals`, by hash.
+    removed: BTreeMap<u64, usize>,
+    /// Every removal in time order (samples' times only grow); an entry held again since is
+    /// marked stale rather than taken out, so the log is append-only and a time range of it is
+    /// found by a binary search.
+    removals: Vec<Removal>,
     /// Held by ranks of an overlapping incarnation (neither required nor forbidden), sorted.
     unknown: Vec<u64>,
+}
+
+/// One removal of [`PoolTruth::removals`].
+#[derive(Debug, Clone, Copy)]
+struct Removal {
+    entry: Entry,
+    /// Still removed (not held again since).
+    current: bool,
 }
 
 fn probe_with(addressing: Option<&Addressing>, hash: u64) -> Probe {
@@ -166,41 +192,42 @@ impl PoolTruth {
     pub fn update(&mut self, now: u64, held: &[(u64, u64)], unknown: Vec<u64>) {
         let addressing = self.addressing;
         let mut next_held = Vec::with_capacity(held.len());
-        let mut old = self.held.iter().peekable();
-        let mut gone = Vec::new();
+        let mut old = std::mem::take(&mut self.held).into_iter().peekable();
+        // One walk of the two sorted lists: a block held before and not now is removed at
+        // `now`; a block held now and not before is no longer removed (if it was). The removed
+        // set changes by what changed, never rebuilt, so a long run's removals cost nothing
+        // per update.
         for &(hash, since) in held {
             while let Some(entry) = old.next_if(|entry| entry.hash < hash) {
-                gone.push(Entry { at_ms: now, ..*entry });
+                self.note_removed(Entry { at_ms: now, ..entry });
             }
             let probe = match old.next_if(|entry| entry.hash == hash) {
                 Some(entry) => entry.probe,
-                None => probe_with(addressing.as_ref(), hash),
+                None => match self.removed.remove(&hash) {
+                    Some(index) => {
+                        let removal = &mut self.removals[index];
+                        removal.current = false;
+                        removal.entry.probe
+                    }
+                    None => probe_with(addressing.as_ref(), hash),
+                },
             };
             next_held.push(Entry { hash, at_ms: since, probe });
         }
-        gone.extend(old.map(|entry| Entry { at_ms: now, ..*entry }));
-        // Removed: the earlier removed ones not held again, and the ones just gone. Both lists
-        // are sorted by hash and disjoint (the earlier removed ones were not held before), so
-        // one merge walk keeps the result sorted.
-        let mut again = held.iter().map(|held| held.0).peekable();
-        let mut kept = self.removed.iter().copied().filter(|entry| {
-            while again.next_if(|hash| *hash < entry.hash).is_some() {}
-            again.peek() != Some(&entry.hash)
-        });
-        let mut gone = gone.into_iter().peekable();
-        let mut removed = Vec::with_capacity(self.removed.len() + gone.len());
-        let mut next_kept = kept.next();
-        while let Some(entry) = next_kept {
-            while let Some(first) = gone.next_if(|first| first.hash < entry.hash) {
-                removed.push(first);
-            }
-            removed.push(entry);
-            next_kept = kept.next();
+        for entry in old {
+            self.note_removed(Entry { at_ms: now, ..entry });
         }
-        removed.extend(gone);
         self.held = next_held;
-        self.removed = removed;
         self.unknown = unknown;
+    }
+
+    /// `entry` (held until now) is removed at its `at_ms`.
+    fn note_removed(&mut self, entry: Entry) {
+        // Held and removed are disjoint, so the block has no earlier removal to replace.
+        debug_assert!(!self.removed.contains_key(&entry.hash));
+        debug_assert!(self.removals.last().is_none_or(|last| last.entry.at_ms <= entry.at_ms));
+        self.removed.insert(entry.hash, self.removals.len());
+        self.removals.push(Removal { entry, current: true });
     }
 
     /// Re-probe every tracked block when `addressing` is not the one the probes were made with.
@@ -208,7 +235,8 @@ impl PoolTruth {
         if self.addressing == Some(addressing) {
             return;
         }
-        for entry in self.held.iter_mut().chain(self.removed.iter_mut()) {
+        let removals = self.removals.iter_mut().map(|removal| &mut removal.entry);
+        for entry in self.held.iter_mut().chain(removals) {
             entry.probe = addressing.probe(entry.hash);
         }
         self.addressing = Some(addressing);
@@ -233,11 +261,17 @@ impl PoolTruth {
         self.held.len()
     }
 
-    /// The blocks removed at or before `until` (not held by an overlapping rank).
-    fn removed_until(&self, until: u64) -> impl Iterator<Item = &Entry> + '_ {
-        self.removed.iter().filter(move |entry| {
-            entry.at_ms <= until && self.unknown.binary_search(&entry.hash).is_err()
-        })
+    /// The blocks removed in `(until - ABSENCE_HORIZON_MS, until]` (not held by an overlapping
+    /// rank), in removal order.
+    fn removed_recently(&self, until: u64) -> impl Iterator<Item = &Entry> + '_ {
+        let from = until.saturating_sub(ABSENCE_HORIZON_MS).saturating_add(1);
+        let start = self.removals.partition_point(|removal| removal.entry.at_ms < from);
+        self.removals[start..]
+            .iter()
+            .take_while(move |removal| removal.entry.at_ms <= until)
+            .filter(|removal| removal.current)
+            .map(|removal| &removal.entry)
+            .filter(|entry| self.unknown.binary_search(&entry.hash).is_err())
     }
 }
 
@@ -490,7 +524,7 @@ impl Staleness {
         let mut probes = 0u64;
         let mut present = Vec::new();
         if let Some(words) = words {
-            for entry in truth.removed_until(due) {
+            for entry in truth.removed_recently(due) {
                 probes += 1;
                 if contains(words, &entry.probe) {
                     present.push(entry.hash);
@@ -567,7 +601,7 @@ pub fn probe_stale(
 ) -> StaleProbed {
     let mut probes = 0u64;
     let mut present = 0u64;
-    let removed = truth.removed.iter().map(|entry| entry.hash);
+    let removed = truth.removed.keys().copied();
     for hash in removed.chain(never_stored.iter().copied()) {
         if truth.holds(hash) {
             continue;
@@ -821,6 +855,44 @@ mod tests {
         let stale = samples(due, TRANSIENT_MS, &replica(&both));
         assert!(!stale.passed);
         assert!(stale.detail.contains("25 of 25"), "{}", stale.detail);
+    }
+
+    #[test]
+    fn in_run_absence_probes_cover_the_horizon_and_blocks_held_again_leave_the_removed() {
+        let held: Vec<u64> = (1..=50).collect();
+        let later: Vec<u64> = (26..=50).collect();
+        // 1..=25 removed at 2 s; 10 of them held again at 5 s.
+        let mut again = later.clone();
+        again.extend(1..=10);
+        let truth = truth_of(&[(0, &held), (2_000, &later), (5_000, &again)]);
+        let stale_for = |now: u64| {
+            let mut staleness = Staleness::default();
+            let words = replica(&held);
+            for now in (now..=now + 2 * TRANSIENT_MS).step_by(20) {
+                let sample = Sample {
+                    now,
+                    consumer: "c",
+                    endpoint: "e",
+                    healthy_since: 0,
+                    words: Some(&words),
+                    presence: true,
+                };
+                staleness.observe(&truth, sample);
+            }
+            staleness
+        };
+        // Within the horizon the 15 blocks still removed are probed (the 10 held again are
+        // not removed any more) and, left in the replica, fail the check.
+        let within = stale_for(2_000 + STALENESS_BOUND_MS + 1_000);
+        assert!(!within.check().passed);
+        assert!(within.check().detail.contains("15 of 15"), "{}", within.check().detail);
+        // Past it they are left to no-stale-blocks at quiescence, which still sees all 15.
+        let past = stale_for(2_000 + STALENESS_BOUND_MS + ABSENCE_HORIZON_MS);
+        assert_eq!(past.absence_probes, 0);
+        assert!(past.check().passed, "{}", past.check().detail);
+        let never: Vec<u64> = Vec::new();
+        let probed = probe_stale("e", &truth, &addressing(), &never, &replica(&held));
+        assert_eq!((probed.probes, probed.present), (15, 15));
     }
 
     #[test]
