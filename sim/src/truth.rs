@@ -60,11 +60,12 @@ pub const STALENESS_BOUND_MS: u64 = 1_000;
 /// [`TRANSIENT_MS`] on once it spans four samples.
 pub const TRUTH_SAMPLE_MS: u64 = 60;
 
-/// How long after its removal is due a block is probed for absence during the run. A relay
-/// that never applies a removal keeps the block present through this whole window, so the
-/// in-run check sees it; one that brings a block back later is caught by `no-stale-blocks`,
-/// which probes every block ever removed once the run is quiet. Without the horizon every
-/// sample would probe every removal of the run so far, a cost that grows with the run's square.
+/// How long after its removal is due (or after the links turned healthy again, for a removal
+/// made while they were not) a block is probed for absence during the run. A relay that never
+/// applies a removal keeps the block present through this whole window, so the in-run check
+/// sees it; one that brings a block back later is caught by `no-stale-blocks`, which probes
+/// every block ever removed once the run is quiet. Without the horizon every sample would probe
+/// every removal of the run so far, a cost that grows with the run's square.
 pub const ABSENCE_HORIZON_MS: u64 = 10_000;
 
 /// Per-check probability that honest false positives exceed [`false_positive_allowance`].
@@ -261,14 +262,21 @@ impl PoolTruth {
         self.held.len()
     }
 
-    /// The blocks removed in `(until - ABSENCE_HORIZON_MS, until]` (not held by an overlapping
-    /// rank), in removal order.
-    fn removed_recently(&self, until: u64) -> impl Iterator<Item = &Entry> + '_ {
-        let from = until.saturating_sub(ABSENCE_HORIZON_MS).saturating_add(1);
-        let start = self.removals.partition_point(|removal| removal.entry.at_ms < from);
+    /// The blocks removed and due for absence at `due` whose absence is checked now (not held
+    /// by an overlapping rank), in removal order: those removed in `(due - ABSENCE_HORIZON_MS,
+    /// due]`, and, for the first [`ABSENCE_HORIZON_MS`] after the links turned healthy at
+    /// `healthy_since`, every one removed before that, so a removal made while the check was
+    /// suspended by a fault is checked once it resumes, for as long as a recent one.
+    fn removed_recently(&self, due: u64, healthy_since: u64) -> impl Iterator<Item = &Entry> + '_ {
+        let horizon = due.saturating_sub(ABSENCE_HORIZON_MS);
+        let start = if healthy_since > horizon {
+            0
+        } else {
+            self.removals.partition_point(|removal| removal.entry.at_ms <= horizon)
+        };
         self.removals[start..]
             .iter()
-            .take_while(move |removal| removal.entry.at_ms <= until)
+            .take_while(move |removal| removal.entry.at_ms <= due)
             .filter(|removal| removal.current)
             .map(|removal| &removal.entry)
             .filter(|entry| self.unknown.binary_search(&entry.hash).is_err())
@@ -524,7 +532,7 @@ impl Staleness {
         let mut probes = 0u64;
         let mut present = Vec::new();
         if let Some(words) = words {
-            for entry in truth.removed_recently(due) {
+            for entry in truth.removed_recently(due, healthy_since) {
                 probes += 1;
                 if contains(words, &entry.probe) {
                     present.push(entry.hash);
@@ -865,7 +873,7 @@ mod tests {
         let mut again = later.clone();
         again.extend(1..=10);
         let truth = truth_of(&[(0, &held), (2_000, &later), (5_000, &again)]);
-        let stale_for = |now: u64| {
+        let stale_for = |now: u64, healthy_since: u64| {
             let mut staleness = Staleness::default();
             let words = replica(&held);
             for now in (now..=now + 2 * TRANSIENT_MS).step_by(20) {
@@ -873,7 +881,7 @@ mod tests {
                     now,
                     consumer: "c",
                     endpoint: "e",
-                    healthy_since: 0,
+                    healthy_since,
                     words: Some(&words),
                     presence: true,
                 };
@@ -883,13 +891,19 @@ mod tests {
         };
         // Within the horizon the 15 blocks still removed are probed (the 10 held again are
         // not removed any more) and, left in the replica, fail the check.
-        let within = stale_for(2_000 + STALENESS_BOUND_MS + 1_000);
+        let within = stale_for(2_000 + STALENESS_BOUND_MS + 1_000, 0);
         assert!(!within.check().passed);
         assert!(within.check().detail.contains("15 of 15"), "{}", within.check().detail);
         // Past it they are left to no-stale-blocks at quiescence, which still sees all 15.
-        let past = stale_for(2_000 + STALENESS_BOUND_MS + ABSENCE_HORIZON_MS);
+        let past_due = 2_000 + STALENESS_BOUND_MS + ABSENCE_HORIZON_MS;
+        let past = stale_for(past_due, 0);
         assert_eq!(past.absence_probes, 0);
         assert!(past.check().passed, "{}", past.check().detail);
+        // Unless the links were unhealthy until lately: removals made while the check was
+        // suspended are checked once it resumes.
+        let resumed = stale_for(past_due, past_due - STALENESS_BOUND_MS - 500);
+        assert!(!resumed.check().passed);
+        assert!(resumed.check().detail.contains("15 of 15"), "{}", resumed.check().detail);
         let never: Vec<u64> = Vec::new();
         let probed = probe_stale("e", &truth, &addressing(), &never, &replica(&held));
         assert_eq!((probed.probes, probed.present), (15, 15));

@@ -121,8 +121,8 @@ impl Args {
 
     fn run_config(&self) -> Result<RunConfig> {
         ensure!(
-            self.rate.is_finite() && self.rate > 0.0,
-            "--rate must be a positive number of events per second, got {}",
+            self.rate.is_finite() && (0.001..=10_000_000.0).contains(&self.rate),
+            "--rate must be within 0.001..=10000000 events per second, got {}",
             self.rate
         );
         ensure!(

@@ -8,7 +8,7 @@
 
 use std::mem::size_of;
 
-use super::facts::{DcInput, ModelCard};
+use super::facts::{CardInstanceId, DcInput, ModelCard};
 use crate::model::kv_events::RouterEvent;
 
 impl DcInput {
@@ -22,7 +22,10 @@ impl DcInput {
                 id.text_bytes().saturating_add(taints_json.as_ref().map_or(0, String::len))
             }
             DcInput::CardsListed { cards } => cards.iter().fold(0usize, |total, (id, card)| {
-                total.saturating_add(id.text_bytes()).saturating_add(card_bytes(card))
+                total
+                    .saturating_add(size_of::<CardInstanceId>())
+                    .saturating_add(id.text_bytes())
+                    .saturating_add(card_bytes(card))
             }),
             DcInput::Instances(instances) => {
                 // A set entry costs about three words in its tree.

@@ -83,7 +83,11 @@ impl RouterEvent {
             }
             KvCacheEventData::Cleared => 0,
         };
-        std::mem::size_of::<RouterEvent>().saturating_add(blocks)
+        let domain = match &self.residency_domain {
+            Some(ResidencyDomain::Unsupported(name)) => name.len(),
+            _ => 0,
+        };
+        std::mem::size_of::<RouterEvent>().saturating_add(blocks).saturating_add(domain)
     }
 
     /// The `(worker_id, dp_rank)` source of this event.

@@ -80,6 +80,9 @@ impl KubeApiConfig {
         config.connect_timeout = Some(self.connect_timeout);
         // Watches are quiet between events; `get` bounds itself with `request_timeout`.
         config.read_timeout = None;
+        // The watcher has its own backoff, and a 429 / 503 must reach its counters and logs
+        // rather than be retried here for up to the request timeout.
+        config.default_retry = false;
         config.write_timeout = Some(self.request_timeout);
         if https {
             let Some(ca) = &self.ca_file else {
@@ -304,13 +307,19 @@ impl KubeClient {
         request: ApiRequest,
         line_max: usize,
     ) -> Result<WatchLines, KubeError> {
-        let response = tokio::time::timeout(self.request_timeout, self.send(request))
+        // The headers, and the body of a refusal, within the request timeout; the stream of
+        // an accepted watch has none.
+        let opened = async {
+            let response = self.send(request).await?;
+            let status = response.status();
+            if !status.is_success() {
+                return Err(status_error(status, response.into_body()).await);
+            }
+            Ok(response)
+        };
+        let response = tokio::time::timeout(self.request_timeout, opened)
             .await
             .map_err(|_| KubeError::Timeout { what: "opening a Kubernetes watch" })??;
-        let status = response.status();
-        if !status.is_success() {
-            return Err(status_error(status, response.into_body()).await);
-        }
         Ok(WatchLines {
             body: response.into_body(),
             buffer: Vec::new(),
@@ -550,6 +559,7 @@ mod tests {
         assert_eq!(config.cluster_url.to_string(), "http://[::1]:8080/");
         assert_eq!(config.connect_timeout, Some(Duration::from_secs(5)));
         assert_eq!(config.read_timeout, None, "a quiet watch is not a dead one");
+        assert!(!config.default_retry, "failures reach the watcher's own backoff");
         assert!(config.root_cert.is_none());
     }
 

@@ -54,10 +54,12 @@ const BATCH_RECORDS_MAX: usize = 512;
 /// blocking job per batch rather than per record keeps thread hand-offs off the hot path.
 pub const BATCH_DELAY: Duration = Duration::from_millis(20);
 
-/// Default of [`RecorderConfig::queue_bytes_max`]: 64 MiB, room for four of the largest KV
-/// events a publisher sends (a million blocks weigh about 16 MiB) or thousands of ordinary
-/// inputs, and a small fraction of what the node itself holds.
-pub const QUEUE_BYTES_MAX_DEFAULT: usize = 64 << 20;
+/// Default of [`RecorderConfig::queue_bytes_max`]: 256 MiB, more than the largest recovery
+/// answer the request plane accepts weighs once decoded (128 MiB of MessagePack, about 108 MiB
+/// at 16 bytes per stored block), so every legal record fits alone and a replay never finds a
+/// gap where a large tree dump was; or about sixteen of the largest KV events (a million blocks
+/// weigh about 16 MiB).
+pub const QUEUE_BYTES_MAX_DEFAULT: usize = 256 << 20;
 
 /// How recording runs (`serve --record DIR --record-max-bytes N --record-max-age S`).
 ///

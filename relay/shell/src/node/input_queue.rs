@@ -29,8 +29,13 @@ use kvrelay_core::inputs::DcInput;
 /// messages of a million blocks, or hundreds of thousands of ordinary ones).
 pub const INPUT_QUEUE_BYTES_MAX_DEFAULT: usize = 256 << 20;
 
-/// Largest byte budget (one reservation is a `u32` of bytes).
-pub const INPUT_QUEUE_BYTES_MAX_LIMIT: usize = u32::MAX as usize;
+/// Largest byte budget: one reservation is a `u32` of bytes, and the semaphore holds at most
+/// [`Semaphore::MAX_PERMITS`].
+pub const INPUT_QUEUE_BYTES_MAX_LIMIT: usize = if Semaphore::MAX_PERMITS < u32::MAX as usize {
+    Semaphore::MAX_PERMITS
+} else {
+    u32::MAX as usize
+};
 
 /// The queue was closed: the node has stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
