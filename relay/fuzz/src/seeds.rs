@@ -242,6 +242,7 @@ fn journal() {
         load_window: Duration::from_secs(1),
         input_queue_capacity: 1024,
         load_fanout_capacity: 16,
+        input_queue_bytes_max: kvrelay::node::INPUT_QUEUE_BYTES_MAX_DEFAULT,
     };
     let header = JournalHeader {
         kvrelay_version: "fuzz".to_owned(),
