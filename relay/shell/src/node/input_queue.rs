@@ -86,9 +86,8 @@ pub struct InputReceiver {
 pub struct QueuedInput {
     /// The input.
     pub input: DcInput,
-    /// Its reservation (`None` for a zero budget charge, which cannot happen: every input
-    /// weighs at least its own value).
-    charge: Option<OwnedSemaphorePermit>,
+    /// Its reservation.
+    charge: OwnedSemaphorePermit,
 }
 
 impl QueuedInput {
@@ -102,7 +101,7 @@ impl QueuedInput {
 /// The bytes of an input whose step is under way; released when dropped.
 #[derive(Debug)]
 pub struct InputCharge {
-    _permit: Option<OwnedSemaphorePermit>,
+    _permit: OwnedSemaphorePermit,
 }
 
 /// A queue of at most `items_max` inputs (at least 1) and `bytes_max` bytes (1 to
@@ -145,7 +144,7 @@ impl InputSender {
                     .map_err(|_| InputQueueClosed)?
             }
         };
-        let queued = QueuedInput { input, charge: Some(permit) };
+        let queued = QueuedInput { input, charge: permit };
         self.items.send(queued).await.map_err(|_| InputQueueClosed)
     }
 
