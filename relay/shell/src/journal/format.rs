@@ -10,7 +10,7 @@ use thiserror::Error;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::checkpoint::{Checkpoint, NO_CADENCE};
-use crate::node::NodeConfig;
+use crate::node::{NodeConfig, StartPoint};
 use kvrelay_core::inputs::{DcInput, RecoveryTarget};
 use kvrelay_core::pool::PublicationPoint;
 use kvrelay_core::sources::{RecoveryFailure, RecoveryRequest, RecoveryResponse};
@@ -19,8 +19,13 @@ use kvrelay_core::sources::{RecoveryFailure, RecoveryRequest, RecoveryResponse};
 pub const SEGMENT_MAGIC: [u8; 4] = *b"KVRJ";
 
 /// The format version this build writes. Version 4 records recovery failures as
-/// [`RecoveryFailure`] values.
-pub const FORMAT_VERSION: u16 = 4;
+/// [`RecoveryFailure`] values; version 5 records where each pool start was applied
+/// ([`Record::PoolStart`]).
+pub const FORMAT_VERSION: u16 = 5;
+
+/// The first format version that records pool starts: in an older journal every start was
+/// applied within the step that issued it (the allocation ran inline).
+pub const FORMAT_VERSION_POOL_STARTS: u16 = 5;
 
 /// The oldest format version this build reads. Version 3 kept a recovery failure as its text
 /// only; it is read as [`RecoveryFailure::Unreachable`] with that text (every failure kind
@@ -161,6 +166,21 @@ pub enum Record {
         /// What happened, after which of the actor's deterministic commands.
         point: PublicationPoint,
     },
+    /// A pool start applied by the node: where in its step sequence, and whether the actor
+    /// started (version 5). The allocation runs off the node's loop, so this point is not a
+    /// function of the inputs.
+    PoolStart {
+        /// When it was applied.
+        at: Stamp,
+        /// The pool id (`<domain>/<dc>`).
+        pool: String,
+        /// The generation.
+        layout_generation: u64,
+        /// Where it was applied.
+        point: StartPoint,
+        /// The actor started (`false`: the allocation failed).
+        started: bool,
+    },
 }
 
 impl Record {
@@ -173,7 +193,8 @@ impl Record {
             | Record::Recovery { at, .. }
             | Record::Checkpoint { at, .. }
             | Record::Gap { at, .. }
-            | Record::Publication { at, .. } => Some(*at),
+            | Record::Publication { at, .. }
+            | Record::PoolStart { at, .. } => Some(*at),
         }
     }
 }
@@ -260,7 +281,7 @@ pub enum FormatError {
 }
 
 /// Check a segment's preamble.
-pub fn check_preamble(preamble: &[u8]) -> Result<(), FormatError> {
+pub fn check_preamble(preamble: &[u8]) -> Result<u16, FormatError> {
     if preamble.len() < SEGMENT_PREAMBLE_BYTES {
         if !SEGMENT_MAGIC.starts_with(&preamble[..preamble.len().min(4)]) {
             return Err(FormatError::BadMagic);
@@ -277,7 +298,7 @@ pub fn check_preamble(preamble: &[u8]) -> Result<(), FormatError> {
     if !(FORMAT_VERSION_OLDEST..=FORMAT_VERSION).contains(&found) {
         return Err(FormatError::Version { found });
     }
-    Ok(())
+    Ok(found)
 }
 
 /// A frame header's payload length and checksum; the length is checked against the limit.

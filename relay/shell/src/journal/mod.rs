@@ -5,10 +5,12 @@
 //! recorded: every [`DcInput`](kvrelay_core::inputs::DcInput) as the node takes it, every recovery
 //! answer as the transport delivers it, each with the node's monotonic time and the wall clock;
 //! plus the seed and configuration in the header. Everything the node's own tasks report back
-//! (pool starts, actor faults, fences, host recovery acknowledgements) is a deterministic
-//! function of those and is regenerated on replay, not recorded, except the pool actors'
+//! (actor faults, fences, host recovery acknowledgements) is a deterministic function of those
+//! and is regenerated on replay, not recorded, except what timing decides: the pool actors'
 //! publication points that timing or WAN subscribers decide (`Record::Publication`), which a
-//! replay's actors perform at the same command counts. Periodic [`Checkpoint`]s of the logical
+//! replay's actors perform at the same command counts, and the point of the node's step
+//! sequence where each pool start (allocated off the node's loop) was applied
+//! (`Record::PoolStart`), where a replay applies it. Periodic [`Checkpoint`]s of the logical
 //! state, taken after inputs on their recorded times, let a replay prove it reproduced the
 //! recording.
 //!
@@ -35,7 +37,9 @@ pub use checkpoint::{
     Checkpoint, CheckpointDiff, CheckpointSchedule, NO_CADENCE, PoolCheckpoint, capture_checkpoint,
     compare_checkpoints,
 };
-pub use format::{FORMAT_VERSION, JournalHeader, Record, RecoveryOutcome, Stamp};
+pub use format::{
+    FORMAT_VERSION, FORMAT_VERSION_POOL_STARTS, JournalHeader, Record, RecoveryOutcome, Stamp,
+};
 pub use reader::{JournalError, JournalErrorKind, JournalReader, read_journal};
 pub use recorder::{
     QUEUE_BYTES_MAX_DEFAULT, Recorder, RecorderConfig, RecorderProbe, RecorderStats,

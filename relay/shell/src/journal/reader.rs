@@ -68,6 +68,7 @@ struct OpenFile {
 pub struct JournalReader {
     segments: std::vec::IntoIter<(u64, PathBuf)>,
     header: JournalHeader,
+    format_version: u16,
     current: Option<OpenFile>,
     failed: bool,
 }
@@ -102,10 +103,11 @@ impl JournalReader {
                 });
             }
         }
-        let (file, header) = open_segment(&first_path)?;
+        let (file, header, format_version) = open_segment(&first_path)?;
         Ok(JournalReader {
             segments: segments.into_iter().skip(1).collect::<Vec<_>>().into_iter(),
             header,
+            format_version,
             current: Some(file),
             failed: false,
         })
@@ -115,6 +117,26 @@ impl JournalReader {
     #[must_use]
     pub fn header(&self) -> &JournalHeader {
         &self.header
+    }
+
+    /// The first segment's format version.
+    #[must_use]
+    pub fn format_version(&self) -> u16 {
+        self.format_version
+    }
+
+    /// Every record left, up to the first fault, and the fault if there was one.
+    #[must_use]
+    pub fn read_all(mut self) -> (Vec<Record>, Option<JournalError>) {
+        let mut records = Vec::new();
+        let mut fault = None;
+        for record in self.by_ref() {
+            match record {
+                Ok(record) => records.push(record),
+                Err(error) => fault = Some(error),
+            }
+        }
+        (records, fault)
     }
 
     fn next_record(&mut self) -> Result<Option<Record>, JournalError> {
@@ -143,7 +165,7 @@ impl JournalReader {
 
     /// Open the next segment and check its header against the first one's.
     fn open_next(&self, path: &Path) -> Result<OpenFile, JournalError> {
-        let (file, header) = open_segment(path)?;
+        let (file, header, _) = open_segment(path)?;
         let mut expected = self.header.clone();
         expected.segment = header.segment;
         if header != expected {
@@ -199,20 +221,13 @@ impl Iterator for JournalReader {
 pub fn read_journal(
     path: &Path,
 ) -> Result<(JournalHeader, Vec<Record>, Option<JournalError>), JournalError> {
-    let mut reader = JournalReader::open(path)?;
+    let reader = JournalReader::open(path)?;
     let header = reader.header().clone();
-    let mut records = Vec::new();
-    let mut fault = None;
-    for record in reader.by_ref() {
-        match record {
-            Ok(record) => records.push(record),
-            Err(error) => fault = Some(error),
-        }
-    }
+    let (records, fault) = reader.read_all();
     Ok((header, records, fault))
 }
 
-fn open_segment(path: &Path) -> Result<(OpenFile, JournalHeader), JournalError> {
+fn open_segment(path: &Path) -> Result<(OpenFile, JournalHeader, u16), JournalError> {
     let file = File::open(path).map_err(|error| io_error(path, 0, &error))?;
     let len = file.metadata().map_err(|error| io_error(path, 0, &error))?.len();
     let mut reader = BufReader::new(file);
@@ -221,7 +236,7 @@ fn open_segment(path: &Path) -> Result<(OpenFile, JournalHeader), JournalError> 
         .take(SEGMENT_PREAMBLE_BYTES as u64)
         .read_to_end(&mut preamble)
         .map_err(|error| io_error(path, 0, &error))?;
-    check_preamble(&preamble).map_err(|kind| JournalError {
+    let format_version = check_preamble(&preamble).map_err(|kind| JournalError {
         file: path.to_path_buf(),
         offset: 0,
         kind: kind.into(),
@@ -238,7 +253,7 @@ fn open_segment(path: &Path) -> Result<(OpenFile, JournalHeader), JournalError> 
             });
         }
     };
-    Ok((file, header))
+    Ok((file, header, format_version))
 }
 
 /// Read one frame; `None` at a clean end of file.

@@ -35,7 +35,7 @@ use super::checkpoint::{Checkpoint, CheckpointSchedule, PoolCheckpoint};
 use super::format::{JournalHeader, Record, RecoveryOutcome, Stamp};
 use super::segments::{FileSystem, SegmentIo, SegmentLimits, SegmentWriter, WriteTally};
 use super::tap::NodeTap;
-use crate::node::{NodeConfig, RecoveryTransport};
+use crate::node::{NodeConfig, RecoveryTransport, StartPoint, StartTiming};
 use crate::pool::{PublicationMode, PublicationSink};
 use crate::runtime::{BlockingExecutor, WallClock, run_blocking};
 use kvrelay_core::inputs::{DcInput, RecoveryTarget};
@@ -187,7 +187,7 @@ pub fn record_weight_bytes(record: &Record) -> usize {
         Record::Input { input, .. } => input.weight_bytes(),
         Record::Checkpoint { checkpoint, .. } => checkpoint_heap_bytes(checkpoint),
         Record::Recovery { outcome, .. } => outcome_heap_bytes(outcome),
-        Record::Publication { pool, .. } => pool.capacity(),
+        Record::Publication { pool, .. } | Record::PoolStart { pool, .. } => pool.capacity(),
     };
     size_of::<Queued>().saturating_add(heap)
 }
@@ -339,6 +339,32 @@ impl NodeTap for RecorderTap {
             pool: pool_id.to_string(),
             layout_generation,
         }))
+    }
+
+    fn start_timing(
+        &self,
+        _pool_id: &PoolId,
+        _layout_generation: u64,
+        _issued: StartPoint,
+    ) -> StartTiming {
+        StartTiming::Free
+    }
+
+    fn pool_started(
+        &self,
+        at: Duration,
+        pool_id: &PoolId,
+        layout_generation: u64,
+        point: StartPoint,
+        started: bool,
+    ) {
+        self.0.enqueue(Record::PoolStart {
+            at: self.0.stamp(at),
+            pool: pool_id.to_string(),
+            layout_generation,
+            point,
+            started,
+        });
     }
 }
 

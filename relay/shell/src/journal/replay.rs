@@ -7,9 +7,11 @@
 //! every [`Record::Input`] at its recorded monotonic time, answers every recovery query with the
 //! recorded outcome at the recorded time (a query with no recorded answer never answers, so the
 //! node's own timeout decides, as it did when recording), and takes checkpoints on the same
-//! schedule. Internal reports (pool starts, actor faults, fences) are not read from the journal:
-//! the node regenerates them. Pool actors run scripted: each performs its recorded publication
-//! points after the same commands, with no timer, until the end of the replayed window.
+//! schedule. Pool starts are applied at the points of the step sequence the recording applied
+//! them ([`Record::PoolStart`]), the node waiting there for the allocation. Other internal
+//! reports (actor faults, fences) are not read from the journal: the node regenerates them.
+//! Pool actors run scripted: each performs its recorded publication points after the same
+//! commands, with no timer, until the end of the replayed window.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::Path;
@@ -21,11 +23,13 @@ use thiserror::Error;
 use tokio::time::Instant;
 
 use super::checkpoint::{Checkpoint, CheckpointDiff, CheckpointSchedule, compare_checkpoints};
-use super::format::{JournalHeader, Record, RecoveryOutcome, Stamp};
-use super::reader::{JournalError, read_journal};
+use super::format::{FORMAT_VERSION_POOL_STARTS, JournalHeader, Record, RecoveryOutcome, Stamp};
+use super::reader::{JournalError, JournalReader};
 use super::scripts::RecordedTiming;
 use super::tap::NodeTap;
-use crate::node::{NodeConfig, NodeHandle, RecoveryTransport, start_node_with_tap};
+use crate::node::{
+    NodeConfig, NodeHandle, RecoveryTransport, StartPoint, StartTiming, start_node_with_tap,
+};
 use crate::pool::PublicationMode;
 use crate::runtime::{BlockingExecutor, ManualWallClock, WallClock};
 use kvrelay_core::control::ControlError;
@@ -153,6 +157,28 @@ struct ReplayShared {
     state: Mutex<TapState>,
     answers: Mutex<BTreeMap<RecoveryKey, VecDeque<(Duration, RecoveryOutcome)>>>,
     timing: RecordedTiming,
+    starts: RecordedStarts,
+}
+
+/// Where the recording applied its pool starts.
+#[derive(Debug, Default)]
+struct RecordedStarts {
+    /// `(pool, layout generation)` → the point and whether the actor started.
+    points: BTreeMap<(String, u64), (StartPoint, bool)>,
+    /// The journal records every start it applied (format 5 on, not a window): a start it has
+    /// no record of was still allocating when it ended. Otherwise a start without a record
+    /// is applied where it was issued, as the inline allocation of older formats did.
+    complete: bool,
+}
+
+impl RecordedStarts {
+    fn timing(&self, pool_id: &PoolId, layout_generation: u64, issued: StartPoint) -> StartTiming {
+        match self.points.get(&(pool_id.to_string(), layout_generation)) {
+            Some(&(point, started)) => StartTiming::At { point, started: Some(started) },
+            None if self.complete => StartTiming::Never,
+            None => StartTiming::At { point: issued, started: None },
+        }
+    }
 }
 
 impl ReplayShared {
@@ -192,6 +218,17 @@ impl NodeTap for ReplayShared {
     fn publication_mode(&self, pool_id: &PoolId, layout_generation: u64) -> PublicationMode {
         self.timing.mode(self.origin.get().copied(), pool_id, layout_generation)
     }
+
+    fn start_timing(
+        &self,
+        pool_id: &PoolId,
+        layout_generation: u64,
+        issued: StartPoint,
+    ) -> StartTiming {
+        self.starts.timing(pool_id, layout_generation, issued)
+    }
+
+    fn pool_started(&self, _: Duration, _: &PoolId, _: u64, _: StartPoint, _: bool) {}
 }
 
 #[derive(Debug)]
@@ -244,7 +281,13 @@ pub struct JournalReplay {
 impl JournalReplay {
     /// Read the journal at `path` (a recording directory or one segment) within `options`.
     pub fn open(path: &Path, options: ReplayOptions) -> Result<Self, ReplayError> {
-        let (header, records, journal_fault) = read_journal(path)?;
+        let reader = JournalReader::open(path)?;
+        let header = reader.header().clone();
+        let mut starts = RecordedStarts {
+            points: BTreeMap::new(),
+            complete: reader.format_version() >= FORMAT_VERSION_POOL_STARTS && !header.is_window(),
+        };
+        let (records, journal_fault) = reader.read_all();
         if header.segment != 0 {
             return Err(ReplayError::StartMissing { first_segment: header.segment });
         }
@@ -276,6 +319,9 @@ impl JournalReplay {
                 Record::Publication { pool, layout_generation, point, .. } => {
                     timing.push(pool, layout_generation, point);
                 }
+                Record::PoolStart { pool, layout_generation, point, started, .. } => {
+                    starts.points.insert((pool, layout_generation), (point, started));
+                }
                 Record::Header(_) => {}
             }
         }
@@ -299,6 +345,7 @@ impl JournalReplay {
             }),
             answers: Mutex::new(answers),
             timing,
+            starts,
         });
         Ok(JournalReplay {
             header,

@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::checkpoint::Checkpoint;
+use crate::node::{StartPoint, StartTiming};
 use crate::pool::PublicationMode;
 use kvrelay_core::inputs::DcInput;
 use kvrelay_core::model::identity::PoolId;
@@ -37,4 +38,25 @@ pub trait NodeTap: Send + Sync + Debug + 'static {
         let _ = (pool_id, layout_generation);
         PublicationMode::Free
     }
+
+    /// When the node applies the start of `(pool_id, layout_generation)`, issued at `issued`:
+    /// free, or at the point a recording applied it. Required (like [`NodeTap::pool_started`])
+    /// so a tap that wraps another cannot silently drop it.
+    fn start_timing(
+        &self,
+        pool_id: &PoolId,
+        layout_generation: u64,
+        issued: StartPoint,
+    ) -> StartTiming;
+
+    /// The node applied the start of `(pool_id, layout_generation)` at `point` (time `at`):
+    /// its actor runs (`started`) or its allocation failed.
+    fn pool_started(
+        &self,
+        at: Duration,
+        pool_id: &PoolId,
+        layout_generation: u64,
+        point: StartPoint,
+        started: bool,
+    );
 }

@@ -8,7 +8,7 @@ use super::format::{FRAME_HEADER_BYTES, SEGMENT_PREAMBLE_BYTES, encode_frame};
 use super::segments::{list_segments, segment_path};
 use super::*;
 use crate::demo::SharedDc;
-use crate::node::{NodeConfig, start_node_with_tap};
+use crate::node::{CKF_ALLOCATION_CONCURRENCY, NodeConfig, start_node_with_tap};
 use crate::pool::ActorConfig;
 use crate::publication::HubConfig;
 use crate::runtime::{InlineExecutor, ManualWallClock, WallClock};
@@ -476,7 +476,7 @@ fn a_version_2_journal_is_refused_with_the_version_named() {
     assert_eq!(error.offset, 0);
     assert_eq!(error.kind, JournalErrorKind::Format(FormatErrorAlias::Version { found: 2 }));
     let text = error.to_string();
-    assert!(text.contains("journal format version 2; this build reads versions 3 to 4"), "{text}");
+    assert!(text.contains("journal format version 2; this build reads versions 3 to 5"), "{text}");
     let (_, records, fault) = read_journal(dir.path()).map_or_else(
         |error| (None, Vec::new(), Some(error)),
         |(header, records, fault)| (Some(header), records, fault),
@@ -612,11 +612,70 @@ impl NodeTap for PoolsSeen {
         self.pools.lock().expect("not poisoned").push(*pool_id);
         self.inner.publication_mode(pool_id, layout_generation)
     }
+
+    fn start_timing(
+        &self,
+        pool_id: &kvrelay_core::model::identity::PoolId,
+        layout_generation: u64,
+        issued: crate::node::StartPoint,
+    ) -> crate::node::StartTiming {
+        self.inner.start_timing(pool_id, layout_generation, issued)
+    }
+
+    fn pool_started(
+        &self,
+        at: Duration,
+        pool_id: &kvrelay_core::model::identity::PoolId,
+        layout_generation: u64,
+        point: crate::node::StartPoint,
+        started: bool,
+    ) {
+        self.inner.pool_started(at, pool_id, layout_generation, point, started);
+    }
 }
 
 /// [`record_simulated_run`], with a WAN subscriber to every pool from tick 3 on when
 /// `subscribe` (its lease makes the pools number their publications).
 async fn record_simulated_run_with(dir: &Path, ticks: u64, subscribe: bool) -> RecorderStats {
+    record_run(dir, ticks, subscribe, None).await
+}
+
+/// Holds the node's blocking jobs (here: pool allocations) until the recording run releases
+/// them, a few ticks later: each start is applied several inputs after it was issued.
+#[derive(Default)]
+struct DeferredJobs(Mutex<Vec<Box<dyn FnOnce() + Send + 'static>>>);
+
+impl std::fmt::Debug for DeferredJobs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeferredJobs")
+    }
+}
+
+impl crate::runtime::BlockingExecutor for DeferredJobs {
+    fn spawn(&self, job: Box<dyn FnOnce() + Send + 'static>) {
+        self.0.lock().expect("not poisoned").push(job);
+    }
+}
+
+impl DeferredJobs {
+    fn run_all(&self) -> usize {
+        let jobs = std::mem::take(&mut *self.0.lock().expect("not poisoned"));
+        let count = jobs.len();
+        for job in jobs {
+            job();
+        }
+        count
+    }
+}
+
+/// [`record_simulated_run_with`]; with `deferred`, the node's blocking jobs run only every
+/// fourth tick.
+async fn record_run(
+    dir: &Path,
+    ticks: u64,
+    subscribe: bool,
+    deferred: Option<Arc<DeferredJobs>>,
+) -> RecorderStats {
     let clock = Arc::new(ManualWallClock::new(1_700_000_000_000_000));
     let mut recorder_config =
         RecorderConfig::new(dir.to_path_buf(), 64 << 20, Duration::from_secs(60));
@@ -637,9 +696,13 @@ async fn record_simulated_run_with(dir: &Path, ticks: u64, subscribe: bool) -> R
         &mut rng,
     ))));
     let tap = Arc::new(PoolsSeen { inner: recorder.tap(), pools: Mutex::new(Vec::new()) });
+    let executor: Arc<dyn crate::runtime::BlockingExecutor> = match &deferred {
+        Some(deferred) => Arc::clone(deferred) as _,
+        None => Arc::new(InlineExecutor),
+    };
     let node = start_node_with_tap(
         config,
-        Arc::new(InlineExecutor),
+        executor,
         Arc::clone(&clock) as Arc<dyn WallClock>,
         recorder.recovery(Arc::new(dc.clone())),
         Some(Arc::clone(&tap) as Arc<dyn NodeTap>),
@@ -653,6 +716,9 @@ async fn record_simulated_run_with(dir: &Path, ticks: u64, subscribe: bool) -> R
     for tick in 1..=ticks {
         interval.tick().await;
         clock.advance_us(50_000);
+        if let Some(deferred) = deferred.as_ref().filter(|_| tick % 4 == 0) {
+            deferred.run_all();
+        }
         if subscribe && tick == 3 {
             let pools = tap.pools.lock().expect("not poisoned").clone();
             for pool in pools {
@@ -692,6 +758,101 @@ fn count_records(dir: &Path) -> (usize, usize, usize) {
 }
 
 #[tokio::test(start_paused = true)]
+async fn pool_starts_applied_inputs_after_their_issue_replay_at_their_recorded_points() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stats = record_run(dir.path(), 60, false, Some(Arc::new(DeferredJobs::default()))).await;
+    assert_eq!((stats.records_dropped, stats.write_errors), (0, 0));
+    let (header, records) = read_ok(dir.path());
+    let points: Vec<_> = records
+        .iter()
+        .filter_map(|record| match record {
+            Record::PoolStart { point, started: true, .. } => Some(*point),
+            _ => None,
+        })
+        .collect();
+    assert!(points.len() >= 4, "every pool started: {points:?}");
+    assert!(
+        points.iter().all(|point| point.between_steps),
+        "a deferred allocation completes between steps: {points:?}"
+    );
+    // Replayed with allocations that finish at once, the starts still wait for their points.
+    let replay = |dir: PathBuf| async move {
+        replay_journal(&dir, node_config(), Arc::new(InlineExecutor), ReplayOptions::default())
+            .await
+            .expect("replays")
+    };
+    let report = replay(dir.path().to_path_buf()).await;
+    assert!(report.checkpoints_compared >= 4, "{} compared", report.checkpoints_compared);
+    assert_eq!(report.divergence, None);
+
+    // The same journal without its start records, as format 4 wrote it: each start is applied
+    // where it was issued, and the replay leaves the recording.
+    let stripped = tempfile::tempdir().expect("tempdir");
+    let mut writer = SegmentWriter::create(stripped.path(), header, generous()).expect("writer");
+    for record in records.iter().filter(|record| !matches!(record, Record::PoolStart { .. })) {
+        writer.append(record).expect("append");
+    }
+    writer.flush(true).expect("flush");
+    drop(writer);
+    let path = single_segment(stripped.path());
+    let mut bytes = std::fs::read(&path).expect("read");
+    bytes[4..6].copy_from_slice(&4u16.to_le_bytes());
+    std::fs::write(&path, &bytes).expect("write");
+    let report = replay(stripped.path().to_path_buf()).await;
+    assert!(report.divergence.is_some(), "starts applied early change the checkpoints");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_node_keeps_taking_inputs_while_pool_filters_allocate() {
+    let mut rng = rng_from_seed(derive_seed(SEED, "journal-test/dc"));
+    let mut dc = SimulatedDc::start(&Deployment::demo(), TrafficConfig::default(), &mut rng);
+    let deferred = Arc::new(DeferredJobs::default());
+    let node = crate::node::start_node(
+        node_config(),
+        Arc::clone(&deferred) as Arc<dyn crate::runtime::BlockingExecutor>,
+        Arc::new(ManualWallClock::new(1_700_000_000_000_000)),
+        Arc::new(crate::node::NoRecovery),
+    )
+    .expect("node starts");
+    let mut sent = 0u64;
+    let mut facts = dc.discovery_facts();
+    for _ in 0..5 {
+        facts.extend(dc.step(6, &mut rng));
+    }
+    for fact in facts {
+        node.inputs.send(fact).await.expect("node runs");
+        sent += 1;
+    }
+    let mut status = node.status.clone();
+    let wait = Duration::from_secs(5);
+    let taken = tokio::time::timeout(wait, status.wait_for(|s| s.inputs_handled == sent))
+        .await
+        .map(|seen| seen.map(|seen| seen.clone()));
+    let Ok(Ok(before)) = taken else {
+        panic!("every input is handled while the allocations wait");
+    };
+    assert!(before.pools_starting >= 4, "the pools are starting: {before:?}");
+    assert_eq!(before.active_pools, 0, "none is cataloged before its filter exists");
+
+    // At most the concurrency bound allocates at once; each finished job launches the next.
+    let mut released = 0;
+    while released < before.pools_starting {
+        let batch = deferred.run_all();
+        assert_eq!(batch, CKF_ALLOCATION_CONCURRENCY.min(before.pools_starting - released));
+        released += batch;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let started = tokio::time::timeout(
+        wait,
+        status.wait_for(|s| s.active_pools == before.pools_starting && s.pools_starting == 0),
+    )
+    .await
+    .is_ok();
+    assert!(started, "the finished allocations start their pools: {:?}", status.borrow());
+    node.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_recorded_simulated_run_replays_every_checkpoint_twice_identically() {
     let dir = tempfile::tempdir().expect("tempdir");
     let stats = record_simulated_run(dir.path(), 80).await;
@@ -705,7 +866,12 @@ async fn a_recorded_simulated_run_replays_every_checkpoint_twice_identically() {
     let (_, records) = read_ok(dir.path());
     let publications = records.iter().filter(|r| matches!(r, Record::Publication { .. })).count();
     assert!(publications > 0, "the actors' timer publications are recorded");
-    assert_eq!(stats.records_written as usize, inputs + recoveries + checkpoints + publications);
+    let starts = records.iter().filter(|r| matches!(r, Record::PoolStart { .. })).count();
+    assert!(starts >= 4, "every pool start is recorded ({starts})");
+    assert_eq!(
+        stats.records_written as usize,
+        inputs + recoveries + checkpoints + publications + starts
+    );
 
     let first = replay_journal(
         dir.path(),
@@ -1390,7 +1556,9 @@ fn a_format_3_recovery_failure_text_reads_as_unreachable() {
     );
     let mut preamble = [0u8; SEGMENT_PREAMBLE_BYTES];
     preamble[..4].copy_from_slice(&super::format::SEGMENT_MAGIC);
-    for (version, accepted) in [(2u16, false), (3, true), (FORMAT_VERSION, true), (5, false)] {
+    for (version, accepted) in
+        [(2u16, false), (3, true), (4, true), (FORMAT_VERSION, true), (FORMAT_VERSION + 1, false)]
+    {
         preamble[4..6].copy_from_slice(&version.to_le_bytes());
         assert_eq!(super::format::check_preamble(&preamble).is_ok(), accepted, "version {version}");
     }

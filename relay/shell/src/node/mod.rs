@@ -2,9 +2,11 @@
 //! and carries out its commands — pool actors, publication hubs, recovery calls, and the WAN
 //! publisher. Its tasks, like every task of the shell, start at [`crate::runtime::spawn`].
 //!
-//! Order: inputs, shell reports, fence requests and timers are handled one at a time; the
-//! commands each produces run to completion, in order, before the next is taken (the control
-//! plane's protocol). Queues: DC inputs wait in a queue bounded in items and in bytes (senders
+//! Order: inputs, shell reports, fence requests, allocation completions and timers are handled
+//! one at a time; the commands each produces run to completion, in order, before the next is
+//! taken (the control plane's protocol). A pool start's filter is allocated off the loop, at
+//! most [`CKF_ALLOCATION_CONCURRENCY`] at once, and its outcome applied at a recorded point of
+//! the step sequence ([`starts`](self::starts) has the two phases). Queues: DC inputs wait in a queue bounded in items and in bytes (senders
 //! wait; [`input_queue`]), shell reports
 //! in another; actor faults that find the report queue full fence their generation instead of
 //! being lost. A withdrawn generation's streams end only after the catalog update that
@@ -13,6 +15,7 @@
 mod input_queue;
 mod recovery;
 mod run;
+mod starts;
 
 pub use input_queue::{
     INPUT_QUEUE_BYTES_MAX_DEFAULT, INPUT_QUEUE_BYTES_MAX_LIMIT, InputCharge, InputQueueClosed,
@@ -20,3 +23,4 @@ pub use input_queue::{
 };
 pub use recovery::{NoRecovery, RecoveryTransport};
 pub use run::{NodeConfig, NodeHandle, NodeStatus, start_node, start_node_with_tap};
+pub use starts::{CKF_ALLOCATION_CONCURRENCY, StartPoint, StartTiming};

@@ -14,13 +14,17 @@ use super::input_queue::{
     INPUT_QUEUE_BYTES_MAX_DEFAULT, InputReceiver, InputSender, QueuedInput, input_queue,
 };
 use super::recovery::{RecoveryCalls, RecoveryTransport};
+use super::starts::{
+    CKF_ALLOCATION_CONCURRENCY, DoneReceiver, Due, PendingStart, PoolStarts, Ready, StartPoint,
+    StartTiming,
+};
 use crate::config::WanTuning;
 use crate::journal::{NodeTap, capture_checkpoint};
 use crate::pool::{
     ActorConfig, FaultSink, PoolActorHandle, PublicationMode, spawn_pool_actor_with,
 };
 use crate::publication::{FenceRequests, HubConfig, PoolPublications};
-use crate::runtime::{BlockingExecutor, WallClock, run_blocking};
+use crate::runtime::{BlockingExecutor, WallClock};
 use crate::wan::{RelayService, WanPublisher, WanViews, wan_channels};
 use kvrelay_core::control::{
     ControlCommand, ControlConfig, ControlError, ControlPlane, ShellReport,
@@ -73,6 +77,8 @@ pub struct NodeStatus {
     pub topology_revision: u64,
     /// Pools in the catalog.
     pub active_pools: usize,
+    /// Pool starts issued whose allocation outcome is not yet applied.
+    pub pools_starting: usize,
     /// DC inputs handled.
     pub inputs_handled: u64,
     /// The node stopped.
@@ -153,6 +159,10 @@ struct Node {
     /// they end right after the catalog update that withdraws them is published.
     withdrawn: Vec<(PoolId, u64)>,
     recoveries: RecoveryCalls,
+    /// Pool starts issued and not yet applied; their allocations run off this task.
+    starts: PoolStarts,
+    /// The point of the step being executed: where a start issued now was issued.
+    point: StartPoint,
     reports: mpsc::Sender<ShellReport>,
     publications: Arc<PoolPublications>,
     wan: WanPublisher,
@@ -195,6 +205,7 @@ pub fn start_node_with_tap(
     let (reports, reports_rx) = mpsc::channel(REPORT_QUEUE_CAPACITY);
     let (wan, views) = wan_channels(&relay, config.load_fanout_capacity);
     let publications = Arc::new(PoolPublications::new(config.hub, Arc::clone(&executor)));
+    let (starts, allocations) = PoolStarts::new(Arc::clone(&executor), CKF_ALLOCATION_CONCURRENCY);
     let (status, status_rx) = watch::channel(NodeStatus::default());
     let shutdown = CancellationToken::new();
     let origin = Instant::now();
@@ -210,6 +221,8 @@ pub fn start_node_with_tap(
         actors: BTreeMap::new(),
         withdrawn: Vec::new(),
         recoveries: RecoveryCalls::default(),
+        starts,
+        point: StartPoint { inputs_handled: 0, between_steps: true },
         reports,
         publications: Arc::clone(&publications),
         wan,
@@ -219,7 +232,8 @@ pub fn start_node_with_tap(
         status,
         tap,
     };
-    let task = crate::runtime::spawn(node.run(inputs_rx, reports_rx, shutdown.clone()));
+    let task =
+        crate::runtime::spawn(node.run(inputs_rx, reports_rx, allocations, shutdown.clone()));
     Ok(NodeHandle { inputs, views, publications, status: status_rx, relay, shutdown, task })
 }
 
@@ -232,6 +246,7 @@ impl Node {
         mut self,
         mut inputs: InputReceiver,
         mut reports: mpsc::Receiver<ShellReport>,
+        mut allocations: DoneReceiver,
         shutdown: CancellationToken,
     ) {
         let window = self.config.load_window.max(Duration::from_millis(1));
@@ -256,6 +271,10 @@ impl Node {
                     }
                     commands
                 }
+                Some(done) = allocations.recv(), if self.starts.in_flight() > 0 => {
+                    self.starts.completed(done);
+                    Vec::new()
+                }
                 () = sleep_until(wake), if wake.is_some() => {
                     self.plane.handle_timeout(self.now(), &mut self.rng)
                 }
@@ -278,9 +297,20 @@ impl Node {
                     None => break,
                 },
             };
+            // Within an input's step (before its checkpoint), or between two inputs' steps.
+            let point = StartPoint { inputs_handled, between_steps: input_at.is_none() };
+            self.point = point;
             self.execute(commands).await;
+            if !self.apply_starts(point, &mut allocations, &shutdown).await {
+                break;
+            }
             if let Some(at) = input_at {
                 self.checkpoint_if_due(at, inputs_handled).await;
+                // Starts due after this step, before the next input is taken.
+                let after = StartPoint { inputs_handled, between_steps: true };
+                if !self.apply_starts(after, &mut allocations, &shutdown).await {
+                    break;
+                }
             }
             self.publish_status(inputs_handled, false);
             drop(charge);
@@ -292,6 +322,75 @@ impl Node {
             let _ = actor.shutdown().await;
         }
         self.publish_status(inputs_handled, true);
+    }
+
+    /// Apply every start due at `point` (see [`super::starts`]), in issue order, executing the
+    /// commands each outcome produces; a replay waits here for an allocation its recording
+    /// applied at or before `point`. `false`: shutdown was requested while waiting.
+    async fn apply_starts(
+        &mut self,
+        point: StartPoint,
+        allocations: &mut DoneReceiver,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        loop {
+            while let Ok(done) = allocations.try_recv() {
+                self.starts.completed(done);
+            }
+            match self.starts.next_due(point) {
+                Due::Apply(ready) => {
+                    self.point = point;
+                    let commands = self.finish_start(*ready, point);
+                    self.execute(commands).await;
+                }
+                Due::Wait => {
+                    tokio::select! {
+                        biased;
+                        () = shutdown.cancelled() => return false,
+                        Some(done) = allocations.recv() => self.starts.completed(done),
+                    }
+                }
+                Due::Idle => return true,
+            }
+        }
+    }
+
+    /// Commit a start (spawn its actor; the control plane catalogs it) or roll it back (the
+    /// host releases the generation and retries).
+    fn finish_start(&mut self, ready: Ready, point: StartPoint) -> Vec<ControlCommand> {
+        let now = self.now();
+        let Ready { start: PendingStart { endpoint, producer, .. }, outcome } = ready;
+        let generation = producer.layout_generation();
+        if let Some(tap) = &self.tap {
+            tap.pool_started(now, &producer.pool_id(), generation, point, outcome.is_ok());
+        }
+        let pool = match outcome {
+            Ok(pool) => pool,
+            Err(error) => {
+                tracing::warn!(%endpoint, generation, %error, "pool start failed");
+                return self.plane.start_failed(&endpoint, generation, now, &mut self.rng);
+            }
+        };
+        let faults = Arc::new(NodeFaults {
+            endpoint: endpoint.clone(),
+            pool_id: producer.pool_id(),
+            layout_generation: generation,
+            reports: self.reports.clone(),
+            fences: self.publications.fence_requests().clone(),
+        });
+        let mode = self.tap.as_ref().map_or(PublicationMode::Free, |tap| {
+            tap.publication_mode(&producer.pool_id(), generation)
+        });
+        let (actor, _task) = spawn_pool_actor_with(
+            pool,
+            self.config.actor,
+            Arc::clone(&self.executor),
+            faults,
+            mode,
+        );
+        self.publications.activate(producer, actor.clone());
+        self.actors.insert((producer.pool_id(), generation), actor);
+        self.plane.start_succeeded(&endpoint, generation, now, &mut self.rng)
     }
 
     async fn execute(&mut self, commands: Vec<ControlCommand>) {
@@ -329,40 +428,21 @@ impl Node {
     }
 
     async fn execute_host(&mut self, command: HostCommand) -> Vec<ControlCommand> {
-        let now = self.now();
         match command {
             HostCommand::StartPool { endpoint, producer, .. } => {
                 let format = producer.format();
                 let max_kicks = self.config.max_kicks;
                 let seed = self.rng.next_u64();
-                let built = run_blocking(self.executor.as_ref(), move || {
-                    PoolOwnership::new(format, max_kicks, rng_from_seed(seed))
-                })
-                .await;
-                let generation = producer.layout_generation();
-                let Ok(Ok(pool)) = built else {
-                    return self.plane.start_failed(&endpoint, generation, now, &mut self.rng);
-                };
-                let faults = Arc::new(NodeFaults {
-                    endpoint: endpoint.clone(),
-                    pool_id: producer.pool_id(),
-                    layout_generation: generation,
-                    reports: self.reports.clone(),
-                    fences: self.publications.fence_requests().clone(),
+                let timing = self.tap.as_ref().map_or(StartTiming::Free, |tap| {
+                    tap.start_timing(&producer.pool_id(), producer.layout_generation(), self.point)
                 });
-                let mode = self.tap.as_ref().map_or(PublicationMode::Free, |tap| {
-                    tap.publication_mode(&producer.pool_id(), generation)
-                });
-                let (actor, _task) = spawn_pool_actor_with(
-                    pool,
-                    self.config.actor,
-                    Arc::clone(&self.executor),
-                    faults,
-                    mode,
+                self.starts.issue(
+                    endpoint,
+                    producer,
+                    timing,
+                    Box::new(move || PoolOwnership::new(format, max_kicks, rng_from_seed(seed))),
                 );
-                self.publications.activate(producer, actor.clone());
-                self.actors.insert((producer.pool_id(), generation), actor);
-                self.plane.start_succeeded(&endpoint, generation, now, &mut self.rng)
+                Vec::new()
             }
             HostCommand::WithdrawPool { pool_id, layout_generation, .. } => {
                 // Its streams end once the catalog that withdraws it is out (below).
@@ -493,6 +573,7 @@ impl Node {
             catalog_revision: health.catalog_revision,
             topology_revision: health.topology_revision,
             active_pools: self.plane.catalog_len(),
+            pools_starting: self.starts.pending(),
             inputs_handled,
             stopped,
             control: Some(health),

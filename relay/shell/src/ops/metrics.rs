@@ -435,6 +435,12 @@ fn host_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
         host.map_or(0, |host| host.pools_max),
     );
     out.single(
+        "kvrelay_pools_starting",
+        Kind::Gauge,
+        "Pool starts whose filter is being allocated (off the node's loop) or awaits being applied.",
+        count(node.pools_starting),
+    );
+    out.single(
         "kvrelay_dc_inputs_total",
         Kind::Counter,
         "DC inputs handled by the node.",
