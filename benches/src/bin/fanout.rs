@@ -60,6 +60,10 @@ impl FaultSink for CountFaults {
     fn report(&self, _fault: PoolFault) {
         self.0.fetch_add(1, Ordering::Relaxed);
     }
+
+    fn refused(&self, _fault: PoolFault) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 fn producer(format: CkfFormat) -> ProducerIdentity {

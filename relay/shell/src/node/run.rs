@@ -134,17 +134,24 @@ struct NodeFaults {
     fences: FenceRequests,
 }
 
-impl FaultSink for NodeFaults {
-    fn report(&self, fault: PoolFault) {
-        let report = ShellReport::PoolFault {
-            endpoint: self.endpoint.clone(),
-            layout_generation: self.layout_generation,
-            fault,
-        };
+impl NodeFaults {
+    fn send(&self, report: ShellReport) {
         if self.reports.try_send(report).is_err() {
             // Losing a fault would leave the exact state unexplained: fence instead.
             self.fences.request(self.pool_id, self.layout_generation);
         }
+    }
+}
+
+impl FaultSink for NodeFaults {
+    fn report(&self, fault: PoolFault) {
+        let (endpoint, layout_generation) = (self.endpoint.clone(), self.layout_generation);
+        self.send(ShellReport::PoolFault { endpoint, layout_generation, fault });
+    }
+
+    fn refused(&self, fault: PoolFault) {
+        let (endpoint, layout_generation) = (self.endpoint.clone(), self.layout_generation);
+        self.send(ShellReport::ApplyFailed { endpoint, layout_generation, fault });
     }
 }
 
@@ -502,14 +509,9 @@ impl Node {
                 Vec::new()
             }
             SourceCommand::ReplaceRanks { ranks } => {
-                let refused = actor.replace_ranks(ranks).await.unwrap_or_default();
-                let mut commands = Vec::new();
-                for fault in refused {
-                    let endpoint = endpoint.clone();
-                    let report = ShellReport::ApplyFailed { endpoint, layout_generation, fault };
-                    commands.extend(self.plane.report(report, now, &mut self.rng));
-                }
-                commands
+                // The actor reports each rank it leaves unreplaced (`FaultSink::refused`).
+                let _ = actor.replace_ranks(ranks).await;
+                Vec::new()
             }
             SourceCommand::RequestRecovery(call) => {
                 let timeout = call.deadline.saturating_sub(now).max(Duration::from_millis(1));
@@ -628,7 +630,7 @@ mod tests {
     }
 
     #[test]
-    fn a_fault_that_finds_the_report_queue_full_fences_its_generation() {
+    fn a_fault_or_refusal_that_finds_the_report_queue_full_fences_its_generation() {
         let (reports, mut queue) = mpsc::channel(1);
         let fences = FenceRequests::default();
         let endpoint: EndpointPath = "ns/backend/generate".parse().unwrap();
@@ -646,6 +648,19 @@ mod tests {
             Ok(ShellReport::PoolFault {
                 layout_generation: 4,
                 fault: PoolFault { event_id: 1, .. },
+                ..
+            })
+        ));
+        // A refused rank replacement reaches the rank's tracker only, under the same rule.
+        faults.refused(fault(3));
+        assert!(fences.take().is_empty());
+        faults.refused(fault(4));
+        assert_eq!(fences.take(), vec![(pool_id, 4)]);
+        assert!(matches!(
+            queue.try_recv(),
+            Ok(ShellReport::ApplyFailed {
+                layout_generation: 4,
+                fault: PoolFault { event_id: 3, .. },
                 ..
             })
         ));

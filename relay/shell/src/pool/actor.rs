@@ -68,8 +68,13 @@ impl Default for ActorConfig {
 
 /// Where the actor reports faults. Implementations must not block.
 pub trait FaultSink: Send + Sync + Debug + 'static {
-    /// Record one fault.
+    /// Record one fault of an event batch or a reset the actor could not apply (the rank's
+    /// tracker and the host's fault coalescing both hear of it).
     fn report(&self, fault: PoolFault);
+
+    /// Record one rank a replacement left unreplaced (its state is unchanged; only the rank's
+    /// tracker hears of it, and recovers the rank again).
+    fn refused(&self, fault: PoolFault);
 }
 
 /// The actor task has stopped.
@@ -130,7 +135,7 @@ impl PoolTotals {
 
 enum Command {
     Apply { fence: RankFence, events: Vec<RouterEvent>, _permit: OwnedSemaphorePermit },
-    ReplaceRanks { dumps: Vec<RankDump>, reply: oneshot::Sender<Vec<PoolFault>> },
+    ReplaceRanks { dumps: Vec<RankDump> },
     ResetRank { source: SourceKey, fence: RankFence },
     Flush { reply: oneshot::Sender<Result<u64, PublishError>> },
     Subscribe { lease: LaneLease, reply: oneshot::Sender<Result<Subscription, SubscribeError>> },
@@ -330,8 +335,10 @@ async fn run(
             Command::Apply { fence, events, _permit } => {
                 machine.apply(fence, &events, now, outlet);
             }
-            Command::ReplaceRanks { dumps, reply } => {
-                let _ = reply.send(machine.replace_ranks(dumps, outlet));
+            Command::ReplaceRanks { dumps } => {
+                for fault in machine.replace_ranks(dumps, outlet) {
+                    actor.faults.refused(fault);
+                }
             }
             Command::ResetRank { source, fence } => machine.reset_rank(source, fence, outlet),
             Command::Flush { reply } => {
@@ -424,12 +431,10 @@ impl PoolActorHandle {
         self.send(Command::Apply { fence, events, _permit: permit }).await
     }
 
-    /// Replace the dumps' ranks at once; answers the ranks left unreplaced
-    /// ([`PoolMachine::replace_ranks`]).
-    pub async fn replace_ranks(&self, dumps: Vec<RankDump>) -> Result<Vec<PoolFault>, ActorGone> {
-        let (reply, answer) = oneshot::channel();
-        self.send(Command::ReplaceRanks { dumps, reply }).await?;
-        answer.await.map_err(|_| ActorGone)
+    /// Replace the dumps' ranks at once ([`PoolMachine::replace_ranks`]); returns once the
+    /// command is queued. Each rank left unreplaced goes to the [`FaultSink::refused`].
+    pub async fn replace_ranks(&self, dumps: Vec<RankDump>) -> Result<(), ActorGone> {
+        self.send(Command::ReplaceRanks { dumps }).await
     }
 
     /// Drop every block of one rank, under its new `fence`.

@@ -16,11 +16,15 @@ use kvrelay_core::pool::{
 use kvrelay_core::rng::rng_from_seed;
 
 #[derive(Debug, Default)]
-struct RecordedFaults(Mutex<Vec<PoolFault>>);
+struct RecordedFaults(Mutex<Vec<PoolFault>>, Mutex<Vec<PoolFault>>);
 
 impl FaultSink for RecordedFaults {
     fn report(&self, fault: PoolFault) {
         self.0.lock().expect("not poisoned").push(fault);
+    }
+
+    fn refused(&self, fault: PoolFault) {
+        self.1.lock().expect("not poisoned").push(fault);
     }
 }
 
@@ -178,7 +182,7 @@ async fn admission_is_weighted_by_blocks_and_never_exceeds_the_pool() {
 
 #[tokio::test(start_paused = true)]
 async fn replace_and_reset_rank_publish_at_once() {
-    let (actor, _task, _) = start(ActorConfig::default());
+    let (actor, _task, faults) = start(ActorConfig::default());
     let mut subscription = actor.subscribe(lease(1)).await.unwrap();
     actor.apply(RankFence(1), vec![store(1, None)]).await.unwrap();
     actor.flush().await.unwrap().unwrap();
@@ -190,9 +194,9 @@ async fn replace_and_reset_rank_publish_at_once() {
     let source = SourceKey { worker_id: 1, dp_rank: 0 };
     let dump =
         RankDump { source, fence: RankFence(3), events: vec![store(7, None)], last_event_id: 7 };
-    let refused = actor.replace_ranks(vec![dump]).await.unwrap();
-    assert_eq!(refused, Vec::new());
+    actor.replace_ranks(vec![dump]).await.unwrap();
     assert_eq!(subscription.deltas.recv().await.unwrap().sequence, 3);
+    assert_eq!(*faults.1.lock().unwrap(), Vec::new(), "the dump was taken");
     // A store and a reset inside one batch cancel out: nothing is published.
     actor.apply(RankFence(1), vec![store(9, None)]).await.unwrap();
     actor.reset_rank(SourceKey { worker_id: 1, dp_rank: 0 }, RankFence(2)).await.unwrap();
@@ -202,6 +206,27 @@ async fn replace_and_reset_rank_publish_at_once() {
         "only the replaced block goes"
     );
     assert!(subscription.deltas.try_recv().is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dump_that_does_not_build_is_refused_to_the_sink_and_the_rank_keeps_its_blocks() {
+    let (actor, _task, faults) = start(ActorConfig::default());
+    let source = SourceKey { worker_id: 1, dp_rank: 0 };
+    actor.apply(RankFence(1), vec![store(1, None)]).await.unwrap();
+    // Block 8's parent was never stored: the dump does not build.
+    let dump = RankDump {
+        source,
+        fence: RankFence(3),
+        events: vec![store(7, None), store(8, Some(999))],
+        last_event_id: 8,
+    };
+    actor.replace_ranks(vec![dump]).await.unwrap();
+    let digest = actor.digest().await.unwrap();
+    assert_eq!(digest.owned_blocks, 1, "the rank keeps what it had");
+    let refused = faults.1.lock().unwrap().clone();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!((refused[0].source, refused[0].fence), (source, RankFence(3)));
+    assert!(faults.0.lock().unwrap().is_empty(), "a refusal is not an actor fault");
 }
 
 #[tokio::test(start_paused = true)]

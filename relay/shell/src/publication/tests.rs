@@ -23,6 +23,8 @@ struct IgnoreFaults;
 
 impl FaultSink for IgnoreFaults {
     fn report(&self, _fault: PoolFault) {}
+
+    fn refused(&self, _fault: PoolFault) {}
 }
 
 fn producer(endpoint: &str, buckets: u64, generation: u64) -> ProducerIdentity {

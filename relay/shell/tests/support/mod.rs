@@ -52,6 +52,8 @@ pub struct IgnoreFaults;
 
 impl FaultSink for IgnoreFaults {
     fn report(&self, _fault: PoolFault) {}
+
+    fn refused(&self, _fault: PoolFault) {}
 }
 
 /// The producer of `endpoint`'s pool at `generation` with a filter of `buckets` buckets.
