@@ -251,6 +251,90 @@ async fn nats_plane_delivers_dynamo_envelopes_and_survives_a_server_restart() {
         let stats = counters.snapshot();
         assert!(stats.connects >= 2, "{stats:?}");
         assert!(stats.disconnects >= 1, "{stats:?}");
+        // NATS's default max_payload: the default budget holds 64 messages per subscription,
+        // and the first client needed no rebuild.
+        assert_eq!((stats.server_max_payload_bytes, stats.subscription_capacity), (1 << 20, 64));
+        assert_eq!((stats.subscriptions, stats.client_rebuilds), (4, 0));
+
+        cancel.cancel();
+        assert!(matches!(plane.await.unwrap(), Ok(())));
+        drop(server);
+    })
+    .await;
+}
+
+/// Each subscription's queue inside the NATS client is bounded in bytes through the server's
+/// `max_payload`: under the default 64 MiB budget a server configured for 2 MiB gets 32 messages
+/// per subscription (the client first built for NATS's default 1 MiB is replaced before it
+/// subscribes). At the bound the client drops messages and the plane counts every one. A restart
+/// with 8 MiB makes the plane rebuild its client for 8 messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_subscription_queues_hold_the_byte_budget_of_the_servers_max_payload() {
+    bounded(async {
+        const MIB: usize = 1 << 20;
+        let port = free_port();
+        let server = NatsServer::start_with_max_payload(port, 2 * MIB).await;
+        let url = server.url();
+        let namespaces = NatsNamespaces::Only(["dynamo".to_owned()].into());
+        let config = NatsEventPlaneConfig::new(url.clone(), namespaces);
+        assert_eq!(config.subscription_bytes_max, 64 * MIB);
+        // The node's queue holds one input: the plane blocks on the second one it takes.
+        let (sink, mut inputs) =
+            kvrelay::node::input_queue(1, kvrelay::node::INPUT_QUEUE_BYTES_MAX_DEFAULT);
+        let counters = EventPlaneCounters::new();
+        let cancel = CancellationToken::new();
+        let plane: JoinHandle<Result<(), EventPlaneError>> = kvrelay::runtime::spawn(
+            run_nats_event_plane(config, sink, counters.clone(), cancel.clone()),
+        );
+        let publisher = async_nats::connect(url.as_str()).await.unwrap();
+        assert_eq!(publisher.server_info().max_payload, 2 * MIB);
+        let subject = "namespace.dynamo.component.backend.endpoint.generate.kv_metrics";
+        probe_until_live(&publisher, subject, &mut inputs, Duration::from_secs(20)).await;
+        let stats = counters.snapshot();
+        assert_eq!(
+            (stats.server_max_payload_bytes, stats.subscription_capacity, stats.subscriptions),
+            (2 * MIB as u64, 32, 2),
+            "{stats:?}"
+        );
+        assert_eq!(stats.client_rebuilds, 1, "{stats:?}");
+        assert_eq!(stats.client_drops, 0, "{stats:?}");
+
+        // A burst while nothing reads the node's queue: the plane takes at most two messages (one
+        // queued, one waiting to be), the subscription's queue holds 32, the client drops the
+        // rest.
+        settle_and_drain(&mut inputs).await;
+        const BURST: u64 = 100;
+        for sequence in 0..BURST {
+            let body = Bytes::from(load_envelope(2, sequence, 5, sequence));
+            publisher.publish(subject, body).await.unwrap();
+        }
+        publisher.flush().await.unwrap();
+        while counters.snapshot().client_drops < BURST - 34 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let mut received = 0;
+        while let Ok(Some(input)) =
+            tokio::time::timeout(Duration::from_millis(500), inputs.recv_input()).await
+        {
+            assert!(matches!(input, DcInput::Load { .. }), "{input:?}");
+            received += 1;
+        }
+        let drops = counters.snapshot().client_drops;
+        assert_eq!(received + drops, BURST, "every message is delivered or counted as dropped");
+        // The subscription's queue held exactly its capacity; the plane had taken at most two.
+        assert!((32..=34).contains(&received), "{received} delivered, {drops} dropped");
+
+        // The server comes back allowing 8 MiB messages: the plane's client reconnects, finds
+        // the larger max_payload, and is replaced by one holding 8 messages per subscription.
+        drop(server);
+        let server = NatsServer::start_with_max_payload(port, 8 * MIB).await;
+        probe_until_live(&publisher, subject, &mut inputs, Duration::from_secs(40)).await;
+        let stats = counters.snapshot();
+        assert_eq!(
+            (stats.server_max_payload_bytes, stats.subscription_capacity, stats.client_rebuilds),
+            (8 * MIB as u64, 8, 2),
+            "{stats:?}"
+        );
 
         cancel.cancel();
         assert!(matches!(plane.await.unwrap(), Ok(())));

@@ -712,6 +712,74 @@ async fn answers_in_flight_share_one_byte_budget_and_the_over_budget_call_waits_
     .await;
 }
 
+/// Several answers, each within its own bound, that together exceed the shared budget, all
+/// caught partway at once: every reader has reserved its first MiB (or waits for it) when the
+/// workers send the rest. A plain semaphore of bytes then had every reader hold a MiB and wait
+/// for 0.7 MiB more until the deadline; under the budget's rule the answer holding the most never
+/// waits, so all of them complete, one after another, long before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_that_together_exceed_the_budget_all_complete_before_any_deadline() {
+    bounded(async {
+        const ANSWERS: usize = 4;
+        const MIB: u64 = 1 << 20;
+        let deadline = Duration::from_secs(30);
+        let mut config = RecoveryClientConfig::new(25);
+        config.response_bytes_max = 2 << 20;
+        // Every reader's first MiB fits, and then no reader's growth does.
+        config.answers_bytes_max = (4 << 20) + (64 << 10);
+        let client = Arc::new(client(config).await);
+        let body = radix_dump_body(300, 100);
+        assert!(body.len() > (1 << 20) + (64 << 10) && body.len() < (2 << 20) - 4096);
+
+        // The prologue and the item's 24-byte prefix: the reader reserves its first MiB of the
+        // body and waits for bytes that come only on release.
+        let (release, released) = tokio::sync::watch::channel(false);
+        let pause = CallHomePause { after_bytes: prologue().len() + 24, resume: released };
+        let mut workers = Vec::with_capacity(ANSWERS);
+        let mut calls = Vec::with_capacity(ANSWERS);
+        for _ in 0..ANSWERS {
+            let (body, pause) = (body.clone(), pause.clone());
+            let script: Script = Arc::new(move |_| Reply {
+                ack: Some(Vec::new()),
+                call_home: Some(answer_frames(body.clone())),
+                pause: Some(pause.clone()),
+                ..Reply::default()
+            });
+            let worker = FakeWorker::start(script).await;
+            let client = Arc::clone(&client);
+            let target = worker.target();
+            calls.push(kvrelay::runtime::spawn(async move {
+                client.query(&target, dump_request(), deadline).await
+            }));
+            workers.push(worker);
+        }
+        // All readers are partway: each holds its first MiB, or one waits for it.
+        loop {
+            let stats = client.stats();
+            if stats.answer_bytes_waits >= 1 || stats.answer_bytes_in_use >= ANSWERS as u64 * MIB {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let stats = client.stats();
+        assert!(stats.answer_bytes_in_use >= 3 * MIB, "{stats:?}");
+
+        let released_at = tokio::time::Instant::now();
+        release.send(true).unwrap();
+        for call in calls {
+            let answer = call.await.unwrap();
+            assert!(matches!(answer, Ok(RecoveryResponse::TreeDump { .. })), "{answer:?}");
+        }
+        let took = released_at.elapsed();
+        assert!(took < deadline / 3, "the answers waited for a deadline: {took:?}");
+        let stats = client.stats();
+        assert_eq!((stats.answered, stats.failed, stats.answer_bytes_in_use), (4, 0, 0));
+        assert!(stats.answer_bytes_waits >= 1, "{stats:?}");
+        assert!(stats.answer_bytes_peak <= (4 << 20) + (64 << 10), "{stats:?}");
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_dropped_mid_read_returns_its_answer_bytes() {
     bounded(async {

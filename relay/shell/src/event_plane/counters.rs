@@ -1,7 +1,8 @@
 //! Counters shared by an event-plane transport and whoever reports on it.
 //!
-//! A transport updates one [`EventPlaneStats`] behind a mutex held only for the increment; readers
-//! take a [`snapshot`](EventPlaneCounters::snapshot). Counts saturate instead of wrapping.
+//! A transport updates one [`EventPlaneStats`] behind a mutex held only for the update; readers
+//! take a [`snapshot`](EventPlaneCounters::snapshot). Counts saturate instead of wrapping; the
+//! NATS queue figures are set, not counted.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -30,8 +31,21 @@ pub struct EventPlaneStats {
     pub channels_ignored: u64,
     /// Event channel records refused because the channel table was full.
     pub channels_refused: u64,
-    /// Messages dropped by the client library itself (NATS slow-consumer notices).
+    /// Messages dropped by the client library itself (NATS slow-consumer notices: a
+    /// subscription's queue was full).
     pub client_drops: u64,
+    /// NATS: the byte budget of one subscription's queue inside the client (a figure).
+    pub subscription_bytes_max: u64,
+    /// NATS: the messages one subscription's queue holds, derived from the byte budget and
+    /// [`server_max_payload_bytes`](Self::server_max_payload_bytes) (a figure; 0 until the
+    /// first client has connected).
+    pub subscription_capacity: u64,
+    /// NATS: the server's advertised `max_payload` the capacity is derived from (a figure).
+    pub server_max_payload_bytes: u64,
+    /// NATS: subscriptions, each with its own queue (a figure).
+    pub subscriptions: u64,
+    /// NATS clients replaced by one whose capacity is derived from the server's `max_payload`.
+    pub client_rebuilds: u64,
     /// ZMTP sessions ended by a protocol violation of the peer, per kind (each also counts as
     /// a disconnect or a failed connection attempt).
     pub zmtp_errors: ZmtpErrorCounts,

@@ -12,8 +12,9 @@
 //!
 //! - **Backpressure, not loss, at the sink.** Sending into the sink awaits free capacity, so a
 //!   slow relay slows the subscriber down; loss only happens upstream, where each transport has
-//!   its own stated bound (the NATS client's per-subscription buffer, the ZMQ publisher's
-//!   high-water mark). Both are detectable downstream as `sequence` gaps.
+//!   its own stated bound (the NATS client's per-subscription queue, bounded in messages and
+//!   bytes; the ZMQ publisher's high-water mark). Both are detectable downstream as `sequence`
+//!   gaps.
 //! - **No panic on any input.** Every message that cannot become a fact is counted in
 //!   [`EventPlaneStats`] under its [`InputErrorKind`](kvrelay_core::inputs::InputErrorKind) and dropped.
 //! - **Bounded before allocation.** The ZMQ transport speaks ZMTP itself ([`ZmtpSubDecoder`])
@@ -34,8 +35,9 @@ use thiserror::Error;
 
 pub use counters::{EventPlaneCounters, EventPlaneStats, ZmtpErrorCounts};
 pub use nats::{
-    DEFAULT_NATS_SERVER, NATS_RECONNECT_DELAY_MAX, NATS_SUBSCRIPTION_CAPACITY_DEFAULT,
-    NatsEventPlaneConfig, NatsNamespaces, nats_wildcard_subject, run_nats_event_plane,
+    DEFAULT_NATS_SERVER, NATS_MAX_PAYLOAD_DEFAULT, NATS_RECONNECT_DELAY_MAX,
+    NATS_SUBSCRIPTION_BYTES_MAX_DEFAULT, NATS_SUBSCRIPTION_CAPACITY_DEFAULT, NatsEventPlaneConfig,
+    NatsNamespaces, nats_subscription_capacity, nats_wildcard_subject, run_nats_event_plane,
 };
 pub use nats_auth::{
     NATS_AUTH_CREDENTIALS_FILE, NATS_AUTH_NKEY, NATS_AUTH_PASSWORD, NATS_AUTH_TOKEN,

@@ -22,11 +22,37 @@
 //! client as an I/O error, like a server that is down: it is retried and counted as a connect
 //! failure, and nothing is delivered.
 //!
-//! Bounds: each subscription buffers at most
-//! [`subscription_capacity`](NatsEventPlaneConfig::subscription_capacity) messages inside the
-//! client; beyond that the client drops messages (counted as
-//! [`client_drops`](super::EventPlaneStats::client_drops) slow-consumer notices). The server caps
-//! one message at its `max_payload` (1 MiB by default).
+//! Bounds: each subscription's queue inside the client is bounded in messages **and** bytes.
+//! The client only takes a message count (`subscription_capacity`, fixed when the client is
+//! built), so the plane derives it from a byte budget and the largest message the server lets
+//! through, its advertised `max_payload`:
+//!
+//! `capacity = subscription_bytes_max / max_payload`, within 1 and `subscription_capacity`
+//! ([`nats_subscription_capacity`]; defaults [`NATS_SUBSCRIPTION_BYTES_MAX_DEFAULT`] and
+//! [`NATS_SUBSCRIPTION_CAPACITY_DEFAULT`]: 64 messages at NATS's default 1 MiB `max_payload`).
+//!
+//! The first client is built for NATS's default [`NATS_MAX_PAYLOAD_DEFAULT`]; once it is
+//! connected, and before it subscribes, the plane reads the server's `max_payload` and, if it
+//! differs, replaces the client by one built for it (nothing can be lost yet). While subscribed,
+//! the plane compares the client's `max_payload` with the one its capacity was derived from at
+//! every (re)connection notice and every message it takes: a server advertising more (a
+//! reconnection to a differently configured server) makes it replace the client the same way,
+//! losing what was queued (sequence gaps, hence recovery); until then the queue may hold up to
+//! capacity × the new `max_payload`. A smaller `max_payload` keeps the client (the bound holds).
+//! Each replacement counts in [`client_rebuilds`](super::EventPlaneStats::client_rebuilds); the
+//! figures in effect are in [`EventPlaneStats`](super::EventPlaneStats) and `/metrics`, and
+//! logged when the plane subscribes. A server whose `max_payload` exceeds the whole budget still
+//! gets one message per subscription (a queue cannot be smaller), with a warning.
+//!
+//! At the bound the client drops the message (async-nats's slow-consumer behaviour) and notifies
+//! the plane, which counts it in [`client_drops`](super::EventPlaneStats::client_drops); a lost
+//! `kv-events` message shows downstream as a `sequence` gap and its rank recovers. The client
+//! hands notices over through a queue of 128 events, so a burst of drops faster than they are
+//! handed over can be under-counted; the gaps still show every lost event. Outside the two
+//! cases above (a `max_payload` over the budget, the moments after a reconnection to a server
+//! advertising more), the plane's queues together hold at most
+//! [`subscriptions`](super::EventPlaneStats::subscriptions) × `subscription_bytes_max` (two
+//! subscriptions per watched namespace, or two for all namespaces).
 
 use crate::node::InputSender;
 use std::collections::BTreeSet;
@@ -34,9 +60,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use async_nats::{ClientError, ConnectOptions, Event};
+use async_nats::{Client, ClientError, ConnectOptions, Event};
 use futures::StreamExt;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -52,11 +78,30 @@ use kvrelay_core::model::identity::EndpointPath;
 /// The server used when `NATS_SERVER` is not set (Dynamo's default).
 pub const DEFAULT_NATS_SERVER: &str = "nats://127.0.0.1:4222";
 
-/// Messages buffered per subscription inside the client before it drops (slow consumer).
-///
-/// Normal messages are a few hundred bytes; the server caps one at 1 MiB, so the buffer holds at
-/// most 8 GiB in a pathological burst of maximal messages and a few MiB in practice.
+/// Most messages one subscription's queue inside the client holds, however small they are (the
+/// item bound beside the byte budget).
 pub const NATS_SUBSCRIPTION_CAPACITY_DEFAULT: usize = 8192;
+
+/// Default byte budget of one subscription's queue inside the client: 64 messages at NATS's
+/// default `max_payload`, 8 at 8 MiB. Normal messages are a few hundred bytes.
+pub const NATS_SUBSCRIPTION_BYTES_MAX_DEFAULT: usize = 64 << 20;
+
+/// NATS's default `max_payload` (1 MiB): the message size a client's capacity is derived from
+/// until a server advertises its own, and the smallest byte budget accepted.
+pub const NATS_MAX_PAYLOAD_DEFAULT: usize = 1 << 20;
+
+/// Messages one subscription's queue may hold so that it holds at most `bytes_max` bytes of
+/// messages of at most `max_payload` bytes: `bytes_max / max_payload`, at most `messages_max`,
+/// and at least 1 (a queue cannot be smaller, so a `max_payload` above `bytes_max` gets one
+/// message). Total for any input: a `max_payload` of 0 counts as 1.
+#[must_use]
+pub fn nats_subscription_capacity(
+    bytes_max: usize,
+    max_payload: usize,
+    messages_max: usize,
+) -> usize {
+    (bytes_max / max_payload.max(1)).clamp(1, messages_max.max(1))
+}
 
 /// Longest wait between two reconnection attempts.
 pub const NATS_RECONNECT_DELAY_MAX: Duration = Duration::from_secs(4);
@@ -80,8 +125,12 @@ pub struct NatsEventPlaneConfig {
     pub server_url: String,
     /// Namespaces to watch.
     pub namespaces: NatsNamespaces,
-    /// Messages buffered per subscription inside the client (at least 1).
+    /// Most messages one subscription's queue inside the client holds (at least 1).
     pub subscription_capacity: usize,
+    /// Bytes one subscription's queue inside the client may hold (at least
+    /// [`NATS_MAX_PAYLOAD_DEFAULT`]); the capacity in messages is derived from it and the
+    /// server's `max_payload` (see the module documentation).
+    pub subscription_bytes_max: usize,
     /// Connection name shown by the server.
     pub client_name: String,
     /// Timeout of one connection attempt.
@@ -98,6 +147,7 @@ impl NatsEventPlaneConfig {
             server_url: server_url.into(),
             namespaces,
             subscription_capacity: NATS_SUBSCRIPTION_CAPACITY_DEFAULT,
+            subscription_bytes_max: NATS_SUBSCRIPTION_BYTES_MAX_DEFAULT,
             client_name: "kvrelay-event-plane".to_owned(),
             connection_timeout: Duration::from_secs(5),
             security: NatsSecurity::default(),
@@ -113,6 +163,19 @@ impl NatsEventPlaneConfig {
             .filter(|value| !value.trim().is_empty())
             .unwrap_or_else(|| DEFAULT_NATS_SERVER.to_owned());
         Self::new(server, namespaces)
+    }
+
+    /// Check the bounds and the namespaces.
+    pub fn validate(&self) -> Result<(), EventPlaneError> {
+        if self.subscription_capacity == 0 {
+            return Err(EventPlaneError::InvalidConfig("subscription_capacity must be at least 1"));
+        }
+        if self.subscription_bytes_max < NATS_MAX_PAYLOAD_DEFAULT {
+            return Err(EventPlaneError::InvalidConfig(
+                "subscription_bytes_max must hold one message of NATS's default max_payload (1 MiB)",
+            ));
+        }
+        self.subjects().map(drop)
     }
 
     /// The subjects to subscribe to, in a deterministic order.
@@ -203,92 +266,231 @@ pub async fn run_nats_event_plane(
     counters: EventPlaneCounters,
     cancel: CancellationToken,
 ) -> Result<(), EventPlaneError> {
-    if config.subscription_capacity == 0 {
-        return Err(EventPlaneError::InvalidConfig("subscription_capacity must be at least 1"));
-    }
+    config.validate()?;
     let subjects = config.subjects()?;
-    let event_counters = counters.clone();
-    // The first refusal before any connection succeeded; later ones are the client's to retry.
-    let (refused_tx, mut refused) = mpsc::channel::<String>(1);
+    counters.bump(|stats| {
+        stats.subscription_bytes_max =
+            u64::try_from(config.subscription_bytes_max).unwrap_or(u64::MAX);
+        stats.subscriptions = u64::try_from(subjects.len()).unwrap_or(u64::MAX);
+    });
+    // Whether any client of this plane has connected: refusals before that end the plane.
     let connected_once = Arc::new(AtomicBool::new(false));
-    let options = ConnectOptions::new()
-        .name(&config.client_name)
-        .retry_on_initial_connect()
-        .subscription_capacity(config.subscription_capacity)
-        .connection_timeout(config.connection_timeout)
-        .reconnect_delay_callback(reconnect_delay)
-        .event_callback(move |event| {
-            let counters = event_counters.clone();
-            let refused_tx = refused_tx.clone();
-            let connected_once = Arc::clone(&connected_once);
-            async move {
-                if matches!(event, Event::Connected) {
-                    connected_once.store(true, Ordering::Relaxed);
-                }
-                if let Some(reason) = refusal(&event)
-                    && !connected_once.load(Ordering::Relaxed)
-                {
-                    let _ = refused_tx.try_send(reason);
-                }
-                note_client_event(&counters, &event);
-            }
-        });
-    let options = config.security.apply(options)?;
-    let connected = tokio::select! {
-        biased;
-        () = cancel.cancelled() => return Ok(()),
-        connected = options.connect(config.server_url.as_str()) => connected,
-    };
-    let client = connected.map_err(|error| EventPlaneError::NatsConnect {
-        server: config.server_url.clone(),
-        detail: error.to_string(),
-    })?;
-    let mut subscriptions = Vec::with_capacity(subjects.len());
-    for subject in &subjects {
-        let subscriber = client.subscribe(subject.clone()).await.map_err(|error| {
-            EventPlaneError::NatsSubscribe { subject: subject.clone(), detail: error.to_string() }
-        })?;
-        subscriptions.push(subscriber);
-    }
-    info!(server = %config.server_url, ?subjects, auth = config.security.auth.method(),
-        tls = config.security.tls.is_some() || config.server_url.starts_with("tls://"),
-        "NATS event plane subscribed");
-    // Fair across subjects: a busy kv-events stream cannot starve kv_metrics.
-    let mut messages = futures::stream::select_all(subscriptions);
+    let mut payload_bytes_max = NATS_MAX_PAYLOAD_DEFAULT;
+    let mut first_client = true;
     loop {
-        let message = tokio::select! {
-            biased;
-            () = cancel.cancelled() => return Ok(()),
-            Some(reason) = refused.recv() => {
-                warn!(server = %config.server_url, %reason, auth = config.security.auth.method(),
-                    "NATS refused the connection");
-                return Err(EventPlaneError::NatsRefused { server: config.server_url.clone(), reason });
-            }
-            message = messages.next() => message,
+        let session = ClientSession {
+            config: &config,
+            subjects: &subjects,
+            payload_bytes_max,
+            first_client,
+            connected_once: &connected_once,
+            counters: &counters,
         };
-        let Some(message) = message else {
-            warn!("NATS subscriptions ended");
-            return Err(EventPlaneError::SubscriptionsClosed);
-        };
-        let decoded = decode_nats_message(message.subject.as_str(), &message.payload);
-        counters.record(&decoded);
-        let input = match decoded {
-            Ok(input) => input,
-            Err(error) => {
-                debug!(subject = %message.subject, %error, "dropping malformed NATS message");
-                continue;
-            }
-        };
-        tokio::select! {
-            biased;
-            () = cancel.cancelled() => return Ok(()),
-            sent = sink.send(input) => {
-                if sent.is_err() {
-                    return Err(EventPlaneError::SinkClosed);
+        match session.run(&sink, &cancel).await? {
+            SessionEnd::Cancelled => return Ok(()),
+            SessionEnd::Rebuild { max_payload } => {
+                counters.bump(|stats| increment(&mut stats.client_rebuilds));
+                if first_client {
+                    info!(
+                        max_payload,
+                        previous = payload_bytes_max,
+                        "NATS server's max_payload differs from the default; rebuilding the client before subscribing"
+                    );
+                } else {
+                    warn!(
+                        max_payload,
+                        previous = payload_bytes_max,
+                        "NATS server advertises a larger max_payload; rebuilding the client (queued messages are lost)"
+                    );
                 }
-                counters.bump(|stats| increment(&mut stats.delivered));
+                payload_bytes_max = max_payload;
+                first_client = false;
             }
         }
+    }
+}
+
+/// Why one client's session ended without an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SessionEnd {
+    /// `cancel` fired: the plane stops.
+    Cancelled,
+    /// The server advertises a `max_payload` the client's capacity was not derived from: a
+    /// client built for it replaces this one.
+    Rebuild {
+        /// The advertised `max_payload`.
+        max_payload: usize,
+    },
+}
+
+/// One client of the plane, built for one `max_payload`.
+struct ClientSession<'a> {
+    config: &'a NatsEventPlaneConfig,
+    subjects: &'a [String],
+    /// The `max_payload` this client's capacity is derived from.
+    payload_bytes_max: usize,
+    /// The plane's first client: any difference from the server's `max_payload` rebuilds it
+    /// (later clients rebuild only for a larger one, so the rebuilds are bounded).
+    first_client: bool,
+    connected_once: &'a Arc<AtomicBool>,
+    counters: &'a EventPlaneCounters,
+}
+
+impl ClientSession<'_> {
+    /// Connect, wait for the server's `INFO`, subscribe and deliver until cancelled, until an
+    /// error, or until the server's `max_payload` calls for a rebuilt client.
+    async fn run(
+        &self,
+        sink: &InputSender,
+        cancel: &CancellationToken,
+    ) -> Result<SessionEnd, EventPlaneError> {
+        let config = self.config;
+        let capacity = nats_subscription_capacity(
+            config.subscription_bytes_max,
+            self.payload_bytes_max,
+            config.subscription_capacity,
+        );
+        // The first refusal before any connection succeeded; later ones are the client's to retry.
+        let (refused_tx, mut refused) = mpsc::channel::<String>(1);
+        let connected = Arc::new(Notify::new());
+        let event_counters = self.counters.clone();
+        let connected_once = Arc::clone(self.connected_once);
+        let connected_notice = Arc::clone(&connected);
+        let options = ConnectOptions::new()
+            .name(&config.client_name)
+            .retry_on_initial_connect()
+            .subscription_capacity(capacity)
+            .connection_timeout(config.connection_timeout)
+            .reconnect_delay_callback(reconnect_delay)
+            .event_callback(move |event| {
+                let counters = event_counters.clone();
+                let refused_tx = refused_tx.clone();
+                let connected_once = Arc::clone(&connected_once);
+                let connected_notice = Arc::clone(&connected_notice);
+                async move {
+                    if matches!(event, Event::Connected) {
+                        connected_once.store(true, Ordering::Relaxed);
+                        connected_notice.notify_one();
+                    }
+                    if let Some(reason) = refusal(&event)
+                        && !connected_once.load(Ordering::Relaxed)
+                    {
+                        let _ = refused_tx.try_send(reason);
+                    }
+                    note_client_event(&counters, &event);
+                }
+            });
+        let options = config.security.apply(options)?;
+        let connecting = tokio::select! {
+            biased;
+            () = cancel.cancelled() => return Ok(SessionEnd::Cancelled),
+            connecting = options.connect(config.server_url.as_str()) => connecting,
+        };
+        let client = connecting.map_err(|error| EventPlaneError::NatsConnect {
+            server: config.server_url.clone(),
+            detail: error.to_string(),
+        })?;
+        // A flush completes once the client is connected, after it has stored the server's INFO.
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => return Ok(SessionEnd::Cancelled),
+            Some(reason) = refused.recv() => return Err(self.refused(reason)),
+            flushed = client.flush() => flushed.map_err(|error| EventPlaneError::NatsConnect {
+                server: config.server_url.clone(),
+                detail: error.to_string(),
+            })?,
+        }
+        let max_payload = client.server_info().max_payload;
+        let differs = if self.first_client {
+            max_payload != self.payload_bytes_max
+        } else {
+            max_payload > self.payload_bytes_max
+        };
+        if differs {
+            return Ok(SessionEnd::Rebuild { max_payload });
+        }
+        self.counters.bump(|stats| {
+            stats.subscription_capacity = u64::try_from(capacity).unwrap_or(u64::MAX);
+            stats.server_max_payload_bytes = u64::try_from(max_payload).unwrap_or(u64::MAX);
+        });
+        if capacity.saturating_mul(max_payload) > config.subscription_bytes_max {
+            warn!(
+                max_payload,
+                subscription_bytes_max = config.subscription_bytes_max,
+                "NATS max_payload exceeds the subscription byte budget: one message per subscription"
+            );
+        }
+
+        let mut subscriptions = Vec::with_capacity(self.subjects.len());
+        for subject in self.subjects {
+            let subscriber = client.subscribe(subject.clone()).await.map_err(|error| {
+                EventPlaneError::NatsSubscribe {
+                    subject: subject.clone(),
+                    detail: error.to_string(),
+                }
+            })?;
+            subscriptions.push(subscriber);
+        }
+        info!(server = %config.server_url, subjects = ?self.subjects, auth = config.security.auth.method(),
+            tls = config.security.tls.is_some() || config.server_url.starts_with("tls://"),
+            subscription_capacity = capacity, subscription_bytes_max = config.subscription_bytes_max,
+            max_payload, "NATS event plane subscribed");
+        // Fair across subjects: a busy kv-events stream cannot starve kv_metrics.
+        let mut messages = futures::stream::select_all(subscriptions);
+        loop {
+            let message = tokio::select! {
+                biased;
+                () = cancel.cancelled() => return Ok(SessionEnd::Cancelled),
+                Some(reason) = refused.recv() => return Err(self.refused(reason)),
+                () = connected.notified() => {
+                    if let Some(rebuild) = self.grown(&client) {
+                        return Ok(rebuild);
+                    }
+                    continue;
+                }
+                message = messages.next() => message,
+            };
+            let Some(message) = message else {
+                warn!("NATS subscriptions ended");
+                return Err(EventPlaneError::SubscriptionsClosed);
+            };
+            if let Some(rebuild) = self.grown(&client) {
+                return Ok(rebuild);
+            }
+            let decoded = decode_nats_message(message.subject.as_str(), &message.payload);
+            self.counters.record(&decoded);
+            let input = match decoded {
+                Ok(input) => input,
+                Err(error) => {
+                    debug!(subject = %message.subject, %error, "dropping malformed NATS message");
+                    continue;
+                }
+            };
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => return Ok(SessionEnd::Cancelled),
+                sent = sink.send(input) => {
+                    if sent.is_err() {
+                        return Err(EventPlaneError::SinkClosed);
+                    }
+                    self.counters.bump(|stats| increment(&mut stats.delivered));
+                }
+            }
+        }
+    }
+
+    /// A rebuild, if the client's server now advertises a larger `max_payload` than the
+    /// capacity was derived from (after a reconnection).
+    fn grown(&self, client: &Client) -> Option<SessionEnd> {
+        let max_payload = client.max_payload();
+        (max_payload > self.payload_bytes_max).then_some(SessionEnd::Rebuild { max_payload })
+    }
+
+    fn refused(&self, reason: String) -> EventPlaneError {
+        let config = self.config;
+        warn!(server = %config.server_url, %reason, auth = config.security.auth.method(),
+            "NATS refused the connection");
+        EventPlaneError::NatsRefused { server: config.server_url.clone(), reason }
     }
 }
 
@@ -408,6 +610,55 @@ mod tests {
         assert_eq!(error.kind(), InputErrorKind::UnexpectedTopic);
         let error = decode_nats_message("namespace.x", &envelope).unwrap_err();
         assert_eq!(error.kind(), InputErrorKind::MalformedSubject);
+    }
+
+    #[test]
+    fn the_capacity_is_the_byte_budget_over_max_payload_within_its_bounds() {
+        let mib = 1 << 20;
+        // The defaults at NATS's default max_payload, and at 8 MiB.
+        let budget = NATS_SUBSCRIPTION_BYTES_MAX_DEFAULT;
+        let messages = NATS_SUBSCRIPTION_CAPACITY_DEFAULT;
+        assert_eq!(nats_subscription_capacity(budget, NATS_MAX_PAYLOAD_DEFAULT, messages), 64);
+        assert_eq!(nats_subscription_capacity(budget, 8 * mib, messages), 8);
+        // Rounded down, so capacity × max_payload never exceeds the budget.
+        assert_eq!(nats_subscription_capacity(budget, 3 * mib, messages), 21);
+        // A small max_payload is held back by the message bound.
+        assert_eq!(nats_subscription_capacity(budget, 1024, messages), messages);
+        // A max_payload above the budget still gets one message; 0 is taken as 1 byte.
+        assert_eq!(nats_subscription_capacity(budget, 64 * mib + 1, messages), 1);
+        assert_eq!(nats_subscription_capacity(budget, 0, messages), messages);
+        assert_eq!(nats_subscription_capacity(budget, usize::MAX, 0), 1);
+        for max_payload in [1, 1000, mib, 5 * mib, 64 * mib] {
+            let capacity = nats_subscription_capacity(budget, max_payload, usize::MAX);
+            assert!(capacity * max_payload <= budget, "{max_payload}");
+            assert!((capacity + 1) * max_payload > budget, "{max_payload}");
+        }
+    }
+
+    #[test]
+    fn configurations_with_bad_bounds_are_refused() {
+        let namespaces = NatsNamespaces::Only(["dynamo".to_owned()].into());
+        let config = NatsEventPlaneConfig::new(DEFAULT_NATS_SERVER, namespaces);
+        assert!(config.validate().is_ok());
+        let refused = |config: NatsEventPlaneConfig| match config.validate() {
+            Err(EventPlaneError::InvalidConfig(reason)) => reason,
+            other => panic!("accepted: {other:?}"),
+        };
+        let reason = refused(NatsEventPlaneConfig { subscription_capacity: 0, ..config.clone() });
+        assert!(reason.contains("subscription_capacity"), "{reason}");
+        for bytes in [0, 1, NATS_MAX_PAYLOAD_DEFAULT - 1] {
+            let reason =
+                refused(NatsEventPlaneConfig { subscription_bytes_max: bytes, ..config.clone() });
+            assert!(reason.contains("subscription_bytes_max"), "{reason}");
+        }
+        let smallest = NatsEventPlaneConfig {
+            subscription_bytes_max: NATS_MAX_PAYLOAD_DEFAULT,
+            ..config.clone()
+        };
+        assert!(smallest.validate().is_ok());
+        let nowhere =
+            NatsEventPlaneConfig { namespaces: NatsNamespaces::Only([].into()), ..config };
+        assert!(matches!(nowhere.validate(), Err(EventPlaneError::InvalidConfig(_))));
     }
 
     #[test]

@@ -623,6 +623,43 @@ fn input_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
         out.family(name, Kind::Counter, help);
         out.sample(name, &plane, value);
     }
+    if snapshot.event_plane == "nats" {
+        for (name, kind, help, value) in [
+            (
+                "kvrelay_event_plane_subscription_bytes_max",
+                Kind::Gauge,
+                "Bytes one NATS subscription's queue inside the client may hold.",
+                events.subscription_bytes_max,
+            ),
+            (
+                "kvrelay_event_plane_subscription_capacity",
+                Kind::Gauge,
+                "Messages one NATS subscription's queue holds: the byte budget over max_payload.",
+                events.subscription_capacity,
+            ),
+            (
+                "kvrelay_event_plane_server_max_payload_bytes",
+                Kind::Gauge,
+                "The NATS server's max_payload the subscription capacity is derived from.",
+                events.server_max_payload_bytes,
+            ),
+            (
+                "kvrelay_event_plane_subscriptions",
+                Kind::Gauge,
+                "NATS subscriptions, each with its own queue.",
+                events.subscriptions,
+            ),
+            (
+                "kvrelay_event_plane_client_rebuilds_total",
+                Kind::Counter,
+                "NATS clients rebuilt for the server's max_payload.",
+                events.client_rebuilds,
+            ),
+        ] {
+            out.family(name, kind, help);
+            out.sample(name, &plane, value);
+        }
+    }
     out.counter_by_kind(
         "kvrelay_event_plane_zmtp_errors_total",
         "ZMTP protocol violations that ended a session, by kind.",

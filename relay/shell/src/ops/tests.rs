@@ -101,7 +101,17 @@ pub(super) fn snapshot() -> OpsSnapshot {
         },
         discovery: DiscoveryStats { records, listings: 4, ..DiscoveryStats::default() },
         event_plane: "nats",
-        events: EventPlaneStats { decode, delivered: 5, connects: 1, ..EventPlaneStats::default() },
+        events: EventPlaneStats {
+            decode,
+            delivered: 5,
+            connects: 1,
+            subscription_bytes_max: 64 << 20,
+            subscription_capacity: 8,
+            server_max_payload_bytes: 8 << 20,
+            subscriptions: 2,
+            client_rebuilds: 1,
+            ..EventPlaneStats::default()
+        },
         recovery: RequestPlaneStats {
             queries: 2,
             answered: 1,
@@ -167,6 +177,13 @@ fn metrics_render_the_relay_names_and_the_existing_counters() {
         "kvrelay_event_plane_messages_accepted_total{plane=\"nats\"} 5",
         "kvrelay_event_plane_messages_rejected_total{plane=\"nats\",kind=\"message_pack\"} 1",
         "kvrelay_event_plane_delivered_total{plane=\"nats\"} 5",
+        "# TYPE kvrelay_event_plane_subscription_bytes_max gauge",
+        "kvrelay_event_plane_subscription_bytes_max{plane=\"nats\"} 67108864",
+        "kvrelay_event_plane_subscription_capacity{plane=\"nats\"} 8",
+        "kvrelay_event_plane_server_max_payload_bytes{plane=\"nats\"} 8388608",
+        "kvrelay_event_plane_subscriptions{plane=\"nats\"} 2",
+        "# TYPE kvrelay_event_plane_client_rebuilds_total counter",
+        "kvrelay_event_plane_client_rebuilds_total{plane=\"nats\"} 1",
         "kvrelay_recovery_failed_total 1",
     ] {
         assert!(text.lines().any(|candidate| candidate == line), "missing {line:?} in\n{text}");

@@ -31,41 +31,43 @@
 //!   declared length is checked against what is left of that bound before any of it is buffered
 //!   ([`RecoveryError::ResponseTooLarge`] otherwise);
 //! - all answers being read at once share [`RecoveryClientConfig::answers_bytes_max`] (default
-//!   [`RECOVERY_ANSWERS_BYTES_MAX`]), a semaphore of bytes. Invariant: an answer holds at least
-//!   the buffer capacity it has allocated for its frames, and reserves each allocation before
-//!   making it. A frame's header (checked against [`CONTROL_FRAME_BYTES_MAX`]) is reserved
-//!   whole; its body, whose length was checked against the per-answer bound, is reserved step
-//!   by step as its buffer grows: at most 1 MiB (`ITEM_READ_CHUNK_BYTES`) before its first
-//!   byte, then each step at most what has arrived so far, so a peer that declares a large body
-//!   and sends little holds little. The bytes are held until the answer is decoded and handed
-//!   over, or the call fails or is dropped (a cancelled call returns them at once).
-//! - At the shared bound a call **waits** for bytes, in arrival order, without reading further
-//!   (the worker's sends back up into TCP); the wait counts in
-//!   [`RequestPlaneStats::answer_bytes_waits`] and is bounded by the call's own timeout, after
-//!   which it fails as [`RecoveryError::Timeout`] in [`QueryPhase::ReceivingResponse`] (the
-//!   core retries within its attempt bound, then degrades the rank). Calls that each hold part
-//!   of the budget while waiting for more can only wait for each other until the earliest
-//!   deadline, which frees its bytes. Not counted: each call-home's fixed 64 KiB read buffer
-//!   (bounded by the pending queries), and the decoded answer once handed over (the caller's);
-//!   a cancelled call whose body is being decoded on the executor frees that memory only when
-//!   the decode ends.
+//!   [`RECOVERY_ANSWERS_BYTES_MAX`]). Invariant: an answer holds at least the buffer capacity it
+//!   has allocated for its frames, and reserves each allocation before making it. A frame's
+//!   header (checked against [`CONTROL_FRAME_BYTES_MAX`]) is reserved whole; its body, whose
+//!   length was checked against the per-answer bound, is reserved step by step as its buffer
+//!   grows: at most 1 MiB (`ITEM_READ_CHUNK_BYTES`) before its first byte, then each step at
+//!   most what has arrived so far, so a peer that declares a large body and sends little holds
+//!   little. The bytes are held until the answer is decoded and handed over, or the call fails
+//!   or is dropped (a cancelled call returns them at once).
+//! - A reservation is granted only while the free bytes still cover all that the answer holding
+//!   the most could still reserve ([`answer_budget`](super::answer_budget) states the rule and
+//!   why it cannot deadlock: the answer holding the most never waits). Otherwise the call
+//!   **waits** without reading further (the worker's sends back up into TCP); waiting
+//!   reservations are granted in arrival order as each passes the rule. The wait counts in
+//!   [`RequestPlaneStats::answer_bytes_waits`] and ends when a release lets it pass, or at the
+//!   call's own timeout ([`RecoveryError::Timeout`] in [`QueryPhase::ReceivingResponse`]; the
+//!   core retries within its attempt bound, then degrades the rank). Not counted: each
+//!   call-home's fixed 64 KiB read buffer (bounded by the pending queries), and the decoded
+//!   answer once handed over (the caller's); a cancelled call whose body is being decoded on
+//!   the executor frees that memory only when the decode ends.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use rand_core::Rng;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedMutexGuard, Semaphore, TryAcquireError, oneshot};
+use tokio::sync::{OwnedMutexGuard, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{debug, warn};
 
 use super::RecoveryError;
+use super::answer_budget::{AnswerBudget, AnswerBytes};
 use super::frame::{
     Ack, TWO_PART_PREFIX_BYTES, TwoPartPrefix, encode_request_frame, encode_two_part,
 };
@@ -180,8 +182,9 @@ pub struct RecoveryClientConfig {
     /// Bound of one response stream's bytes (at least [`CONTROL_FRAME_BYTES_MAX`]).
     pub response_bytes_max: usize,
     /// Bound of the bytes buffered by all answers being read at once (at least
-    /// `response_bytes_max`, so every answer within its own bound can complete alone); at the
-    /// bound a call waits within its timeout (see the module documentation).
+    /// `response_bytes_max`, so every answer within its own bound can complete alone); a call
+    /// whose next reservation would leave too little for the answer holding the most waits
+    /// within its timeout (see the module documentation).
     pub answers_bytes_max: usize,
     /// Bound of queries waiting for a call-home at once (at least 1).
     pub pending_queries_max: usize,
@@ -240,9 +243,6 @@ impl RecoveryClientConfig {
         if self.answers_bytes_max < self.response_bytes_max {
             return Err(RecoveryError::InvalidConfig("answers_bytes_max below response_bytes_max"));
         }
-        if self.answers_bytes_max > Semaphore::MAX_PERMITS {
-            return Err(RecoveryError::InvalidConfig("answers_bytes_max too large"));
-        }
         if self.pending_queries_max == 0 || self.worker_connections_max == 0 {
             return Err(RecoveryError::InvalidConfig("query and connection bounds must be >= 1"));
         }
@@ -279,8 +279,8 @@ pub struct RequestPlaneStats {
     pub call_homes_refused: u64,
     /// Call-home connections with an unreadable or late handshake.
     pub call_homes_malformed: u64,
-    /// Times a call reading an answer waited because the answers' shared byte budget
-    /// ([`RecoveryClientConfig::answers_bytes_max`]) was spent.
+    /// Times a call reading an answer waited for bytes of the answers' shared budget
+    /// ([`RecoveryClientConfig::answers_bytes_max`]).
     pub answer_bytes_waits: u64,
     /// Bytes of the shared answer budget held now.
     pub answer_bytes_in_use: u64,
@@ -302,69 +302,6 @@ struct Shared {
     ids: Mutex<RelayRng>,
     stats: Mutex<RequestPlaneStats>,
     answer_budget: AnswerBudget,
-}
-
-/// The byte budget every answer being read shares: a semaphore of bytes.
-struct AnswerBudget {
-    bytes: Semaphore,
-    bytes_max: usize,
-    peak: AtomicUsize,
-}
-
-impl AnswerBudget {
-    fn new(bytes_max: usize) -> Self {
-        AnswerBudget { bytes: Semaphore::new(bytes_max), bytes_max, peak: AtomicUsize::new(0) }
-    }
-
-    fn in_use(&self) -> usize {
-        self.bytes_max.saturating_sub(self.bytes.available_permits())
-    }
-}
-
-/// The bytes one answer holds of the shared [`AnswerBudget`]; all of them return to it when
-/// this is dropped (answer handed over, call failed, or call cancelled).
-struct AnswerBytes<'a> {
-    shared: &'a Shared,
-    held: usize,
-}
-
-impl<'a> AnswerBytes<'a> {
-    fn new(shared: &'a Shared) -> Self {
-        AnswerBytes { shared, held: 0 }
-    }
-
-    /// Take `bytes` more of the budget, before buffering them; waits while it is spent.
-    /// Cancel-safe: a wait dropped midway holds nothing.
-    async fn reserve(&mut self, bytes: usize) -> Result<(), RecoveryError> {
-        let budget = &self.shared.answer_budget;
-        let mut left = bytes;
-        while left > 0 {
-            let step = u32::try_from(left).unwrap_or(u32::MAX);
-            let permit = match budget.bytes.try_acquire_many(step) {
-                Ok(permit) => permit,
-                Err(TryAcquireError::NoPermits) => {
-                    self.shared.count(|stats| bump(&mut stats.answer_bytes_waits));
-                    budget.bytes.acquire_many(step).await.map_err(|_| RecoveryError::Closed)?
-                }
-                Err(TryAcquireError::Closed) => return Err(RecoveryError::Closed),
-            };
-            // Held by this value from here on, returned in `drop`.
-            permit.forget();
-            let step = step as usize;
-            self.held += step;
-            left -= step;
-            let in_use = budget.in_use();
-            debug_assert!(in_use <= budget.bytes_max && self.held <= in_use);
-            budget.peak.fetch_max(in_use, Ordering::Relaxed);
-        }
-        Ok(())
-    }
-}
-
-impl Drop for AnswerBytes<'_> {
-    fn drop(&mut self) {
-        self.shared.answer_budget.bytes.add_permits(self.held);
-    }
 }
 
 /// Lock a std mutex whose data stays consistent even if a holder panicked (every critical
@@ -502,7 +439,7 @@ impl RecoveryClient {
             pending: Mutex::new(BTreeMap::new()),
             workers: Mutex::new(BTreeMap::new()),
             stats: Mutex::new(RequestPlaneStats::default()),
-            answer_budget: AnswerBudget::new(config.answers_bytes_max),
+            answer_budget: AnswerBudget::new(config.answers_bytes_max, config.response_bytes_max),
             config,
         });
         let stop = CancellationToken::new();
@@ -526,10 +463,10 @@ impl RecoveryClient {
     #[must_use]
     pub fn stats(&self) -> RequestPlaneStats {
         let mut stats = lock(&self.shared.stats).clone();
-        let budget = &self.shared.answer_budget;
-        stats.answer_bytes_in_use = u64::try_from(budget.in_use()).unwrap_or(u64::MAX);
-        stats.answer_bytes_peak =
-            u64::try_from(budget.peak.load(Ordering::Relaxed)).unwrap_or(u64::MAX);
+        let budget = self.shared.answer_budget.reading();
+        stats.answer_bytes_waits = budget.waits;
+        stats.answer_bytes_in_use = u64::try_from(budget.in_use).unwrap_or(u64::MAX);
+        stats.answer_bytes_peak = u64::try_from(budget.peak).unwrap_or(u64::MAX);
         stats
     }
 
@@ -676,7 +613,7 @@ impl RecoveryClient {
     ) -> Result<RecoveryResponse, RecoveryError> {
         let bytes_max = self.shared.config.response_bytes_max;
         let mut budget = bytes_max;
-        let mut held = AnswerBytes::new(&self.shared);
+        let mut held = self.shared.answer_budget.open();
         let mut reader = BufReader::with_capacity(64 << 10, call_home);
         let mut stream = ResponseStream::new();
         loop {

@@ -12,7 +12,8 @@
 //!
 //! Layers, pure to effectful: [`frame`] (bytes of frames), [`message`] (JSON / MessagePack
 //! contents, mapping to [`RecoveryResponse`](kvrelay_core::sources::RecoveryResponse)), [`stream`] (the
-//! response stream's order as a sans-IO machine), and the async [`RecoveryClient`].
+//! response stream's order as a sans-IO machine), `answer_budget` (the byte budget answers share,
+//! a sans-IO ledger and its rule that cannot deadlock), and the async [`RecoveryClient`].
 //!
 //! Invariants:
 //!
@@ -22,13 +23,15 @@
 //!   ACK texts by [`ACK_TEXT_BYTES_MAX`], one response stream by
 //!   [`RecoveryClientConfig::response_bytes_max`] (default [`RECOVERY_RESPONSE_BYTES_MAX`]), all
 //!   answers being read at once together by [`RecoveryClientConfig::answers_bytes_max`] (default
-//!   [`RECOVERY_ANSWERS_BYTES_MAX`]; at that bound a call waits within its timeout), and a large
-//!   item's buffer grows only as its bytes arrive;
+//!   [`RECOVERY_ANSWERS_BYTES_MAX`]; a call waits within its timeout while its next reservation
+//!   would leave too little for the answer holding the most, which never waits, so the budget
+//!   cannot deadlock), and a large item's buffer grows only as its bytes arrive;
 //! - the pending queries, pooled worker connections and concurrent call-home handshakes are
 //!   bounded, with a typed error or a closed connection at each bound;
 //! - no input panics: malformed bytes become a [`RecoveryError`].
 
 pub mod answer;
+mod answer_budget;
 mod client;
 pub mod frame;
 pub mod message;

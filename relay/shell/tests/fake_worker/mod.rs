@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Mutex, mpsc};
+use tokio::sync::{Mutex, mpsc, watch};
 
 pub fn two_part(header: &[u8], body: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
@@ -64,6 +64,17 @@ pub struct Reply {
     pub end: CallHomeEnd,
     /// How long the worker waits after the request before it calls home.
     pub call_home_delay: Duration,
+    /// Send only the first bytes of the frames, the rest once released.
+    pub pause: Option<CallHomePause>,
+}
+
+/// Where a call-home stream stops until the test releases it.
+#[derive(Debug, Clone)]
+pub struct CallHomePause {
+    /// Bytes of the frames (after the handshake) sent before the pause.
+    pub after_bytes: usize,
+    /// The rest is sent once this reads `true`.
+    pub resume: watch::Receiver<bool>,
 }
 
 /// How a fake worker ends a call-home connection.
@@ -141,8 +152,17 @@ pub async fn serve_connection(
             if let Ok(mut home) = TcpStream::connect(address).await {
                 let handshake = format!(r#"{{"subject":"{subject}","stream_type":"response"}}"#);
                 let mut bytes = two_part(handshake.as_bytes(), b"");
-                bytes.extend(frames.concat());
+                let frames = frames.concat();
+                let paused_at =
+                    reply.pause.as_ref().map_or(frames.len(), |pause| pause.after_bytes);
+                let (before, after) = frames.split_at(paused_at.min(frames.len()));
+                bytes.extend_from_slice(before);
                 let _ = home.write_all(&bytes).await;
+                if let Some(pause) = &reply.pause {
+                    let mut resume = pause.resume.clone();
+                    let _ = resume.wait_for(|released| *released).await;
+                    let _ = home.write_all(after).await;
+                }
                 match reply.end {
                     CallHomeEnd::Stall => stalled.lock().await.push(home),
                     CallHomeEnd::Close => drop(home),

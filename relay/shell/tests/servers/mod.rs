@@ -27,6 +27,8 @@ pub fn etcd_options() -> EtcdConnectOptions {
 pub struct NatsServer {
     child: Child,
     port: u16,
+    /// The configuration file's directory, when the server was started with one.
+    _config: Option<tempfile::TempDir>,
 }
 
 /// Start `nats-server` with `args`, which make it listen on 127.0.0.1:`port`, and wait until it
@@ -70,7 +72,19 @@ impl NatsServer {
     /// Start on `port` (a restart of a server keeps its port); wait until it listens.
     pub async fn start_on(port: u16) -> Self {
         let child = spawn_nats(port, &["-a", "127.0.0.1", "-p", &port.to_string()]).await;
-        NatsServer { child, port }
+        NatsServer { child, port, _config: None }
+    }
+
+    /// Start on `port` with a configured `max_payload` (set through a configuration file: the
+    /// server has no flag for it).
+    pub async fn start_with_max_payload(port: u16, max_payload: usize) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("nats.conf");
+        std::fs::write(&file, format!("max_payload: {max_payload}\n")).unwrap();
+        let file = file.to_str().unwrap().to_owned();
+        let port_text = port.to_string();
+        let child = spawn_nats(port, &["-c", &file, "-a", "127.0.0.1", "-p", &port_text]).await;
+        NatsServer { child, port, _config: Some(dir) }
     }
 
     pub fn url(&self) -> String {
