@@ -126,6 +126,10 @@ pub struct PoolStats {
     pub lease: Option<LaneLease>,
     /// Fence reason, if fenced.
     pub fence: Option<FenceReason>,
+    /// Bytes the exact state's tables allocate.
+    pub exact_state_bytes: usize,
+    /// The exact state's byte budget.
+    pub exact_state_bytes_max: usize,
 }
 
 /// A pool's logical state in digest form (journal checkpoints compare these).
@@ -299,10 +303,15 @@ impl PoolMachine {
     }
 
     /// Replace the ranks of `dumps` with their tree dumps and publish. A rank whose dump does
-    /// not build (an event out of replay order, an unknown parent) keeps its state; when the
-    /// pool cannot take the built replacements, no rank is replaced. Returns a fault for every
-    /// rank left unreplaced, with its dump's fence: the dumps that did not build in dump order,
-    /// then the replacements the pool could not take in rank order.
+    /// not build (an event out of replay order, an unknown parent, a lineage that would pass the
+    /// byte budget) keeps its state; when the pool cannot take the built replacements, no rank
+    /// is replaced. Returns a fault for every rank left unreplaced, with its dump's fence: the
+    /// dumps that did not build in dump order, then the replacements the pool could not take in
+    /// rank order.
+    ///
+    /// The replacements are built beside the live state, and together their lineages may take
+    /// at most the pool's byte budget (more could never be installed): while a rebuild runs, the
+    /// pool's tables take at most twice the budget.
     pub fn replace_ranks(
         &mut self,
         dumps: Vec<RankDump>,
@@ -312,22 +321,35 @@ impl PoolMachine {
         let mut refused = Vec::new();
         let mut replacements = BTreeMap::new();
         let mut fences = BTreeMap::new();
+        let mut built_bytes = 0usize;
         for dump in dumps {
-            let mut replacement = RankReplacement::new(self.pool.table_key());
+            let bytes_max = self.pool.exact_state_bytes_max().saturating_sub(built_bytes);
+            let mut replacement = RankReplacement::with_bytes_max(self.pool.table_key(), bytes_max);
             let built = dump.events.iter().try_for_each(|event| {
                 replacement.push_event(event).map_err(|error| (event.event.event_id, error))
             });
             match built {
                 Ok(()) => {
+                    built_bytes += replacement.lineage_bytes();
                     fences.insert(dump.source, dump.fence);
                     replacements.insert(dump.source, replacement);
                 }
-                Err((event_id, error)) => refused.push(PoolFault {
-                    source: dump.source,
-                    fence: dump.fence,
-                    event_id,
-                    error,
-                }),
+                Err((event_id, mut error)) => {
+                    if let ApplyError::ExactStateBudgetExceeded { needed_bytes, bytes_max } =
+                        &mut error
+                    {
+                        // Say it in the pool's terms: with the replacements built before it.
+                        *needed_bytes = needed_bytes.saturating_add(built_bytes);
+                        *bytes_max = self.pool.exact_state_bytes_max();
+                        self.pool.count_budget_refusal();
+                    }
+                    refused.push(PoolFault {
+                        source: dump.source,
+                        fence: dump.fence,
+                        event_id,
+                        error,
+                    });
+                }
             }
         }
         if let Err(error) = self.pool.replace_ranks(replacements) {
@@ -428,6 +450,8 @@ impl PoolMachine {
             sequence: self.publisher.last_sequence(),
             lease: self.publisher.lease(),
             fence: self.publisher.fence_reason(),
+            exact_state_bytes: self.pool.exact_state_bytes(),
+            exact_state_bytes_max: self.pool.exact_state_bytes_max(),
         }
     }
 

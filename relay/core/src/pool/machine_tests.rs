@@ -304,3 +304,37 @@ fn a_dump_that_does_not_build_is_refused_with_its_fence_and_the_others_are_repla
     assert!(effects(&mut pool).is_empty(), "a refused dump is answered, not reported");
     pool.check_invariants().expect("invariants hold");
 }
+
+#[test]
+fn dumps_share_the_byte_budget_and_the_one_that_does_not_fit_is_refused() {
+    let mut outlet = Outlet::default();
+    let mut owned =
+        PoolOwnership::new(CkfFormat::v1(DEFAULT_SEED, 1024), MAX_KICKS_DEFAULT, rng_from_seed(2))
+            .expect("pool");
+    // Room for one rank of 100 blocks (a 128-bucket lineage and owner table), not for two.
+    owned.set_exact_state_bytes_max(4000).unwrap();
+    let cadence = CadenceConfig { threshold_events: 16, delay: MS };
+    let mut pool = PoolMachine::new(owned, cadence, PublicationRole::Free);
+    subscribed(&mut pool, 1, &mut outlet);
+    let chain = |first: u64| -> Vec<RouterEvent> {
+        (first..first + 100).map(|i| store(i, (i > first).then(|| i - 1))).collect()
+    };
+    let refused =
+        pool.replace_ranks(vec![dump(1, 7, chain(1)), dump(2, 8, chain(1001))], &mut outlet);
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!((refused[0].source, refused[0].fence), (rank(2), RankFence(8)));
+    assert!(
+        matches!(
+            refused[0].error,
+            ApplyError::ExactStateBudgetExceeded { needed_bytes, bytes_max: 4000 } if needed_bytes > 4000
+        ),
+        "{:?}",
+        refused[0].error
+    );
+    let stats = pool.stats();
+    assert_eq!(stats.owned_blocks, 100, "the dump that fitted was installed");
+    assert_eq!(stats.counters.budget_refusals, 1);
+    assert_eq!(stats.exact_state_bytes_max, 4000);
+    assert!(stats.exact_state_bytes > 2000 && stats.exact_state_bytes <= 4000);
+    pool.check_invariants().expect("invariants hold");
+}

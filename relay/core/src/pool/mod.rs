@@ -1,6 +1,7 @@
-//! One pool's producer state, sans-IO: exact ownership driving the cuckoo filter, the
-//! publisher that numbers publication batches under a lease, and the machine that composes them
-//! with the publication cadence, its timer and the journal's publication points.
+//! One pool's producer state, sans-IO: exact ownership (within a byte budget) driving the
+//! cuckoo filter, the publisher that numbers publication batches under a lease, and the machine
+//! that composes them with the publication cadence, its timer and the journal's publication
+//! points.
 
 mod machine;
 mod ownership;
@@ -13,8 +14,9 @@ pub use machine::{
     SubscribeStep, filter_words_digest,
 };
 pub use ownership::{
-    ApplyError, ApplyOutcome, FailureDisposition, OwnershipCounters, PoolOwnership,
-    RankReplacement, SequenceFault,
+    ApplyError, ApplyOutcome, BudgetBelowHeld, EXACT_STATE_BYTES_MIN, EXACT_STATE_BYTES_PER_SLOT,
+    FailureDisposition, OwnershipCounters, PoolOwnership, RankReplacement, SequenceFault,
+    exact_state_bytes_max_default,
 };
 pub use publisher::{
     Delta, FenceReason, PUBLICATION_DELAY_MS, PUBLICATION_THRESHOLD_EVENTS, PublicationCadence,

@@ -8,11 +8,21 @@
 //! - a canonical hash is resident iff it has exactly one fingerprint in the filter on its behalf,
 //!   so a resident hash is always found by the filter;
 //! - an owned hash that is not resident was a capacity omission and is counted as one;
-//! - with no owners at all, every filter word is zero.
+//! - with no owners at all, every filter word is zero;
+//! - the bytes the lineage and owner tables hold (their allocations) are what
+//!   [`PoolOwnership::exact_state_bytes`] says, and at most the pool's byte budget
+//!   ([`PoolOwnership::exact_state_bytes_max`]).
 //!
 //! Stores are atomic: a store either commits every new mapping or none (capacity omissions are
 //! not failures: the mapping is committed without residency). Removals and clears of unknown
 //! blocks are counted no-ops, never deletions by fingerprint.
+//!
+//! The byte budget bounds what the DC's workers can make a pool hold: every growth of a table is
+//! weighed before it allocates, and a store or rank replacement that would take the exact state
+//! past the budget is refused whole with [`ApplyError::ExactStateBudgetExceeded`] (a resource
+//! failure: the rank is recovered, and a rank that keeps failing is degraded by its tracker).
+//! Tables do not shrink when entries leave, so the held bytes fall only when a rank's lineage is
+//! dropped; what was once reserved stays within the budget and is reused.
 
 use std::collections::BTreeMap;
 
@@ -43,6 +53,15 @@ pub enum ApplyError {
     /// Memory for the new mappings could not be reserved.
     #[error("could not reserve memory for the new mappings")]
     AllocationFailed,
+    /// The new mappings would take the pool's exact state past its byte budget.
+    #[error("the exact state would hold {needed_bytes} bytes, over its budget of {bytes_max}")]
+    ExactStateBudgetExceeded {
+        /// What the lineage and owner tables would hold after growing for the change (an upper
+        /// bound; `usize::MAX` when not representable).
+        needed_bytes: usize,
+        /// The pool's budget.
+        bytes_max: usize,
+    },
     /// The exact state and the filter disagree: a resident hash had no fingerprint.
     #[error("resident canonical hash {canonical:#x} has no fingerprint in the filter")]
     IndexerInvariantViolation {
@@ -84,7 +103,9 @@ impl ApplyError {
     #[must_use]
     pub fn disposition(&self) -> FailureDisposition {
         match self {
-            ApplyError::AllocationFailed => FailureDisposition::ReportResourceFailure,
+            ApplyError::AllocationFailed | ApplyError::ExactStateBudgetExceeded { .. } => {
+                FailureDisposition::ReportResourceFailure
+            }
             ApplyError::IndexerInvariantViolation { .. } => {
                 FailureDisposition::FenceAndRebuildProducer
             }
@@ -120,22 +141,75 @@ pub struct OwnershipCounters {
     pub capacity_omissions: u64,
     /// Removals of engine block ids the source never stored.
     pub unknown_removals: u64,
+    /// Events, rank dumps and rank replacements refused because the exact state would have
+    /// passed its byte budget ([`ApplyError::ExactStateBudgetExceeded`]).
+    pub budget_refusals: u64,
+}
+
+/// Bytes of exact state a pool may hold per slot of its filter, by default.
+///
+/// A block owned by one rank costs one lineage entry (16 bytes) and one owner entry (12 bytes),
+/// plus a control byte each: 30 bytes with the tables 7/8 full, and up to 16/7 of that, 69 bytes,
+/// right after a table doubled. A block owned by four ranks costs 4 × 17 + 13 = 81 bytes, up to
+/// 185. So 256 bytes per slot hold, even at the worst load, every slot's block owned by four
+/// ranks, or 3.7 singly owned blocks per slot (the filter can place at most one block per
+/// slot; the rest are capacity omissions). The footprint benchmark measures 39–63 bytes per
+/// resident block with one owner, 106–170 with four.
+pub const EXACT_STATE_BYTES_PER_SLOT: usize = 256;
+
+/// The least default byte budget of a pool's exact state: about a million singly owned blocks
+/// at the worst load (69 bytes each), so a filter sized too small for its pool degrades into
+/// capacity omissions, as designed, long before its exact state is refused.
+pub const EXACT_STATE_BYTES_MIN: usize = 64 << 20;
+
+/// The default byte budget of the exact state of a pool whose filter has `format`'s slots:
+/// [`EXACT_STATE_BYTES_PER_SLOT`] per slot, at least [`EXACT_STATE_BYTES_MIN`]. At the relay's
+/// default sizing (1,048,576 expected blocks: 524,288 buckets of 4 slots) that is 512 MiB; at
+/// the largest (2^24 buckets) 16 GiB.
+#[must_use]
+pub fn exact_state_bytes_max_default(format: &CkfFormat) -> usize {
+    let slots = format.bucket_count.saturating_mul(u64::from(format.slots_per_bucket));
+    let bytes = slots.saturating_mul(EXACT_STATE_BYTES_PER_SLOT as u64);
+    usize::try_from(bytes).unwrap_or(usize::MAX).max(EXACT_STATE_BYTES_MIN)
+}
+
+/// A byte budget below what the exact state already holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[error("the exact state holds {held_bytes} bytes, more than a budget of {bytes_max}")]
+pub struct BudgetBelowHeld {
+    /// Bytes the exact state holds.
+    pub held_bytes: usize,
+    /// The budget refused.
+    pub bytes_max: usize,
 }
 
 /// A replay-ordered rebuild of one rank's lineage, validated as it is built.
+///
+/// It holds only the lineage table, which never allocates more than its byte bound.
+/// Installation does not depend on the order the mappings were added in: only the net change
+/// per canonical hash, taken in hash order, touches the owner table and the filter.
 #[derive(Debug, Clone)]
 pub struct RankReplacement {
     lineage: LineageTable,
-    /// Mappings in replay order, so installation is deterministic.
-    order: Vec<(u64, u64)>,
+    /// Most bytes the lineage table may allocate.
+    bytes_max: usize,
 }
 
 impl RankReplacement {
     /// An empty replacement (replacing a rank with it removes the rank's blocks), hashing its
-    /// dump's block ids under `key` (the pool's [`PoolOwnership::table_key`]).
+    /// dump's block ids under `key` (the pool's [`PoolOwnership::table_key`]), with no byte bound
+    /// of its own (installing it is still weighed against the pool's budget).
     #[must_use]
     pub fn new(key: TableKey) -> Self {
-        RankReplacement { lineage: LineageTable::new(key), order: Vec::new() }
+        Self::with_bytes_max(key, usize::MAX)
+    }
+
+    /// [`RankReplacement::new`] whose lineage table may allocate at most `bytes_max` bytes: a
+    /// dump event that would grow it further is refused with
+    /// [`ApplyError::ExactStateBudgetExceeded`].
+    #[must_use]
+    pub fn with_bytes_max(key: TableKey, bytes_max: usize) -> Self {
+        RankReplacement { lineage: LineageTable::new(key), bytes_max }
     }
 
     /// Add one event of a replay-ordered dump: only primary stores are accepted, parents must
@@ -150,12 +224,19 @@ impl RankReplacement {
             return Err(ApplyError::InvalidBlockSequence(SequenceFault::NotAStore));
         };
         let plan = plan_store(&self.lineage, store)?;
+        let needed_bytes =
+            self.lineage.bytes_after_reserve(plan.new_mappings.len()).unwrap_or(usize::MAX);
+        if needed_bytes > self.bytes_max {
+            return Err(ApplyError::ExactStateBudgetExceeded {
+                needed_bytes,
+                bytes_max: self.bytes_max,
+            });
+        }
         if !self.lineage.try_reserve(plan.new_mappings.len()) {
             return Err(ApplyError::AllocationFailed);
         }
         for &(external, canonical) in &plan.new_mappings {
             self.lineage.insert_new(external, canonical);
-            self.order.push((external, canonical));
         }
         Ok(())
     }
@@ -163,7 +244,13 @@ impl RankReplacement {
     /// Number of blocks in the replacement.
     #[must_use]
     pub fn block_count(&self) -> usize {
-        self.order.len()
+        self.lineage.len()
+    }
+
+    /// Bytes its lineage table allocates (what installing it adds to the pool's exact state).
+    #[must_use]
+    pub fn lineage_bytes(&self) -> usize {
+        self.lineage.allocation_bytes()
     }
 }
 
@@ -242,11 +329,16 @@ pub struct PoolOwnership {
     /// Owned canonical hashes without residency.
     omitted_owned: u64,
     counters: OwnershipCounters,
+    /// Bytes the owner table and every lineage table allocate, kept as they change.
+    held_bytes: usize,
+    /// Most bytes the tables may allocate; growth past it is refused before it allocates.
+    exact_state_bytes_max: usize,
 }
 
 impl PoolOwnership {
-    /// An empty pool with a filter of `format`; `rng` supplies cuckoo kick choices and, on a
-    /// stream of its own, the pool's [`TableKey`].
+    /// An empty pool with a filter of `format` and the default byte budget for it
+    /// ([`exact_state_bytes_max_default`]); `rng` supplies cuckoo kick choices and, on a stream
+    /// of its own, the pool's [`TableKey`].
     pub fn new(
         format: CkfFormat,
         max_kicks: u32,
@@ -260,7 +352,25 @@ impl PoolOwnership {
             table_key,
             omitted_owned: 0,
             counters: OwnershipCounters::default(),
+            held_bytes: 0,
+            exact_state_bytes_max: exact_state_bytes_max_default(&format),
         })
+    }
+
+    /// Give the exact state a byte budget of `bytes_max`. Refused, keeping the current budget,
+    /// when the tables already hold more.
+    pub fn set_exact_state_bytes_max(&mut self, bytes_max: usize) -> Result<(), BudgetBelowHeld> {
+        if self.held_bytes > bytes_max {
+            return Err(BudgetBelowHeld { held_bytes: self.held_bytes, bytes_max });
+        }
+        self.exact_state_bytes_max = bytes_max;
+        Ok(())
+    }
+
+    /// Most bytes the exact state's tables may allocate.
+    #[must_use]
+    pub fn exact_state_bytes_max(&self) -> usize {
+        self.exact_state_bytes_max
     }
 
     /// The secret key of this pool's tables, for building its [`RankReplacement`]s.
@@ -313,11 +423,34 @@ impl PoolOwnership {
         self.sources.iter().map(|(key, lineage)| (*key, lineage.len()))
     }
 
-    /// Bytes allocated by the exact state (lineage and owner tables; not the filter).
+    /// Bytes allocated by the exact state (lineage and owner tables; not the filter), at most
+    /// [`PoolOwnership::exact_state_bytes_max`].
     #[must_use]
     pub fn exact_state_bytes(&self) -> usize {
+        self.held_bytes
+    }
+
+    /// The tables' allocations, summed afresh (O(sources)).
+    fn allocated_bytes(&self) -> usize {
         self.owners.allocation_bytes()
             + self.sources.values().map(LineageTable::allocation_bytes).sum::<usize>()
+    }
+
+    /// A refusal of a change that would hold `needed_bytes`, if that is over the budget.
+    fn over_budget(&self, needed_bytes: Option<usize>) -> Result<(), ApplyError> {
+        let needed_bytes = needed_bytes.unwrap_or(usize::MAX);
+        if needed_bytes > self.exact_state_bytes_max {
+            return Err(ApplyError::ExactStateBudgetExceeded {
+                needed_bytes,
+                bytes_max: self.exact_state_bytes_max,
+            });
+        }
+        Ok(())
+    }
+
+    /// Count a rank dump the pool machine refused to build for the budget.
+    pub(super) fn count_budget_refusal(&mut self) {
+        self.counters.budget_refusals += 1;
     }
 
     /// Whether any bucket was written since the last publication.
@@ -347,7 +480,12 @@ impl PoolOwnership {
                 self.counters.unknown_removals += u64::from(outcome.unknown_removals);
             }
             Ok(_) => self.counters.events_ignored += 1,
-            Err(_) => self.counters.events_rejected += 1,
+            Err(error) => {
+                self.counters.events_rejected += 1;
+                if matches!(error, ApplyError::ExactStateBudgetExceeded { .. }) {
+                    self.counters.budget_refusals += 1;
+                }
+            }
         }
         result
     }
@@ -400,14 +538,9 @@ impl PoolOwnership {
             }
         }
         let additional = plan.new_mappings.len();
-        if !self.owners.try_reserve(additional) {
-            return Err(ApplyError::AllocationFailed);
-        }
+        self.reserve_mappings(source, additional)?;
         let key = self.table_key;
         let lineage = self.sources.entry(source).or_insert_with(|| LineageTable::new(key));
-        if !lineage.try_reserve(additional) {
-            return Err(ApplyError::AllocationFailed);
-        }
         // Commit: nothing below can fail except physical placement, which is not an error.
         let mut omissions = 0u32;
         let mut omitted_now: Vec<u64> = Vec::new();
@@ -442,6 +575,41 @@ impl PoolOwnership {
         Ok(omissions)
     }
 
+    /// Make room for `additional` new mappings of `source` in its lineage and the owner table,
+    /// within the byte budget: weighed first, then reserved. A source without a lineage gets one
+    /// only when there is something to reserve (and keeps none when reserving fails).
+    fn reserve_mappings(&mut self, source: SourceKey, additional: usize) -> Result<(), ApplyError> {
+        if additional == 0 {
+            return Ok(());
+        }
+        let owners_bytes = self.owners.allocation_bytes();
+        let (lineage_bytes, lineage_after) = match self.sources.get(&source) {
+            Some(lineage) => (lineage.allocation_bytes(), lineage.bytes_after_reserve(additional)),
+            None => (0, LineageTable::new(self.table_key).bytes_after_reserve(additional)),
+        };
+        let others = self.held_bytes - owners_bytes - lineage_bytes;
+        let needed = self
+            .owners
+            .bytes_after_reserve(additional)
+            .zip(lineage_after)
+            .and_then(|(owners, lineage)| others.checked_add(owners)?.checked_add(lineage));
+        self.over_budget(needed)?;
+        if !self.owners.try_reserve(additional) {
+            return Err(ApplyError::AllocationFailed);
+        }
+        self.held_bytes = self.held_bytes - owners_bytes + self.owners.allocation_bytes();
+        let key = self.table_key;
+        let lineage = self.sources.entry(source).or_insert_with(|| LineageTable::new(key));
+        let reserved = lineage.try_reserve(additional);
+        self.held_bytes = self.held_bytes - lineage_bytes + lineage.allocation_bytes();
+        if !reserved {
+            self.drop_source_if_empty(source);
+            return Err(ApplyError::AllocationFailed);
+        }
+        debug_assert!(self.held_bytes <= self.exact_state_bytes_max, "growth was weighed short");
+        Ok(())
+    }
+
     /// Drop one owner of `canonical`; removes its fingerprint when it was the last resident one.
     fn release_owner(&mut self, canonical: u64, count: u32) -> Result<(), ApplyError> {
         let Some(after) = self.owners.remove_owners(canonical, count) else {
@@ -469,13 +637,20 @@ impl PoolOwnership {
 
     fn drop_source_if_empty(&mut self, source: SourceKey) {
         if self.sources.get(&source).is_some_and(LineageTable::is_empty) {
-            self.sources.remove(&source);
+            self.take_source(source);
         }
+    }
+
+    /// Remove a source's lineage from the state (its bytes leave the held bytes).
+    fn take_source(&mut self, source: SourceKey) -> Option<LineageTable> {
+        let lineage = self.sources.remove(&source)?;
+        self.held_bytes -= lineage.allocation_bytes();
+        Some(lineage)
     }
 
     /// Remove every mapping of one source; other sources' shares of the same hashes remain.
     fn clear_source(&mut self, source: SourceKey) -> Result<(), ApplyError> {
-        let Some(lineage) = self.sources.remove(&source) else { return Ok(()) };
+        let Some(lineage) = self.take_source(source) else { return Ok(()) };
         let mut first_error = None;
         for (_, canonical) in lineage.iter() {
             if let Err(error) = self.release_owner(canonical, 1) {
@@ -522,7 +697,7 @@ impl PoolOwnership {
                     *net.entry(canonical).or_default() -= 1;
                 }
             }
-            for &(_, canonical) in &replacement.order {
+            for (_, canonical) in replacement.lineage.iter() {
                 *net.entry(canonical).or_default() += 1;
             }
         }
@@ -539,17 +714,38 @@ impl PoolOwnership {
                 newly_owned += 1;
             }
         }
+        // The state after the swap: every replaced lineage out, every non-empty replacement
+        // in, the owner table grown for the newly owned hashes.
+        let owners_bytes = self.owners.allocation_bytes();
+        let mut others = self.held_bytes - owners_bytes;
+        let mut installed = 0usize;
+        for (source, replacement) in &replacements {
+            others -= self.sources.get(source).map_or(0, LineageTable::allocation_bytes);
+            if !replacement.lineage.is_empty() {
+                installed = installed.saturating_add(replacement.lineage.allocation_bytes());
+            }
+        }
+        let needed = self
+            .owners
+            .bytes_after_reserve(newly_owned)
+            .and_then(|owners| others.checked_add(owners)?.checked_add(installed));
+        if let Err(refused) = self.over_budget(needed) {
+            self.counters.budget_refusals += 1;
+            return Err(refused);
+        }
         if !self.owners.try_reserve(newly_owned) {
             return Err(ApplyError::AllocationFailed);
         }
+        self.held_bytes = self.held_bytes - owners_bytes + self.owners.allocation_bytes();
         // Commit.
         for (source, replacement) in replacements {
-            if replacement.lineage.is_empty() {
-                self.sources.remove(&source);
-            } else {
+            self.take_source(source);
+            if !replacement.lineage.is_empty() {
+                self.held_bytes += replacement.lineage.allocation_bytes();
                 self.sources.insert(source, replacement.lineage);
             }
         }
+        debug_assert!(self.held_bytes <= self.exact_state_bytes_max, "growth was weighed short");
         let mut first_error = None;
         for (&canonical, &change) in net.iter().filter(|(_, change)| **change < 0) {
             if let Err(error) = self.release_owner(canonical, change.unsigned_abs() as u32) {
@@ -632,6 +828,19 @@ impl PoolOwnership {
             return Err(format!(
                 "{resident} resident hashes, {} occupied slots",
                 self.filter.occupied_slots()
+            ));
+        }
+        let allocated = self.allocated_bytes();
+        if allocated != self.held_bytes {
+            return Err(format!(
+                "the tables allocate {allocated} bytes, {} counted",
+                self.held_bytes
+            ));
+        }
+        if self.held_bytes > self.exact_state_bytes_max {
+            return Err(format!(
+                "the exact state holds {} bytes, over its budget of {}",
+                self.held_bytes, self.exact_state_bytes_max
             ));
         }
         Ok(())

@@ -363,6 +363,10 @@ fn owner_overflow_is_a_typed_error() {
 fn failure_dispositions_follow_the_reference_table() {
     use FailureDisposition::*;
     assert_eq!(ApplyError::AllocationFailed.disposition(), ReportResourceFailure);
+    assert_eq!(
+        ApplyError::ExactStateBudgetExceeded { needed_bytes: 2, bytes_max: 1 }.disposition(),
+        ReportResourceFailure
+    );
     assert_eq!(ApplyError::ParentBlockNotFound(1).disposition(), RejectSource);
     assert_eq!(ApplyError::OwnershipDegreeOverflow(1).disposition(), RejectSource);
     assert_eq!(
@@ -526,5 +530,153 @@ fn removing_ranks_and_workers() {
     assert_eq!(p.owned_blocks().into_iter().map(|(h, _)| h).collect::<Vec<_>>(), vec![root(13)]);
     p.remove_worker(2).unwrap();
     assert!(p.filter().is_empty());
+    p.check_invariants().unwrap();
+}
+
+// ---- the byte budget ----------------------------------------------------------------------------
+
+/// `count` new blocks of `source` in one root chain, numbered from `first`.
+fn new_chain(source: SourceKey, first: u64, count: u64) -> RouterEvent {
+    let blocks: Vec<(u64, u64)> =
+        (first..first + count).map(|i| (i, i.wrapping_mul(7919))).collect();
+    stored(source, None, &blocks)
+}
+
+/// What a refused change must leave as it was.
+#[derive(Debug, PartialEq, Eq)]
+struct Observable {
+    owned: Vec<(SequenceHash, OwnerState)>,
+    words: Vec<u64>,
+    exact_state_bytes: usize,
+    sources: Vec<(SourceKey, usize)>,
+}
+
+fn observable(p: &PoolOwnership) -> Observable {
+    Observable {
+        owned: p.owned_blocks(),
+        words: p.filter().words().to_vec(),
+        exact_state_bytes: p.exact_state_bytes(),
+        sources: p.sources().collect(),
+    }
+}
+
+/// Store chains of four new blocks from `source` until the budget refuses one; returns the
+/// refusal and how many stores were applied before it.
+fn store_until_refused(p: &mut PoolOwnership, source: SourceKey, first: u64) -> (ApplyError, u64) {
+    for applied in 0..10_000 {
+        let before = observable(p);
+        match p.apply_event(&new_chain(source, first + applied * 4, 4)) {
+            Ok(_) => {
+                p.check_invariants().expect("invariants hold");
+                assert!(p.exact_state_bytes() <= p.exact_state_bytes_max());
+            }
+            Err(error) => {
+                assert_eq!(observable(p), before, "a refused store changes nothing");
+                return (error, applied);
+            }
+        }
+    }
+    panic!("the budget never refused a store");
+}
+
+#[test]
+fn the_default_budget_follows_the_filter_slots_above_a_floor() {
+    let default_sizing = CkfFormat::for_expected_blocks(1 << 20).unwrap();
+    assert_eq!(default_sizing.bucket_count, 524_288);
+    assert_eq!(exact_state_bytes_max_default(&default_sizing), 512 << 20);
+    let largest = CkfFormat::v1(DEFAULT_SEED, 1 << 24);
+    assert_eq!(exact_state_bytes_max_default(&largest), 16 << 30);
+    let tiny = CkfFormat::v1(DEFAULT_SEED, 2);
+    assert_eq!(exact_state_bytes_max_default(&tiny), EXACT_STATE_BYTES_MIN);
+    assert_eq!(pool(2).exact_state_bytes_max(), EXACT_STATE_BYTES_MIN, "new pools take it");
+}
+
+#[test]
+fn the_byte_budget_refuses_growth_whole_and_keeps_the_state_consistent() {
+    const BUDGET: usize = 4096;
+    let mut p = pool(256);
+    p.set_exact_state_bytes_max(BUDGET).unwrap();
+    let (refusal, applied) = store_until_refused(&mut p, A, 100);
+    let ApplyError::ExactStateBudgetExceeded { needed_bytes, bytes_max } = refusal else {
+        panic!("refused with {refusal:?}");
+    };
+    assert_eq!(bytes_max, BUDGET);
+    assert!(needed_bytes > BUDGET, "{needed_bytes} bytes would have fitted");
+    assert!(applied >= 16, "the budget held {applied} stores of four blocks");
+    assert_eq!(p.owned_block_count() as u64, applied * 4);
+    assert!(p.exact_state_bytes() > BUDGET / 2, "the tables grew up to the bound");
+    assert_eq!(p.counters().budget_refusals, 1);
+    assert_eq!(p.counters().events_rejected, 1);
+    assert_eq!(refusal.disposition(), FailureDisposition::ReportResourceFailure);
+
+    // At the bound: blocks already held are re-offered and removed as usual.
+    let held = p.exact_state_bytes();
+    apply(&mut p, &new_chain(A, 100, 4));
+    apply(&mut p, &removed(A, &[100, 101]));
+    assert_eq!(p.owned_block_count() as u64, applied * 4 - 2);
+    assert_eq!(p.exact_state_bytes(), held, "tables keep what they reserved");
+    // Another rank needs a lineage of its own, which the budget has no room for either.
+    let (refusal, applied_b) = store_until_refused(&mut p, B, 1_000_000);
+    assert!(matches!(refusal, ApplyError::ExactStateBudgetExceeded { .. }));
+    assert!(applied_b < applied, "the second rank gets only what the first left");
+    // Clearing the first rank releases its lineage, and the pool takes stores again.
+    apply(&mut p, &cleared(A));
+    assert!(p.exact_state_bytes() < held);
+    apply(&mut p, &new_chain(B, 2_000_000, 4));
+    assert_eq!(p.counters().budget_refusals, 2);
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn a_replacement_past_the_budget_is_refused_and_the_state_untouched() {
+    let mut p = pool(256);
+    apply(&mut p, &new_chain(A, 1, 4));
+    apply(&mut p, &new_chain(B, 100, 4));
+    p.set_exact_state_bytes_max(2048).unwrap();
+    let before = observable(&p);
+    // An unbounded replacement of 256 blocks: its lineage alone is over the budget.
+    let big = replacement(&[new_chain(A, 1_000, 256)]);
+    assert!(big.lineage_bytes() > 2048);
+    let result = p.replace_ranks(BTreeMap::from([(A, big)]));
+    assert!(
+        matches!(result, Err(ApplyError::ExactStateBudgetExceeded { bytes_max: 2048, .. })),
+        "{result:?}"
+    );
+    assert_eq!(observable(&p), before);
+    assert_eq!(p.counters().budget_refusals, 1);
+    p.check_invariants().unwrap();
+    // A replacement that fits is installed, and its bytes replace the old lineage's.
+    p.replace_ranks(BTreeMap::from([(A, replacement(&[new_chain(A, 50, 2)]))])).unwrap();
+    assert_eq!(p.owned_block_count(), 6);
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn a_bounded_replacement_refuses_the_dump_event_that_would_pass_its_bound() {
+    let mut r = RankReplacement::with_bytes_max(replacement_key(), 1024);
+    r.push_event(&new_chain(A, 1, 8)).unwrap();
+    let bytes = r.lineage_bytes();
+    assert!(bytes > 0 && bytes <= 1024);
+    let refusal = r.push_event(&new_chain(A, 100, 64)).unwrap_err();
+    assert!(
+        matches!(refusal, ApplyError::ExactStateBudgetExceeded { needed_bytes, bytes_max: 1024 } if needed_bytes > 1024),
+        "{refusal:?}"
+    );
+    assert_eq!((r.block_count(), r.lineage_bytes()), (8, bytes), "nothing was added");
+}
+
+#[test]
+fn a_budget_below_the_bytes_held_is_refused() {
+    let mut p = pool(256);
+    apply(&mut p, &new_chain(A, 1, 64));
+    let held = p.exact_state_bytes();
+    assert!(held > 0);
+    assert_eq!(
+        p.set_exact_state_bytes_max(held - 1),
+        Err(BudgetBelowHeld { held_bytes: held, bytes_max: held - 1 })
+    );
+    assert_eq!(p.exact_state_bytes_max(), exact_state_bytes_max_default(p.filter().format()));
+    p.set_exact_state_bytes_max(held).unwrap();
+    assert_eq!(p.exact_state_bytes_max(), held);
     p.check_invariants().unwrap();
 }

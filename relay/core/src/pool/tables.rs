@@ -6,6 +6,12 @@
 //! seeded RNG, so a run with the same seed and history lays the tables out, and iterates them,
 //! in the same order. Entries are packed to keep the exact state small: a lineage entry is
 //! 16 bytes and an owner entry 12 bytes.
+//!
+//! Growth is weighed before it happens: [`LineageTable::bytes_after_reserve`] and
+//! [`OwnerTable::bytes_after_reserve`] answer what a table's allocation would be after reserving
+//! room for more entries, from its current allocation, capacity and length alone. The answer is
+//! never below what hashbrown then allocates (equal on backends with 16-byte control groups), so
+//! a caller that checks it against a budget before reserving never passes the budget.
 
 use hashbrown::HashTable;
 use rand_core::{Rng, SeedableRng};
@@ -39,6 +45,77 @@ impl TableKey {
     fn spread(self, key: u64) -> u64 {
         let product = u128::from(key ^ self.xor) * u128::from(self.multiplier);
         (product as u64) ^ ((product >> 64) as u64)
+    }
+}
+
+/// Hashbrown's table layout (0.17), mirrored so that growth can be weighed before it allocates.
+///
+/// A table has a power-of-two number of buckets; it holds at most 7/8 of them (all but one below
+/// 8 buckets), and a reservation that does not fit either rehashes in place (when at most half
+/// the full capacity would be used: the room was taken by deleted entries) or moves to the
+/// smallest bucket count holding `max(len + additional, full capacity + 1)` items. The
+/// allocation is the entries, padded to the control bytes' alignment, then one control byte per
+/// bucket and one trailing group of control bytes. `tests::growth_is_weighed_before_it_allocates`
+/// holds this against the hashbrown the crate builds with.
+mod layout {
+    /// The widest control group of any hashbrown backend (SSE2 and LSX 16 bytes, NEON and the
+    /// portable one 8 or less): both the control bytes' alignment and the trailing group are at
+    /// most this, so an allocation weighed with it is never below the real one.
+    const GROUP_BYTES_MAX: usize = 16;
+
+    /// Buckets of a table allocated to hold `items` (at least 1); `None` on overflow.
+    fn buckets_for(items: usize) -> Option<usize> {
+        match items {
+            0..4 => Some(4),
+            4..8 => Some(8),
+            8..15 => Some(16),
+            _ => (items.checked_mul(8)? / 7).checked_next_power_of_two(),
+        }
+    }
+
+    /// Items a table of `buckets` buckets holds before it must grow.
+    fn full_capacity(buckets: usize) -> usize {
+        if buckets <= 8 { buckets.saturating_sub(1) } else { buckets / 8 * 7 }
+    }
+
+    /// Bytes allocated for `buckets` buckets of `entry_bytes`; `None` on overflow.
+    fn allocation_bytes(entry_bytes: usize, buckets: usize) -> Option<usize> {
+        let entries =
+            entry_bytes.checked_mul(buckets)?.checked_next_multiple_of(GROUP_BYTES_MAX)?;
+        entries.checked_add(buckets)?.checked_add(GROUP_BYTES_MAX)
+    }
+
+    /// The bucket count behind an allocation of `bytes` (0 for none). An allocation of `b`
+    /// buckets is `b * (entry_bytes + 1)` plus under `2 * GROUP_BYTES_MAX` bytes of padding and
+    /// trailing group, which is less than another `b * (entry_bytes + 1)` for every table that
+    /// allocates (at least 4 buckets of at least 8-byte entries), so rounding the quotient down
+    /// to a power of two recovers `b` on every backend.
+    fn buckets_of(entry_bytes: usize, bytes: usize) -> usize {
+        match bytes / (entry_bytes + 1) {
+            0 => 0,
+            quotient => 1 << quotient.ilog2(),
+        }
+    }
+
+    /// The allocation of a table of `entry_bytes` entries, now allocating `bytes` with room for
+    /// `capacity` entries of which `len` are used, after reserving room for `additional` more;
+    /// `None` when the size overflows.
+    pub(super) fn bytes_after_reserve(
+        entry_bytes: usize,
+        bytes: usize,
+        capacity: usize,
+        len: usize,
+        additional: usize,
+    ) -> Option<usize> {
+        if additional <= capacity.saturating_sub(len) {
+            return Some(bytes);
+        }
+        let items = len.checked_add(additional)?;
+        let full = full_capacity(buckets_of(entry_bytes, bytes));
+        if bytes > 0 && items <= full / 2 {
+            return Some(bytes);
+        }
+        allocation_bytes(entry_bytes, buckets_for(items.max(full + 1))?)
     }
 }
 
@@ -82,6 +159,18 @@ impl LineageTable {
 
     pub(crate) fn try_reserve(&mut self, additional: usize) -> bool {
         self.table.try_reserve(additional, |entry| self.key.spread(entry.0)).is_ok()
+    }
+
+    /// The allocation after [`LineageTable::try_reserve`] of `additional` would succeed, at
+    /// least what it would be; `None` when it could not be represented.
+    pub(crate) fn bytes_after_reserve(&self, additional: usize) -> Option<usize> {
+        layout::bytes_after_reserve(
+            size_of::<(u64, u64)>(),
+            self.table.allocation_size(),
+            self.table.capacity(),
+            self.table.len(),
+            additional,
+        )
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -209,6 +298,18 @@ impl OwnerTable {
         self.table.try_reserve(additional, |entry| self.key.spread(entry.canonical)).is_ok()
     }
 
+    /// The allocation after [`OwnerTable::try_reserve`] of `additional` would succeed, at least
+    /// what it would be; `None` when it could not be represented.
+    pub(crate) fn bytes_after_reserve(&self, additional: usize) -> Option<usize> {
+        layout::bytes_after_reserve(
+            size_of::<OwnerEntry>(),
+            self.table.allocation_size(),
+            self.table.capacity(),
+            self.table.len(),
+            additional,
+        )
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.table.len()
     }
@@ -275,6 +376,71 @@ mod tests {
             owners.add_owners(8, OWNERS_MAX),
             OwnerState { owners: OWNERS_MAX, resident: false }
         );
+    }
+
+    /// Whether hashbrown uses 16-byte control groups here, where the weighed growth is exact.
+    const WIDE_GROUPS: bool =
+        cfg!(all(any(target_arch = "x86", target_arch = "x86_64"), target_feature = "sse2"));
+
+    fn assert_weighed(table: &str, step: usize, weighed: usize, allocated: usize) {
+        assert!(
+            allocated <= weighed,
+            "{table} step {step}: {allocated} allocated, {weighed} weighed"
+        );
+        if WIDE_GROUPS {
+            assert_eq!(allocated, weighed, "{table} step {step}");
+        }
+    }
+
+    /// Reservations of every size, with removals between them leaving deleted entries behind:
+    /// the weighed allocation is what hashbrown then allocates (never less on any backend).
+    #[test]
+    fn growth_is_weighed_before_it_allocates() {
+        let mut rng = rng_from_seed(3);
+        let mut lineage = LineageTable::new(test_key());
+        let mut owners = OwnerTable::new(test_key());
+        let mut live: Vec<u64> = Vec::new();
+        let mut next = 0u64;
+        let mut grew = 0;
+        for step in 0..2_000 {
+            let additional = match rng.next_u32() % 8 {
+                0 => 0,
+                1 => (rng.next_u32() % 2_048) as usize,
+                _ => (rng.next_u32() % 48) as usize,
+            };
+            let before = lineage.allocation_bytes();
+            let weighed = lineage.bytes_after_reserve(additional).expect("representable");
+            assert!(lineage.try_reserve(additional));
+            assert_weighed("lineage", step, weighed, lineage.allocation_bytes());
+            grew += usize::from(lineage.allocation_bytes() != before);
+            let weighed = owners.bytes_after_reserve(additional).expect("representable");
+            assert!(owners.try_reserve(additional));
+            assert_weighed("owners", step, weighed, owners.allocation_bytes());
+            for _ in 0..additional {
+                next += 1;
+                lineage.insert_new(next, next);
+                owners.add_owners(next, 1);
+                live.push(next);
+            }
+            // Remove up to half of a step's worth, from anywhere: deleted entries stay behind.
+            for _ in 0..(rng.next_u32() % 40) {
+                if live.is_empty() {
+                    break;
+                }
+                let gone = live.swap_remove((rng.next_u32() as usize) % live.len());
+                assert_eq!(lineage.remove(gone), Some(gone));
+                assert!(owners.remove_owners(gone, 1).is_some());
+            }
+        }
+        assert!(grew >= 10, "the tables grew {grew} times");
+        assert!(lineage.allocation_bytes() > 1 << 20, "the tables reached a realistic size");
+    }
+
+    #[test]
+    fn an_impossible_reservation_weighs_as_unrepresentable() {
+        let lineage = LineageTable::new(test_key());
+        assert_eq!(lineage.bytes_after_reserve(usize::MAX / 2), None);
+        assert_eq!(lineage.bytes_after_reserve(0), Some(0), "an empty table allocates nothing");
     }
 
     #[test]

@@ -16,6 +16,8 @@ mod input_queue;
 mod recovery;
 mod run;
 mod starts;
+#[cfg(test)]
+mod tests;
 
 pub use input_queue::{
     INPUT_QUEUE_BYTES_MAX_DEFAULT, INPUT_QUEUE_BYTES_MAX_LIMIT, InputCharge, InputQueueClosed,

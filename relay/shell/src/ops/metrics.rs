@@ -330,9 +330,32 @@ fn relay_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
             "Removals of blocks the source never stored.",
             pools.counters.unknown_removals,
         ),
+        (
+            "kvrelay_pool_exact_state_bytes",
+            "Bytes the exact ownership state of the active pools allocates.",
+            pools.exact_state_bytes,
+        ),
+        (
+            "kvrelay_pool_exact_state_bytes_max",
+            "Exact-state byte budgets of the active pools, summed.",
+            pools.exact_state_bytes_max,
+        ),
+        (
+            "kvrelay_pool_exact_state_budget_refusals",
+            "KV events, rank dumps and rank replacements refused at a pool's exact-state byte budget.",
+            pools.counters.budget_refusals,
+        ),
     ] {
         // Gauges: a retired pool generation takes its counts with it.
         out.single(name, Kind::Gauge, help, value);
+    }
+    if let Some(headroom) = pools.exact_state_headroom_bytes_min {
+        out.single(
+            "kvrelay_pool_exact_state_headroom_bytes_min",
+            Kind::Gauge,
+            "Least room left under its exact-state byte budget of any active pool (0: refusing growth).",
+            headroom,
+        );
     }
     let control = snapshot.node.control.as_ref();
     out.single(

@@ -9,7 +9,10 @@
 //!   [`ActorConfig::pending_block_permits`] before admission, so a flood of large stores waits
 //!   before it queues;
 //! - deltas go to a broadcast of [`ActorConfig::delta_broadcast_capacity`]; a receiver that falls
-//!   further behind sees `Lagged` and must take a new barrier snapshot.
+//!   further behind sees `Lagged` and must take a new barrier snapshot;
+//! - the pool's exact ownership state allocates at most [`ActorConfig::exact_state_bytes_max`]
+//!   (by default derived from the pool's filter); a write that would pass it is refused by the
+//!   core and reported as a resource failure of its rank.
 //!
 //! The task holds no decision of its own: it sleeps until the machine's `poll_timeout`, runs
 //! barrier snapshots on the blocking executor (the machine moves to the job and back, so nothing
@@ -52,6 +55,12 @@ pub struct ActorConfig {
     pub publication_delay: Duration,
     /// Deltas buffered for the publication hub.
     pub delta_broadcast_capacity: usize,
+    /// Most bytes the exact ownership state of one pool may allocate; `None` derives it from
+    /// the pool's filter ([`kvrelay_core::pool::exact_state_bytes_max_default`]: 256 bytes per
+    /// slot, at least 64 MiB). Last, with a default, so configurations recorded before it
+    /// existed still decode (to `None`).
+    #[serde(default)]
+    pub exact_state_bytes_max: Option<usize>,
 }
 
 impl Default for ActorConfig {
@@ -62,6 +71,7 @@ impl Default for ActorConfig {
             publication_threshold_events: PUBLICATION_THRESHOLD_EVENTS,
             publication_delay: Duration::from_millis(PUBLICATION_DELAY_MS),
             delta_broadcast_capacity: 64,
+            exact_state_bytes_max: None,
         }
     }
 }
@@ -114,6 +124,13 @@ pub struct PoolTotals {
     pub owned_blocks: u64,
     /// Occupied filter slots.
     pub resident_blocks: u64,
+    /// Bytes the pools' exact ownership states allocate.
+    pub exact_state_bytes: u64,
+    /// The pools' exact-state byte budgets, summed.
+    pub exact_state_bytes_max: u64,
+    /// The least room left under its budget of any pool (`None` without a pool): 0 means a
+    /// pool is refusing growth.
+    pub exact_state_headroom_bytes_min: Option<u64>,
     /// Ownership counters, summed.
     pub counters: OwnershipCounters,
 }
@@ -125,11 +142,17 @@ impl PoolTotals {
         self.pools += 1;
         self.owned_blocks += stats.owned_blocks as u64;
         self.resident_blocks += stats.resident_blocks;
+        self.exact_state_bytes += stats.exact_state_bytes as u64;
+        self.exact_state_bytes_max += stats.exact_state_bytes_max as u64;
+        let headroom = stats.exact_state_bytes_max.saturating_sub(stats.exact_state_bytes) as u64;
+        self.exact_state_headroom_bytes_min =
+            Some(self.exact_state_headroom_bytes_min.map_or(headroom, |min| min.min(headroom)));
         counters.events_applied += stats.counters.events_applied;
         counters.events_ignored += stats.counters.events_ignored;
         counters.events_rejected += stats.counters.events_rejected;
         counters.capacity_omissions += stats.counters.capacity_omissions;
         counters.unknown_removals += stats.counters.unknown_removals;
+        counters.budget_refusals += stats.counters.budget_refusals;
     }
 }
 
@@ -257,12 +280,17 @@ pub fn spawn_pool_actor(
 
 /// [`spawn_pool_actor`] in a journaling [`PublicationMode`].
 pub fn spawn_pool_actor_with(
-    pool: PoolOwnership,
+    mut pool: PoolOwnership,
     config: ActorConfig,
     executor: Arc<dyn BlockingExecutor>,
     faults: Arc<dyn FaultSink>,
     mode: PublicationMode,
 ) -> (PoolActorHandle, JoinHandle<ActorExit>) {
+    if let Some(bytes_max) = config.exact_state_bytes_max
+        && let Err(refused) = pool.set_exact_state_bytes_max(bytes_max)
+    {
+        tracing::warn!(%refused, "the pool keeps its exact-state byte budget");
+    }
     let (commands, mailbox) = mpsc::channel(config.mailbox_capacity.max(1));
     let permits_max = config.pending_block_permits.max(1);
     let permits = Arc::new(Semaphore::new(permits_max as usize));

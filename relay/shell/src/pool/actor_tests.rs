@@ -414,3 +414,53 @@ async fn a_replay_subscriber_waits_for_a_published_state_and_adds_no_publication
     assert_eq!(mirror_of(&subscription.snapshot, &[tail]), other.snapshot.words);
     assert_eq!(actor.stats().await.unwrap().resident_blocks, 3);
 }
+
+#[test]
+fn a_configuration_recorded_before_the_exact_state_budget_decodes_to_the_derived_default() {
+    /// `ActorConfig` as journals recorded it before `exact_state_bytes_max` existed.
+    #[derive(serde::Serialize)]
+    struct Recorded {
+        mailbox_capacity: usize,
+        pending_block_permits: u32,
+        publication_threshold_events: u32,
+        publication_delay: Duration,
+        delta_broadcast_capacity: usize,
+    }
+    let current = ActorConfig::default();
+    let recorded = Recorded {
+        mailbox_capacity: current.mailbox_capacity,
+        pending_block_permits: current.pending_block_permits,
+        publication_threshold_events: current.publication_threshold_events,
+        publication_delay: current.publication_delay,
+        delta_broadcast_capacity: current.delta_broadcast_capacity,
+    };
+    let bytes = rmp_serde::to_vec(&recorded).unwrap();
+    let decoded: ActorConfig = rmp_serde::from_slice(&bytes).unwrap();
+    assert_eq!(decoded, current);
+    assert_eq!(decoded.exact_state_bytes_max, None);
+    let bounded = ActorConfig { exact_state_bytes_max: Some(1 << 20), ..current };
+    let round_trip: ActorConfig =
+        rmp_serde::from_slice(&rmp_serde::to_vec(&bounded).unwrap()).unwrap();
+    assert_eq!(round_trip, bounded, "a recorded budget replays as recorded");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_configured_exact_state_budget_reaches_the_pool_and_refusals_are_faults() {
+    let config = ActorConfig { exact_state_bytes_max: Some(2048), ..ActorConfig::default() };
+    let (actor, _task, faults) = start(config);
+    let stats = actor.stats().await.unwrap();
+    assert_eq!((stats.exact_state_bytes, stats.exact_state_bytes_max), (0, 2048));
+    // One root block per event: the tables grow until the next growth would pass 2 KiB.
+    actor.apply(RankFence(1), (1..=200).map(|i| store(i, None)).collect()).await.unwrap();
+    let stats = actor.stats().await.unwrap();
+    assert!(stats.exact_state_bytes <= 2048, "{stats:?}");
+    assert!(stats.owned_blocks > 16 && stats.owned_blocks < 200, "{stats:?}");
+    let refused = 200 - stats.owned_blocks as u64;
+    assert_eq!(stats.counters.budget_refusals, refused);
+    let faults = faults.0.lock().unwrap().clone();
+    assert_eq!(faults.len() as u64, refused, "every refusal is reported");
+    assert!(faults.iter().all(|fault| matches!(
+        fault.error,
+        ApplyError::ExactStateBudgetExceeded { bytes_max: 2048, .. }
+    )));
+}

@@ -14,7 +14,7 @@ use super::{HubConfig, PublicationError};
 use crate::pool::{PoolActorHandle, PoolTotals};
 use crate::runtime::BlockingExecutor;
 use kvrelay_core::model::identity::{PoolId, ProducerIdentity};
-use kvrelay_core::pool::PoolDigest;
+use kvrelay_core::pool::{PoolDigest, PoolStats};
 
 /// Generations whose publication failed and that the host must fence.
 #[derive(Debug, Clone, Default)]
@@ -158,6 +158,17 @@ impl PoolPublications {
             (entry.identity, entry.actor.clone())
         };
         actor.digest().await.ok().map(|digest| (identity, digest))
+    }
+
+    /// The current generation of a pool and its counters, after every command queued to its
+    /// actor before; `None` when the pool has no generation or its actor has stopped.
+    pub async fn stats(&self, pool_id: &PoolId) -> Option<(ProducerIdentity, PoolStats)> {
+        let (identity, actor) = {
+            let pools = self.pools();
+            let entry = pools.get(pool_id)?;
+            (entry.identity, entry.actor.clone())
+        };
+        actor.stats().await.ok().map(|stats| (identity, stats))
     }
 
     /// Number of hubs holding a mirror.

@@ -1,0 +1,194 @@
+//! Tests of a whole node fed by a simulated DC: what one misbehaving pool may and may not do to
+//! the rest of the relay.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+
+use super::{NodeConfig, NodeHandle, RecoveryTransport, start_node};
+use crate::demo::SharedDc;
+use crate::pool::ActorConfig;
+use crate::publication::HubConfig;
+use crate::runtime::{InlineExecutor, ManualWallClock};
+use kvrelay_core::control::ControlConfig;
+use kvrelay_core::discovery::DiscoveryScope;
+use kvrelay_core::inputs::RecoveryTarget;
+use kvrelay_core::model::identity::{EndpointPath, PoolId, RelayIdentity, stable_dc_id};
+use kvrelay_core::pool::PoolStats;
+use kvrelay_core::rng::{derive_seed, rng_from_seed};
+use kvrelay_core::sources::{RecoveryFailure, RecoveryRequest, RecoveryResponse};
+use kvrelay_core::wire;
+use kvrelay_dc::{Deployment, SimulatedDc, TrafficConfig, WorkerSpec};
+
+const SEED: u64 = 23;
+
+/// The simulated DC's recovery answers, counted per worker instance.
+#[derive(Debug, Clone)]
+struct CountedRecovery {
+    dc: SharedDc,
+    queries: Arc<Mutex<BTreeMap<u64, u64>>>,
+}
+
+impl CountedRecovery {
+    fn queries_to(&self, instance_id: u64) -> u64 {
+        self.queries.lock().expect("not poisoned").get(&instance_id).copied().unwrap_or(0)
+    }
+}
+
+impl RecoveryTransport for CountedRecovery {
+    fn query(
+        &self,
+        target: RecoveryTarget,
+        request: RecoveryRequest,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<RecoveryResponse, RecoveryFailure>> {
+        *self.queries.lock().expect("not poisoned").entry(target.instance_id).or_default() += 1;
+        self.dc.query(target, request, timeout)
+    }
+}
+
+fn endpoint(text: &str) -> EndpointPath {
+    text.parse().expect("valid endpoint")
+}
+
+fn node_config(exact_state_bytes_max: usize) -> NodeConfig {
+    let mut rng = rng_from_seed(derive_seed(SEED, "node-test/relay"));
+    let relay = RelayIdentity::start(0x0070_0000_0000_0002, &mut rng);
+    let scope = DiscoveryScope::new(Vec::new(), Vec::new(), true).expect("watch-all is valid");
+    let mut control =
+        ControlConfig::new(relay, stable_dc_id("node-test-dc").expect("valid"), scope);
+    control.expected_unique_blocks = 4096;
+    NodeConfig {
+        control,
+        actor: ActorConfig {
+            exact_state_bytes_max: Some(exact_state_bytes_max),
+            ..ActorConfig::default()
+        },
+        hub: HubConfig::default(),
+        max_kicks: kvrelay_core::filter::ckf::MAX_KICKS_DEFAULT,
+        rng_seed: derive_seed(SEED, "node-test/node"),
+        load_window: Duration::from_secs(1),
+        input_queue_capacity: 1024,
+        load_fanout_capacity: 16,
+        input_queue_bytes_max: super::INPUT_QUEUE_BYTES_MAX_DEFAULT,
+    }
+}
+
+/// The pool serving `serving` in the node's published catalog.
+fn pool_of(node: &NodeHandle, serving: &EndpointPath) -> Option<PoolId> {
+    let catalog = wire::validate_catalog_update(&node.views.catalog.borrow()).ok()?;
+    catalog.pools.iter().find(|pool| pool.serving_endpoint == *serving).map(|pool| pool.pool_id())
+}
+
+async fn stats(node: &NodeHandle, pool: &PoolId) -> PoolStats {
+    node.publications.stats(pool).await.expect("the pool's actor runs").1
+}
+
+/// One worker keeps every block it ever stores (a cache that never evicts, the way a broken or
+/// hostile worker may report): its pool reaches the exact-state budget, refuses what would pass
+/// it as a resource failure (the rank is recovered), and never holds more. A well-behaved
+/// worker's pool on the same node keeps publishing and stays exact meanwhile.
+#[tokio::test(start_paused = true)]
+async fn a_pool_past_its_byte_budget_reports_resource_failures_while_another_keeps_publishing() {
+    const BUDGET: usize = 96 << 10;
+    let hoarder_endpoint = endpoint("hoard/backend/generate");
+    let steady_endpoint = endpoint("steady/backend/generate");
+    let mut hoarder = WorkerSpec::aggregated(hoarder_endpoint.clone(), "hoard-llm");
+    hoarder.capacity_blocks_per_rank = 1 << 20;
+    let mut steady = WorkerSpec::aggregated(steady_endpoint.clone(), "steady-llm");
+    steady.capacity_blocks_per_rank = 128;
+    let traffic = TrafficConfig {
+        prefix_count: 8,
+        prefix_tokens: 64,
+        tail_tokens_max: 512,
+        vocabulary: 32_000,
+    };
+    let mut rng = rng_from_seed(derive_seed(SEED, "node-test/dc"));
+    let deployment = Deployment { workers: vec![hoarder, steady] };
+    let dc = SharedDc(Arc::new(Mutex::new(SimulatedDc::start(&deployment, traffic, &mut rng))));
+    let hoarder_id = dc.with(|dc| dc.workers()[0].worker_id());
+    let recovery = CountedRecovery { dc: dc.clone(), queries: Arc::default() };
+    let clock = Arc::new(ManualWallClock::new(1_700_000_000_000_000));
+    let node = start_node(
+        node_config(BUDGET),
+        Arc::new(InlineExecutor),
+        clock.clone(),
+        Arc::new(recovery.clone()),
+    )
+    .expect("node starts");
+    for fact in dc.with(|dc| dc.discovery_facts()) {
+        node.inputs.send(fact).await.expect("node runs");
+    }
+
+    let mut interval = tokio::time::interval(Duration::from_millis(20));
+    let mut pools = None;
+    let mut steady_stream = None;
+    let mut first_refusal: Option<(u64, PoolStats)> = None;
+    for tick in 0..400u64 {
+        interval.tick().await;
+        clock.advance_us(20_000);
+        for fact in dc.with(|dc| dc.step(4, &mut rng)) {
+            node.inputs.send(fact).await.expect("node runs");
+        }
+        if pools.is_none() {
+            pools = pool_of(&node, &hoarder_endpoint).zip(pool_of(&node, &steady_endpoint));
+            // A subscriber gives the steady pool a lease, so its publications are numbered.
+            if let Some((_, steady_pool)) = &pools {
+                let producer = node.publications.producer(steady_pool).expect("active");
+                let mut stream = node.publications.subscribe(&producer).await.expect("subscribes");
+                steady_stream =
+                    Some(crate::runtime::spawn(
+                        async move { while stream.next().await.is_ok() {} },
+                    ));
+            }
+            continue;
+        }
+        let Some((hoard_pool, steady_pool)) = &pools else { unreachable!() };
+        let hoard = stats(&node, hoard_pool).await;
+        assert_eq!(hoard.exact_state_bytes_max, BUDGET);
+        assert!(hoard.exact_state_bytes <= BUDGET, "tick {tick}: {hoard:?}");
+        if first_refusal.is_none() && hoard.counters.budget_refusals > 0 {
+            first_refusal =
+                Some((recovery.queries_to(hoarder_id), stats(&node, steady_pool).await));
+        }
+        if first_refusal.is_some() && tick >= 300 {
+            break;
+        }
+    }
+    let (hoard_pool, steady_pool) = pools.expect("both pools were published");
+    let (queries_at_refusal, steady_at_refusal) =
+        first_refusal.expect("the hoarding pool reached its budget");
+
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let hoard = stats(&node, &hoard_pool).await;
+    let steady = stats(&node, &steady_pool).await;
+    // The hoarder's pool refused, counted, and had its rank recovered; it still holds no more
+    // than its budget.
+    assert!(hoard.counters.budget_refusals >= 1);
+    assert!(hoard.exact_state_bytes <= BUDGET);
+    assert!(
+        recovery.queries_to(hoarder_id) > queries_at_refusal,
+        "a refusal is a resource failure: the rank is recovered ({queries_at_refusal} queries then)"
+    );
+    // The steady pool never met its budget, kept publishing, and holds exactly its worker's
+    // cache.
+    assert_eq!(steady.counters.budget_refusals, 0);
+    assert_eq!(steady.counters.events_rejected, 0);
+    assert!(steady.exact_state_bytes_max == BUDGET && steady.exact_state_bytes < BUDGET / 2);
+    assert!(
+        steady.sequence > steady_at_refusal.sequence,
+        "published {} then {}",
+        steady_at_refusal.sequence,
+        steady.sequence
+    );
+    let steady_blocks = dc.with(|dc| dc.workers()[1].ranks()[0].len());
+    assert_eq!(steady.owned_blocks, steady_blocks);
+    assert!(node.status.borrow().healthy, "one pool at its bound leaves the node healthy");
+
+    node.shutdown().await;
+    if let Some(task) = steady_stream {
+        task.abort();
+    }
+}
