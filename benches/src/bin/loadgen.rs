@@ -11,6 +11,10 @@
 //! loadgen --verify-only --verify 127.0.0.1:50051 --trace /tmp/trace.json
 //! ```
 //!
+//! `--verify-only --trace-wait-secs N` subscribes first and waits for another run's trace, so
+//! the checked consumer has followed the relay through that run (`scripts/chaos.sh`). SIGTERM
+//! or Ctrl-C during `--linger-secs` ends the linger early; the workers then unregister.
+//!
 //! Pools are endpoints `{namespace}/backend/generate{i}` serving `loadgen-model-{i}` (block size
 //! 16); each worker writes an instance, a base card (`data_parallel_size` = `--ranks`, no local
 //! indexer), and per rank an event source and event channel. Every id and block comes from the
@@ -100,6 +104,10 @@ struct Args {
     /// Publish nothing: read `--trace` and verify it against `--verify`.
     #[arg(long, requires = "verify")]
     verify_only: bool,
+    /// With `--verify-only`: subscribe at once, follow the relay and wait up to this long for
+    /// `--trace` to appear (another run writes it), then verify with the same consumer.
+    #[arg(long, value_name = "SECS", requires = "verify_only")]
+    trace_wait_secs: Option<u64>,
     /// Bound of the verification's wait, seconds.
     #[arg(long, default_value_t = 60)]
     verify_timeout_secs: u64,
@@ -209,8 +217,14 @@ impl Args {
 async fn main_async(args: Args, config: Option<RunConfig>) -> Result<ExitCode> {
     let Some(config) = config else {
         let Some(address) = &args.verify else { bail!("--verify-only needs --verify RELAY_ADDR") };
-        let trace = Trace::read(&args.trace)?;
-        let verdict = loadgen::verify::verify(address, &trace, args.verify_options()?).await?;
+        let options = args.verify_options()?;
+        let verdict = if let Some(wait) = args.trace_wait_secs {
+            let wait = Duration::from_secs(wait);
+            loadgen::verify::verify_following(address, &args.trace, wait, options).await?
+        } else {
+            let trace = Trace::read(&args.trace)?;
+            loadgen::verify::verify(address, &trace, options).await?
+        };
         return Ok(ExitCode::from(loadgen::verify::report(&verdict)));
     };
     let outcome = loadgen::run(config).await?;

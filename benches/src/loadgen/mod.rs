@@ -138,7 +138,7 @@ pub async fn run(config: RunConfig) -> Result<RunOutcome> {
     };
     if outcome.is_ok() && !config.linger.is_zero() {
         eprintln!("[loadgen] keeping the workers registered for {:?}", config.linger);
-        tokio::time::sleep(config.linger).await;
+        linger(config.linger).await;
     }
     if let Some(refresher) = refresher {
         refresher.abort();
@@ -147,6 +147,30 @@ pub async fn run(config: RunConfig) -> Result<RunOutcome> {
     let outcome = outcome?;
     unregistered?;
     Ok(outcome)
+}
+
+/// Sleep for `bound`, or less if SIGTERM or Ctrl-C arrives first: the records are then
+/// unregistered as after a full linger (a fault-injection script ends a phase this way).
+async fn linger(bound: Duration) {
+    let sleep = tokio::time::sleep(bound);
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut terminate) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                biased;
+                _ = terminate.recv() => eprintln!("[loadgen] SIGTERM: ending the linger early"),
+                _ = tokio::signal::ctrl_c() => eprintln!("[loadgen] Ctrl-C: ending the linger early"),
+                () = sleep => {}
+            }
+            return;
+        }
+    }
+    tokio::select! {
+        biased;
+        _ = tokio::signal::ctrl_c() => eprintln!("[loadgen] Ctrl-C: ending the linger early"),
+        () = sleep => {}
+    }
 }
 
 async fn finish(

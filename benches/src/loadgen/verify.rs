@@ -8,7 +8,11 @@
 //! A removed key still found may be a false positive: the expected count is
 //! `removed × 2·4·load / 2^16` (two buckets of four slots, `load` = occupied share of slots), and
 //! more than that plus a wide Poisson margin is reported as stale removals.
+//!
+//! [`verify_following`] subscribes before the trace exists and follows the relay until the
+//! trace appears (bounded), so one consumer is checked after living through a whole run.
 
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -20,6 +24,9 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::trace::Trace;
+
+/// How often [`verify_following`] looks for the trace.
+const TRACE_POLL: Duration = Duration::from_millis(100);
 
 /// How the verification waits.
 #[derive(Debug, Clone, Copy)]
@@ -96,15 +103,47 @@ fn ready(snapshot: &ConsumerSnapshot, wanted: &[EndpointPath]) -> Option<Vec<(us
         .collect()
 }
 
+fn start_consumer(address: &str, options: &VerifyOptions) -> Result<RelayConsumer> {
+    let channel = kvrelay_consumer::connect_lazy(address)
+        .with_context(|| format!("relay address {address:?}"))?;
+    RelayConsumer::start(channel, ConsumerConfig::default(), &mut rng_from_seed(options.seed))
+        .context("starting the consumer")
+}
+
 /// Subscribe to the relay at `address`, wait for quiet replicas of every traced pool, compare.
 pub async fn verify(address: &str, trace: &Trace, options: VerifyOptions) -> Result<Verdict> {
     let wanted = endpoints(trace)?;
-    let channel = kvrelay_consumer::connect_lazy(address)
-        .with_context(|| format!("relay address {address:?}"))?;
-    let consumer =
-        RelayConsumer::start(channel, ConsumerConfig::default(), &mut rng_from_seed(options.seed))
-            .context("starting the consumer")?;
+    let consumer = start_consumer(address, &options)?;
     let result = verify_with(&consumer, trace, &wanted, options).await;
+    consumer.shutdown().await;
+    result
+}
+
+/// Subscribe to the relay at `address` first and follow it while waiting (at most
+/// `trace_wait`, polled every 100 ms) for a trace to appear at `path`, then verify against it
+/// as [`verify`] does, with the same consumer. The consumer thus rides through whatever
+/// happens to the relay and its WAN link before the trace is written (a fault-injection run).
+/// The trace is written by a rename, so a file that exists is complete.
+pub async fn verify_following(
+    address: &str,
+    path: &Path,
+    trace_wait: Duration,
+    options: VerifyOptions,
+) -> Result<Verdict> {
+    let consumer = start_consumer(address, &options)?;
+    let result = async {
+        let deadline = Instant::now() + trace_wait;
+        while !path.exists() {
+            if Instant::now() >= deadline {
+                bail!("no trace at {} within {trace_wait:?}", path.display());
+            }
+            tokio::time::sleep(TRACE_POLL).await;
+        }
+        let trace = Trace::read(path)?;
+        let wanted = endpoints(&trace)?;
+        verify_with(&consumer, &trace, &wanted, options).await
+    }
+    .await;
     consumer.shutdown().await;
     result
 }
