@@ -507,6 +507,12 @@ async fn etcd_backend_lists_watches_leases_and_rewatches_across_a_restart() {
     // revision and misses nothing.
     etcd.kill();
     etcd.spawn(etcd.client_port).await;
+    // The stats show the new watch before any record changes (a quiet store sends nothing).
+    relay
+        .stats_until("watching again after the restart", |stats| {
+            stats.reconnects >= 1 && stats.watch_streams == 1
+        })
+        .await;
     let mut client = EtcdClient::connect(&etcd.url(), &etcd_options()).await.unwrap();
     let third = register_worker(&mut client, PUBLISHER + 2).await;
     relay

@@ -420,6 +420,8 @@ impl EtcdWatcher {
                 };
             backoff.reset();
             self.stats.watch_streams = 1;
+            // Published now: a quiet store may send nothing for a long time.
+            sink.publish_stats(&self.stats);
             info!(endpoint = client.endpoint(), start_revision, "etcd discovery watching");
             let mut reconcile = self.reconcile_timer();
             loop {
