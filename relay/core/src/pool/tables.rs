@@ -245,21 +245,24 @@ impl OwnerTable {
 
     /// Add `added` owners (the caller checked the sum stays within [`OWNERS_MAX`]); returns the
     /// state after the addition.
+    ///
+    /// Allocates only to insert a new canonical hash, and not at all when room for it was
+    /// reserved: an owner added to a hash already present never grows the table (hashbrown's
+    /// `entry` would reserve room for one more entry before looking, growing a full table for
+    /// a hash it holds, past what the caller weighed).
     #[inline]
     pub(crate) fn add_owners(&mut self, canonical: u64, added: u32) -> OwnerState {
         let key = canonical;
-        let entry = self
-            .table
-            .entry(
-                self.key.spread(key),
-                |entry| ({ entry.canonical }) == key,
-                |entry| self.key.spread(entry.canonical),
-            )
-            .or_insert(OwnerEntry { canonical, state: 0 });
-        let entry = entry.into_mut();
-        let state = entry.state;
-        debug_assert!((state & OWNERS_MAX) + added <= OWNERS_MAX);
-        entry.state = state + added;
+        let hash = self.key.spread(key);
+        if let Some(entry) = self.table.find_mut(hash, |entry| ({ entry.canonical }) == key) {
+            let state = entry.state;
+            debug_assert!((state & OWNERS_MAX) + added <= OWNERS_MAX);
+            entry.state = state + added;
+            return entry.owner_state();
+        }
+        debug_assert!(added <= OWNERS_MAX);
+        let entry = OwnerEntry { canonical, state: added };
+        self.table.insert_unique(hash, entry, |entry| self.key.spread(entry.canonical));
         entry.owner_state()
     }
 
@@ -433,6 +436,17 @@ mod tests {
             }
         }
         assert!(grew >= 10, "the tables grew {grew} times");
+        // A full table: adding owners to hashes it holds allocates nothing.
+        let mut full = OwnerTable::new(test_key());
+        assert!(full.try_reserve(7));
+        let (bytes, capacity) = (full.allocation_bytes(), full.table.capacity());
+        for canonical in 1..=capacity as u64 {
+            full.add_owners(canonical, 1);
+        }
+        for canonical in 1..=capacity as u64 {
+            assert_eq!(full.add_owners(canonical, 2), OwnerState { owners: 3, resident: false });
+        }
+        assert_eq!(full.allocation_bytes(), bytes, "an owner added to a held hash grew the table");
         assert!(lineage.allocation_bytes() > 1 << 20, "the tables reached a realistic size");
     }
 
