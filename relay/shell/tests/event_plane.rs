@@ -253,7 +253,7 @@ async fn nats_plane_delivers_dynamo_envelopes_and_survives_a_server_restart() {
         assert!(stats.disconnects >= 1, "{stats:?}");
         // NATS's default max_payload: the default budget holds 64 messages per subscription,
         // and the first client needed no rebuild.
-        assert_eq!((stats.server_max_payload_bytes, stats.subscription_capacity), (1 << 20, 64));
+        assert_eq!((stats.server_max_payload_bytes, stats.subscription_capacity), (1 << 20, 1024));
         assert_eq!((stats.subscriptions, stats.client_rebuilds), (4, 0));
 
         cancel.cancel();
@@ -263,17 +263,18 @@ async fn nats_plane_delivers_dynamo_envelopes_and_survives_a_server_restart() {
     .await;
 }
 
-/// Each subscription's queue inside the NATS client is bounded in bytes through the server's
-/// `max_payload`: under the default 64 MiB budget a server configured for 2 MiB gets 32 messages
+/// Each subscription's queue inside the NATS client is sized from the server's `max_payload`:
+/// under the default 64 MiB budget a server configured for 16 KiB messages gets 4,096 messages
 /// per subscription (the client first built for NATS's default 1 MiB is replaced before it
-/// subscribes). At the bound the client drops messages and the plane counts every one. A restart
-/// with 8 MiB makes the plane rebuild its client for 8 messages.
+/// subscribes). A burst while the node takes nothing is held in the plane's backlog, not
+/// dropped. A restart with 32 KiB makes the plane rebuild its client for 2,048 messages.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_subscription_queues_hold_the_byte_budget_of_the_servers_max_payload() {
     bounded(async {
         const MIB: usize = 1 << 20;
         let port = free_port();
-        let server = NatsServer::start_with_max_payload(port, 2 * MIB).await;
+        const KIB: usize = 1 << 10;
+        let server = NatsServer::start_with_max_payload(port, 16 * KIB).await;
         let url = server.url();
         let namespaces = NatsNamespaces::Only(["dynamo".to_owned()].into());
         let config = NatsEventPlaneConfig::new(url.clone(), namespaces);
@@ -287,21 +288,20 @@ async fn nats_subscription_queues_hold_the_byte_budget_of_the_servers_max_payloa
             run_nats_event_plane(config, sink, counters.clone(), cancel.clone()),
         );
         let publisher = async_nats::connect(url.as_str()).await.unwrap();
-        assert_eq!(publisher.server_info().max_payload, 2 * MIB);
+        assert_eq!(publisher.server_info().max_payload, 16 * KIB);
         let subject = "namespace.dynamo.component.backend.endpoint.generate.kv_metrics";
         probe_until_live(&publisher, subject, &mut inputs, Duration::from_secs(20)).await;
         let stats = counters.snapshot();
         assert_eq!(
             (stats.server_max_payload_bytes, stats.subscription_capacity, stats.subscriptions),
-            (2 * MIB as u64, 32, 2),
+            (16 * KIB as u64, 4096, 2),
             "{stats:?}"
         );
         assert_eq!(stats.client_rebuilds, 1, "{stats:?}");
         assert_eq!(stats.client_drops, 0, "{stats:?}");
 
-        // A burst while nothing reads the node's queue: the plane takes at most two messages (one
-        // queued, one waiting to be), the subscription's queue holds 32, the client drops the
-        // rest.
+        // A burst of 100 messages while nothing reads the node's queue: the plane keeps taking
+        // them into its backlog.
         settle_and_drain(&mut inputs).await;
         const BURST: u64 = 100;
         for sequence in 0..BURST {
@@ -309,32 +309,103 @@ async fn nats_subscription_queues_hold_the_byte_budget_of_the_servers_max_payloa
             publisher.publish(subject, body).await.unwrap();
         }
         publisher.flush().await.unwrap();
-        while counters.snapshot().client_drops < BURST - 34 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let mut received = 0;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut received = Vec::new();
         while let Ok(Some(input)) =
             tokio::time::timeout(Duration::from_millis(500), inputs.recv_input()).await
         {
-            assert!(matches!(input, DcInput::Load { .. }), "{input:?}");
-            received += 1;
+            let DcInput::Load { observation, .. } = &input else { panic!("{input:?}") };
+            received.push(observation.kv_used_blocks);
         }
-        let drops = counters.snapshot().client_drops;
-        assert_eq!(received + drops, BURST, "every message is delivered or counted as dropped");
-        // The subscription's queue held exactly its capacity; the plane had taken at most two.
-        assert!((32..=34).contains(&received), "{received} delivered, {drops} dropped");
+        let stats = counters.snapshot();
+        assert_eq!(received, (0..BURST).map(Some).collect::<Vec<_>>(), "every message, in order");
+        assert_eq!(stats.client_drops, 0, "{stats:?}");
+        assert!(stats.backlog_bytes_peak > 0, "{stats:?}");
 
-        // The server comes back allowing 8 MiB messages: the plane's client reconnects, finds
-        // the larger max_payload, and is replaced by one holding 8 messages per subscription.
+        // The server comes back allowing 32 KiB messages: the plane's client reconnects, finds
+        // the larger max_payload, and is replaced by one holding 2,048 messages per subscription.
         drop(server);
-        let server = NatsServer::start_with_max_payload(port, 8 * MIB).await;
+        let server = NatsServer::start_with_max_payload(port, 32 * KIB).await;
         probe_until_live(&publisher, subject, &mut inputs, Duration::from_secs(40)).await;
         let stats = counters.snapshot();
         assert_eq!(
             (stats.server_max_payload_bytes, stats.subscription_capacity, stats.client_rebuilds),
-            (8 * MIB as u64, 8, 2),
+            (32 * KIB as u64, 2048, 2),
             "{stats:?}"
         );
+
+        cancel.cancel();
+        assert!(matches!(plane.await.unwrap(), Ok(())));
+        drop(server);
+    })
+    .await;
+}
+
+/// The plane's backlog holds its byte budget and no more: with the smallest budget (1 MiB) and a
+/// node that takes nothing, a burst far larger than the budget is held up to it, the rest is
+/// dropped and counted, and what was held arrives in order once the node reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_backlog_holds_its_byte_budget_and_drops_and_counts_beyond_it() {
+    bounded(async {
+        const MIB: usize = 1 << 20;
+        let server = NatsServer::start().await;
+        let url = server.url();
+        let namespaces = NatsNamespaces::Only(["dynamo".to_owned()].into());
+        let config = NatsEventPlaneConfig {
+            subscription_bytes_max: MIB,
+            ..NatsEventPlaneConfig::new(url.clone(), namespaces)
+        };
+        let (sink, mut inputs) =
+            kvrelay::node::input_queue(1, kvrelay::node::INPUT_QUEUE_BYTES_MAX_DEFAULT);
+        let counters = EventPlaneCounters::new();
+        let cancel = CancellationToken::new();
+        let plane: JoinHandle<Result<(), EventPlaneError>> = kvrelay::runtime::spawn(
+            run_nats_event_plane(config, sink, counters.clone(), cancel.clone()),
+        );
+        let publisher = async_nats::connect(url.as_str()).await.unwrap();
+        let subject = "namespace.dynamo.component.backend.endpoint.generate.kv_metrics";
+        probe_until_live(&publisher, subject, &mut inputs, Duration::from_secs(20)).await;
+        assert_eq!(counters.snapshot().subscription_capacity, 1024);
+        settle_and_drain(&mut inputs).await;
+
+        const BURST: u64 = 20_000;
+        for sequence in 0..BURST {
+            let body = Bytes::from(load_envelope(3, sequence, 6, sequence));
+            publisher.publish(subject, body).await.unwrap();
+        }
+        publisher.flush().await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let mut received = Vec::new();
+        while let Ok(Some(input)) =
+            tokio::time::timeout(Duration::from_millis(500), inputs.recv_input()).await
+        {
+            let DcInput::Load { observation, .. } = &input else { panic!("{input:?}") };
+            received.push((observation.kv_used_blocks, input.weight_bytes()));
+        }
+        let stats = counters.snapshot();
+        let weight = received.first().map_or(0, |&(_, weight)| weight);
+        assert!(weight > 0 && received.iter().all(|&(_, w)| w == weight), "equal weights");
+        // Held: the backlog's budget plus the one input that passes it; beside it one input in
+        // the node's queue and one reserved in flight.
+        let held_max = MIB / weight + 1 + 2;
+        assert!(
+            received.len() >= MIB / weight && received.len() <= held_max,
+            "{} received, between {} and {held_max} expected",
+            received.len(),
+            MIB / weight
+        );
+        assert!(received.windows(2).all(|pair| pair[0].0 < pair[1].0), "in order");
+        assert!(stats.backlog_drops > 0, "the backlog dropped past its budget: {stats:?}");
+        // Every message is delivered or counted (the client's own drop notices can be
+        // under-counted, so the sum is exact only when it dropped none).
+        let accounted = received.len() as u64 + stats.backlog_drops;
+        if stats.client_drops == 0 {
+            assert_eq!(accounted, BURST, "{stats:?}");
+        } else {
+            assert!(accounted + stats.client_drops <= BURST, "{stats:?}");
+        }
+        let peak = stats.backlog_bytes_peak as usize;
+        assert!(peak >= MIB && peak < MIB + weight, "backlog peak {peak}");
 
         cancel.cancel();
         assert!(matches!(plane.await.unwrap(), Ok(())));

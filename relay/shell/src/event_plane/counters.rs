@@ -46,6 +46,11 @@ pub struct EventPlaneStats {
     pub subscriptions: u64,
     /// NATS clients replaced by one whose capacity is derived from the server's `max_payload`.
     pub client_rebuilds: u64,
+    /// NATS: the most bytes of decoded inputs the plane has held while the node's queue was
+    /// full (its backlog, bounded by `subscription_bytes_max` plus one input).
+    pub backlog_bytes_peak: u64,
+    /// NATS: messages dropped because the plane's backlog held its byte budget.
+    pub backlog_drops: u64,
     /// ZMTP sessions ended by a protocol violation of the peer, per kind (each also counts as
     /// a disconnect or a failed connection attempt).
     pub zmtp_errors: ZmtpErrorCounts,

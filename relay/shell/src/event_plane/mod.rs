@@ -25,6 +25,7 @@
 //! - **Prompt shutdown.** Every `tokio::select!` lists the cancellation token first (`biased;`),
 //!   so cancelling stops a transport at its next await point, including a blocked sink send.
 
+mod backlog;
 mod counters;
 mod nats;
 mod nats_auth;
@@ -36,8 +37,9 @@ use thiserror::Error;
 pub use counters::{EventPlaneCounters, EventPlaneStats, ZmtpErrorCounts};
 pub use nats::{
     DEFAULT_NATS_SERVER, NATS_MAX_PAYLOAD_DEFAULT, NATS_RECONNECT_DELAY_MAX,
-    NATS_SUBSCRIPTION_BYTES_MAX_DEFAULT, NATS_SUBSCRIPTION_CAPACITY_DEFAULT, NatsEventPlaneConfig,
-    NatsNamespaces, nats_subscription_capacity, nats_wildcard_subject, run_nats_event_plane,
+    NATS_SUBSCRIPTION_BYTES_MAX_DEFAULT, NATS_SUBSCRIPTION_CAPACITY_DEFAULT,
+    NATS_SUBSCRIPTION_CAPACITY_MIN, NatsEventPlaneConfig, NatsNamespaces,
+    nats_subscription_capacity, nats_wildcard_subject, run_nats_event_plane,
 };
 pub use nats_auth::{
     NATS_AUTH_CREDENTIALS_FILE, NATS_AUTH_NKEY, NATS_AUTH_PASSWORD, NATS_AUTH_TOKEN,

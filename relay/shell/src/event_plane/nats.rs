@@ -22,14 +22,27 @@
 //! client as an I/O error, like a server that is down: it is retried and counted as a connect
 //! failure, and nothing is delivered.
 //!
-//! Bounds: each subscription's queue inside the client is bounded in messages **and** bytes.
-//! The client only takes a message count (`subscription_capacity`, fixed when the client is
-//! built), so the plane derives it from a byte budget and the largest message the server lets
-//! through, its advertised `max_payload`:
+//! Bounds. The plane takes every message off the client's subscription queues as soon as it
+//! can and decodes it into its own backlog ([`super::backlog`]), which holds at most
+//! `subscription_bytes_max` bytes of decoded inputs (plus the one that passes it) while the
+//! node's queue is full; a message that finds the backlog full is dropped and counted in
+//! [`backlog_drops`](super::EventPlaneStats::backlog_drops), and shows downstream as a
+//! `sequence` gap, so its rank recovers (core NATS has no flow control to push back on).
 //!
-//! `capacity = subscription_bytes_max / max_payload`, within 1 and `subscription_capacity`
-//! ([`nats_subscription_capacity`]; defaults [`NATS_SUBSCRIPTION_BYTES_MAX_DEFAULT`] and
-//! [`NATS_SUBSCRIPTION_CAPACITY_DEFAULT`]: 64 messages at NATS's default 1 MiB `max_payload`).
+//! The client's own queues are bounded only in messages (`subscription_capacity`, fixed when
+//! the client is built). The client pushes every message of a socket read into them before the
+//! plane can run, so they must hold a read's worth of small messages: the capacity is
+//! `subscription_bytes_max / max_payload` (the message count whose largest legal messages fit
+//! the budget), but never below [`NATS_SUBSCRIPTION_CAPACITY_MIN`] (a 64 KiB read of the
+//! smallest Dynamo messages, about 100 bytes on the wire, is some 650 messages) and never above
+//! `subscription_capacity` ([`nats_subscription_capacity`]: 1,024 messages at NATS's default
+//! 1 MiB `max_payload`). As the plane drains them continuously, they hold what arrived since it
+//! last ran; only a plane starved of CPU while the server sends messages near `max_payload`
+//! could let them hold up to capacity × `max_payload`. At the capacity the client drops (the
+//! slow-consumer behaviour) and notifies the plane, which counts it in
+//! [`client_drops`](super::EventPlaneStats::client_drops). The client hands notices over
+//! through a queue of 128 events, so a burst of drops faster than they are handed over can be
+//! under-counted; the gaps still show every lost event.
 //!
 //! The first client is built for NATS's default [`NATS_MAX_PAYLOAD_DEFAULT`]; once it is
 //! connected, and before it subscribes, the plane reads the server's `max_payload` and, if it
@@ -37,22 +50,10 @@
 //! the plane compares the client's `max_payload` with the one its capacity was derived from at
 //! every (re)connection notice and every message it takes: a server advertising more (a
 //! reconnection to a differently configured server) makes it replace the client the same way,
-//! losing what was queued (sequence gaps, hence recovery); until then the queue may hold up to
-//! capacity × the new `max_payload`. A smaller `max_payload` keeps the client (the bound holds).
-//! Each replacement counts in [`client_rebuilds`](super::EventPlaneStats::client_rebuilds); the
-//! figures in effect are in [`EventPlaneStats`](super::EventPlaneStats) and `/metrics`, and
-//! logged when the plane subscribes. A server whose `max_payload` exceeds the whole budget still
-//! gets one message per subscription (a queue cannot be smaller), with a warning.
-//!
-//! At the bound the client drops the message (async-nats's slow-consumer behaviour) and notifies
-//! the plane, which counts it in [`client_drops`](super::EventPlaneStats::client_drops); a lost
-//! `kv-events` message shows downstream as a `sequence` gap and its rank recovers. The client
-//! hands notices over through a queue of 128 events, so a burst of drops faster than they are
-//! handed over can be under-counted; the gaps still show every lost event. Outside the two
-//! cases above (a `max_payload` over the budget, the moments after a reconnection to a server
-//! advertising more), the plane's queues together hold at most
-//! [`subscriptions`](super::EventPlaneStats::subscriptions) × `subscription_bytes_max` (two
-//! subscriptions per watched namespace, or two for all namespaces).
+//! losing what was queued (sequence gaps, hence recovery). A smaller `max_payload` keeps the
+//! client. Each replacement counts in [`client_rebuilds`](super::EventPlaneStats::client_rebuilds);
+//! the figures in effect are in [`EventPlaneStats`](super::EventPlaneStats) and `/metrics`, and
+//! logged when the plane subscribes.
 
 use crate::node::InputSender;
 use std::collections::BTreeSet;
@@ -67,6 +68,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::EventPlaneError;
+use super::backlog::Backlog;
 use super::counters::{EventPlaneCounters, increment};
 use super::nats_auth::NatsSecurity;
 use kvrelay_core::inputs::{
@@ -82,25 +84,33 @@ pub const DEFAULT_NATS_SERVER: &str = "nats://127.0.0.1:4222";
 /// item bound beside the byte budget).
 pub const NATS_SUBSCRIPTION_CAPACITY_DEFAULT: usize = 8192;
 
-/// Default byte budget of one subscription's queue inside the client: 64 messages at NATS's
-/// default `max_payload`, 8 at 8 MiB. Normal messages are a few hundred bytes.
+/// Fewest messages one subscription's queue inside the client holds: a socket read's worth of
+/// the smallest messages (the client queues every message of a read before the plane runs).
+pub const NATS_SUBSCRIPTION_CAPACITY_MIN: usize = 1024;
+
+/// Default byte budget of the plane's backlog, and the bytes of largest messages one
+/// subscription's queue inside the client is sized for (64 messages at NATS's default
+/// `max_payload`, raised to [`NATS_SUBSCRIPTION_CAPACITY_MIN`]). Normal messages are a few
+/// hundred bytes.
 pub const NATS_SUBSCRIPTION_BYTES_MAX_DEFAULT: usize = 64 << 20;
 
 /// NATS's default `max_payload` (1 MiB): the message size a client's capacity is derived from
 /// until a server advertises its own, and the smallest byte budget accepted.
 pub const NATS_MAX_PAYLOAD_DEFAULT: usize = 1 << 20;
 
-/// Messages one subscription's queue may hold so that it holds at most `bytes_max` bytes of
-/// messages of at most `max_payload` bytes: `bytes_max / max_payload`, at most `messages_max`,
-/// and at least 1 (a queue cannot be smaller, so a `max_payload` above `bytes_max` gets one
-/// message). Total for any input: a `max_payload` of 0 counts as 1.
+/// Messages one subscription's queue holds: `bytes_max / max_payload` (so that its largest
+/// legal messages fit `bytes_max`), at least [`NATS_SUBSCRIPTION_CAPACITY_MIN`] and at most
+/// `messages_max` (which wins over the minimum; at least 1). Total for any input: a
+/// `max_payload` of 0 counts as 1.
 #[must_use]
 pub fn nats_subscription_capacity(
     bytes_max: usize,
     max_payload: usize,
     messages_max: usize,
 ) -> usize {
-    (bytes_max / max_payload.max(1)).clamp(1, messages_max.max(1))
+    let messages_max = messages_max.max(1);
+    (bytes_max / max_payload.max(1))
+        .clamp(NATS_SUBSCRIPTION_CAPACITY_MIN.min(messages_max), messages_max)
 }
 
 /// Longest wait between two reconnection attempts.
@@ -413,13 +423,6 @@ impl ClientSession<'_> {
             stats.subscription_capacity = u64::try_from(capacity).unwrap_or(u64::MAX);
             stats.server_max_payload_bytes = u64::try_from(max_payload).unwrap_or(u64::MAX);
         });
-        if capacity.saturating_mul(max_payload) > config.subscription_bytes_max {
-            warn!(
-                max_payload,
-                subscription_bytes_max = config.subscription_bytes_max,
-                "NATS max_payload exceeds the subscription byte budget: one message per subscription"
-            );
-        }
 
         let mut subscriptions = Vec::with_capacity(self.subjects.len());
         for subject in self.subjects {
@@ -437,8 +440,13 @@ impl ClientSession<'_> {
             max_payload, "NATS event plane subscribed");
         // Fair across subjects: a busy kv-events stream cannot starve kv_metrics.
         let mut messages = futures::stream::select_all(subscriptions);
+        // Messages keep being taken while the node's queue is full: the client's queues stay near
+        // empty, and past the backlog's budget messages are dropped here, counted.
+        let mut backlog = Backlog::new(config.subscription_bytes_max);
+        let mut backlog_peak = 0;
         loop {
-            let message = tokio::select! {
+            let front_weight = backlog.front_weight();
+            tokio::select! {
                 biased;
                 () = cancel.cancelled() => return Ok(SessionEnd::Cancelled),
                 Some(reason) = refused.recv() => return Err(self.refused(reason)),
@@ -446,34 +454,44 @@ impl ClientSession<'_> {
                     if let Some(rebuild) = self.grown(&client) {
                         return Ok(rebuild);
                     }
-                    continue;
                 }
-                message = messages.next() => message,
-            };
-            let Some(message) = message else {
-                warn!("NATS subscriptions ended");
-                return Err(EventPlaneError::SubscriptionsClosed);
-            };
-            if let Some(rebuild) = self.grown(&client) {
-                return Ok(rebuild);
-            }
-            let decoded = decode_nats_message(message.subject.as_str(), &message.payload);
-            self.counters.record(&decoded);
-            let input = match decoded {
-                Ok(input) => input,
-                Err(error) => {
-                    debug!(subject = %message.subject, %error, "dropping malformed NATS message");
-                    continue;
-                }
-            };
-            tokio::select! {
-                biased;
-                () = cancel.cancelled() => return Ok(SessionEnd::Cancelled),
-                sent = sink.send(input) => {
-                    if sent.is_err() {
-                        return Err(EventPlaneError::SinkClosed);
+                // Cancel-safe: a reservation that loses the race holds nothing, and the input
+                // stays in the backlog.
+                room = sink.reserve(front_weight.unwrap_or(0)), if front_weight.is_some() => {
+                    let Ok(room) = room else { return Err(EventPlaneError::SinkClosed) };
+                    if let Some(input) = backlog.pop() {
+                        room.send(input);
+                        self.counters.bump(|stats| increment(&mut stats.delivered));
                     }
-                    self.counters.bump(|stats| increment(&mut stats.delivered));
+                }
+                message = messages.next() => {
+                    let Some(message) = message else {
+                        warn!("NATS subscriptions ended");
+                        return Err(EventPlaneError::SubscriptionsClosed);
+                    };
+                    if let Some(rebuild) = self.grown(&client) {
+                        return Ok(rebuild);
+                    }
+                    let decoded = decode_nats_message(message.subject.as_str(), &message.payload);
+                    self.counters.record(&decoded);
+                    match decoded {
+                        Ok(_) if !backlog.has_room() => {
+                            self.counters.bump(|stats| increment(&mut stats.backlog_drops));
+                        }
+                        Ok(input) => {
+                            backlog.push(input);
+                            if backlog.bytes() > backlog_peak {
+                                backlog_peak = backlog.bytes();
+                                let peak = u64::try_from(backlog_peak).unwrap_or(u64::MAX);
+                                self.counters.bump(|stats| {
+                                    stats.backlog_bytes_peak = stats.backlog_bytes_peak.max(peak);
+                                });
+                            }
+                        }
+                        Err(error) => {
+                            debug!(subject = %message.subject, %error, "dropping malformed NATS message");
+                        }
+                    }
                 }
             }
         }
@@ -615,23 +633,25 @@ mod tests {
     #[test]
     fn the_capacity_is_the_byte_budget_over_max_payload_within_its_bounds() {
         let mib = 1 << 20;
-        // The defaults at NATS's default max_payload, and at 8 MiB.
         let budget = NATS_SUBSCRIPTION_BYTES_MAX_DEFAULT;
         let messages = NATS_SUBSCRIPTION_CAPACITY_DEFAULT;
-        assert_eq!(nats_subscription_capacity(budget, NATS_MAX_PAYLOAD_DEFAULT, messages), 64);
-        assert_eq!(nats_subscription_capacity(budget, 8 * mib, messages), 8);
-        // Rounded down, so capacity × max_payload never exceeds the budget.
-        assert_eq!(nats_subscription_capacity(budget, 3 * mib, messages), 21);
-        // A small max_payload is held back by the message bound.
+        let min = NATS_SUBSCRIPTION_CAPACITY_MIN;
+        // NATS's default max_payload and larger ones: a socket read of small messages fits.
+        assert_eq!(nats_subscription_capacity(budget, NATS_MAX_PAYLOAD_DEFAULT, messages), min);
+        assert_eq!(nats_subscription_capacity(budget, 8 * mib, messages), min);
+        assert_eq!(nats_subscription_capacity(budget, 64 * mib + 1, messages), min);
+        // Small max_payloads: the budget over max_payload, rounded down, up to the message bound.
+        assert_eq!(nats_subscription_capacity(budget, 32 * 1024, messages), 2048);
+        assert_eq!(nats_subscription_capacity(budget, 3 * 10_000, messages), 2236);
         assert_eq!(nats_subscription_capacity(budget, 1024, messages), messages);
-        // A max_payload above the budget still gets one message; 0 is taken as 1 byte.
-        assert_eq!(nats_subscription_capacity(budget, 64 * mib + 1, messages), 1);
         assert_eq!(nats_subscription_capacity(budget, 0, messages), messages);
+        // The message bound wins over the minimum.
+        assert_eq!(nats_subscription_capacity(budget, mib, 16), 16);
         assert_eq!(nats_subscription_capacity(budget, usize::MAX, 0), 1);
-        for max_payload in [1, 1000, mib, 5 * mib, 64 * mib] {
+        for max_payload in [1, 1000, 64 * 1024, mib, 5 * mib, 64 * mib] {
             let capacity = nats_subscription_capacity(budget, max_payload, usize::MAX);
-            assert!(capacity * max_payload <= budget, "{max_payload}");
-            assert!((capacity + 1) * max_payload > budget, "{max_payload}");
+            assert!(capacity >= min, "{max_payload}");
+            assert!(capacity == min || capacity * max_payload <= budget, "{max_payload}");
         }
     }
 

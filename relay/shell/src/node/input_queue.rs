@@ -98,6 +98,21 @@ impl QueuedInput {
     }
 }
 
+/// Room reserved in the queue for one input ([`InputSender::reserve`]); dropping it unused
+/// gives the room back.
+#[derive(Debug)]
+pub struct InputPermit<'a> {
+    slot: mpsc::Permit<'a, QueuedInput>,
+    bytes: OwnedSemaphorePermit,
+}
+
+impl InputPermit<'_> {
+    /// Queue `input`, which weighs what was reserved, without waiting.
+    pub fn send(self, input: DcInput) {
+        self.slot.send(QueuedInput { input, charge: self.bytes });
+    }
+}
+
 /// The bytes of an input whose step is under way; released when dropped.
 #[derive(Debug)]
 pub struct InputCharge {
@@ -125,7 +140,15 @@ impl InputSender {
     ///
     /// Cancelling the returned future drops the input, as with a channel's `send`.
     pub async fn send(&self, input: DcInput) -> Result<(), InputQueueClosed> {
-        let weight = input.weight_bytes();
+        self.reserve(input.weight_bytes()).await?.send(input);
+        Ok(())
+    }
+
+    /// Room for one input weighing `weight` bytes ([`DcInput::weight_bytes`]), waiting while
+    /// the queue is full in items or in bytes; [`InputPermit::send`] then queues the input at
+    /// once. Cancel-safe: a reservation dropped before it completes holds nothing, so a plane
+    /// can wait for room in a `select!` and keep its input.
+    pub async fn reserve(&self, weight: usize) -> Result<InputPermit<'_>, InputQueueClosed> {
         let charge = match u32::try_from(weight) {
             Ok(weight) if weight <= self.budget => weight,
             _ => {
@@ -133,7 +156,7 @@ impl InputSender {
                 self.budget
             }
         };
-        let permit = match Arc::clone(&self.bytes).try_acquire_many_owned(charge) {
+        let bytes = match Arc::clone(&self.bytes).try_acquire_many_owned(charge) {
             Ok(permit) => permit,
             Err(TryAcquireError::Closed) => return Err(InputQueueClosed),
             Err(TryAcquireError::NoPermits) => {
@@ -144,8 +167,8 @@ impl InputSender {
                     .map_err(|_| InputQueueClosed)?
             }
         };
-        let queued = QueuedInput { input, charge: permit };
-        self.items.send(queued).await.map_err(|_| InputQueueClosed)
+        let slot = self.items.reserve().await.map_err(|_| InputQueueClosed)?;
+        Ok(InputPermit { slot, bytes })
     }
 
     /// Completes when the node has stopped taking inputs.

@@ -20,8 +20,8 @@ mod starts;
 mod tests;
 
 pub use input_queue::{
-    INPUT_QUEUE_BYTES_MAX_DEFAULT, INPUT_QUEUE_BYTES_MAX_LIMIT, InputCharge, InputQueueClosed,
-    InputQueueStats, InputReceiver, InputSender, QueuedInput, input_queue,
+    INPUT_QUEUE_BYTES_MAX_DEFAULT, INPUT_QUEUE_BYTES_MAX_LIMIT, InputCharge, InputPermit,
+    InputQueueClosed, InputQueueStats, InputReceiver, InputSender, QueuedInput, input_queue,
 };
 pub use recovery::{NoRecovery, RecoveryTransport};
 pub use run::{NodeConfig, NodeHandle, NodeStatus, start_node, start_node_with_tap};

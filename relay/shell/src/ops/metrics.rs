@@ -642,6 +642,11 @@ fn input_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
             "Messages the event plane client dropped (slow consumer).",
             events.client_drops,
         ),
+        (
+            "kvrelay_event_plane_backlog_drops_total",
+            "Messages dropped because the event plane's backlog held its byte budget.",
+            events.backlog_drops,
+        ),
     ] {
         out.family(name, Kind::Counter, help);
         out.sample(name, &plane, value);
@@ -651,13 +656,13 @@ fn input_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
             (
                 "kvrelay_event_plane_subscription_bytes_max",
                 Kind::Gauge,
-                "Bytes one NATS subscription's queue inside the client may hold.",
+                "Byte budget of the NATS plane's backlog (what a subscription queue is sized for).",
                 events.subscription_bytes_max,
             ),
             (
                 "kvrelay_event_plane_subscription_capacity",
                 Kind::Gauge,
-                "Messages one NATS subscription's queue holds: the byte budget over max_payload.",
+                "Messages one NATS subscription's queue holds (byte budget over max_payload, at least 1024).",
                 events.subscription_capacity,
             ),
             (
@@ -671,6 +676,12 @@ fn input_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
                 Kind::Gauge,
                 "NATS subscriptions, each with its own queue.",
                 events.subscriptions,
+            ),
+            (
+                "kvrelay_event_plane_backlog_bytes_peak",
+                Kind::Gauge,
+                "Most bytes of decoded NATS messages held while the node's queue was full.",
+                events.backlog_bytes_peak,
             ),
             (
                 "kvrelay_event_plane_client_rebuilds_total",

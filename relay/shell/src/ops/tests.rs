@@ -114,6 +114,7 @@ pub(super) fn snapshot() -> OpsSnapshot {
             server_max_payload_bytes: 8 << 20,
             subscriptions: 2,
             client_rebuilds: 1,
+            backlog_bytes_peak: 4096,
             ..EventPlaneStats::default()
         },
         recovery: RequestPlaneStats {
@@ -190,6 +191,7 @@ fn metrics_render_the_relay_names_and_the_existing_counters() {
         "kvrelay_event_plane_subscription_capacity{plane=\"nats\"} 8",
         "kvrelay_event_plane_server_max_payload_bytes{plane=\"nats\"} 8388608",
         "kvrelay_event_plane_subscriptions{plane=\"nats\"} 2",
+        "kvrelay_event_plane_backlog_bytes_peak{plane=\"nats\"} 4096",
         "# TYPE kvrelay_event_plane_client_rebuilds_total counter",
         "kvrelay_event_plane_client_rebuilds_total{plane=\"nats\"} 1",
         "kvrelay_recovery_failed_total 1",
