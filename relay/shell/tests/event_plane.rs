@@ -169,6 +169,56 @@ async fn probe_until_live(
     .expect("the subscription did not come (back) up in time");
 }
 
+/// A NATS plane started on `config` with a node queue of `queue_items` inputs: its task, the
+/// node's end of the queue, its counters and its cancellation.
+struct NatsPlane {
+    task: JoinHandle<Result<(), EventPlaneError>>,
+    inputs: kvrelay::node::InputReceiver,
+    counters: EventPlaneCounters,
+    cancel: CancellationToken,
+}
+
+fn start_nats_plane(config: NatsEventPlaneConfig, queue_items: usize) -> NatsPlane {
+    let (sink, inputs) =
+        kvrelay::node::input_queue(queue_items, kvrelay::node::INPUT_QUEUE_BYTES_MAX_DEFAULT);
+    let counters = EventPlaneCounters::new();
+    let cancel = CancellationToken::new();
+    let task = kvrelay::runtime::spawn(run_nats_event_plane(
+        config,
+        sink,
+        counters.clone(),
+        cancel.clone(),
+    ));
+    NatsPlane { task, inputs, counters, cancel }
+}
+
+/// Publish `count` load reports of `worker` (their `kv_used_blocks` = their sequence) at once.
+async fn publish_load_burst(
+    publisher: &async_nats::Client,
+    subject: &str,
+    worker: u64,
+    count: u64,
+) {
+    for sequence in 0..count {
+        let body = Bytes::from(load_envelope(worker, sequence, worker, sequence));
+        publisher.publish(subject.to_owned(), body).await.unwrap();
+    }
+    publisher.flush().await.unwrap();
+}
+
+/// Every load report that arrives until the queue stays empty for 500 ms: its `kv_used_blocks`
+/// and the input's weight.
+async fn receive_loads(inputs: &mut kvrelay::node::InputReceiver) -> Vec<(Option<u64>, usize)> {
+    let mut received = Vec::new();
+    while let Ok(Some(input)) =
+        tokio::time::timeout(Duration::from_millis(500), inputs.recv_input()).await
+    {
+        let DcInput::Load { observation, .. } = &input else { panic!("{input:?}") };
+        received.push((observation.kv_used_blocks, input.weight_bytes()));
+    }
+    received
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_plane_delivers_dynamo_envelopes_and_survives_a_server_restart() {
     bounded(async {
@@ -177,13 +227,7 @@ async fn nats_plane_delivers_dynamo_envelopes_and_survives_a_server_restart() {
         let url = server.url();
         let namespaces = NatsNamespaces::Only(["dynamo".to_owned(), "team.a".to_owned()].into());
         let config = NatsEventPlaneConfig::new(url.clone(), namespaces);
-        let (sink, mut inputs) =
-            kvrelay::node::input_queue(16, kvrelay::node::INPUT_QUEUE_BYTES_MAX_DEFAULT);
-        let counters = EventPlaneCounters::new();
-        let cancel = CancellationToken::new();
-        let plane: JoinHandle<Result<(), EventPlaneError>> = kvrelay::runtime::spawn(
-            run_nats_event_plane(config, sink, counters.clone(), cancel.clone()),
-        );
+        let NatsPlane { task: plane, mut inputs, counters, cancel } = start_nats_plane(config, 16);
         let publisher = async_nats::connect(url.as_str()).await.unwrap();
 
         let events_subject = "namespace.dynamo.component.backend.endpoint.generate.kv-events";
@@ -280,13 +324,7 @@ async fn nats_subscription_queues_hold_the_byte_budget_of_the_servers_max_payloa
         let config = NatsEventPlaneConfig::new(url.clone(), namespaces);
         assert_eq!(config.subscription_bytes_max, 64 * MIB);
         // The node's queue holds one input: the plane blocks on the second one it takes.
-        let (sink, mut inputs) =
-            kvrelay::node::input_queue(1, kvrelay::node::INPUT_QUEUE_BYTES_MAX_DEFAULT);
-        let counters = EventPlaneCounters::new();
-        let cancel = CancellationToken::new();
-        let plane: JoinHandle<Result<(), EventPlaneError>> = kvrelay::runtime::spawn(
-            run_nats_event_plane(config, sink, counters.clone(), cancel.clone()),
-        );
+        let NatsPlane { task: plane, mut inputs, counters, cancel } = start_nats_plane(config, 1);
         let publisher = async_nats::connect(url.as_str()).await.unwrap();
         assert_eq!(publisher.server_info().max_payload, 16 * KIB);
         let subject = "namespace.dynamo.component.backend.endpoint.generate.kv_metrics";
@@ -304,19 +342,10 @@ async fn nats_subscription_queues_hold_the_byte_budget_of_the_servers_max_payloa
         // them into its backlog.
         settle_and_drain(&mut inputs).await;
         const BURST: u64 = 100;
-        for sequence in 0..BURST {
-            let body = Bytes::from(load_envelope(2, sequence, 5, sequence));
-            publisher.publish(subject, body).await.unwrap();
-        }
-        publisher.flush().await.unwrap();
+        publish_load_burst(&publisher, subject, 5, BURST).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let mut received = Vec::new();
-        while let Ok(Some(input)) =
-            tokio::time::timeout(Duration::from_millis(500), inputs.recv_input()).await
-        {
-            let DcInput::Load { observation, .. } = &input else { panic!("{input:?}") };
-            received.push(observation.kv_used_blocks);
-        }
+        let received: Vec<Option<u64>> =
+            receive_loads(&mut inputs).await.into_iter().map(|(used, _)| used).collect();
         let stats = counters.snapshot();
         assert_eq!(received, (0..BURST).map(Some).collect::<Vec<_>>(), "every message, in order");
         assert_eq!(stats.client_drops, 0, "{stats:?}");
@@ -355,13 +384,7 @@ async fn nats_backlog_holds_its_byte_budget_and_drops_and_counts_beyond_it() {
             subscription_bytes_max: MIB,
             ..NatsEventPlaneConfig::new(url.clone(), namespaces)
         };
-        let (sink, mut inputs) =
-            kvrelay::node::input_queue(1, kvrelay::node::INPUT_QUEUE_BYTES_MAX_DEFAULT);
-        let counters = EventPlaneCounters::new();
-        let cancel = CancellationToken::new();
-        let plane: JoinHandle<Result<(), EventPlaneError>> = kvrelay::runtime::spawn(
-            run_nats_event_plane(config, sink, counters.clone(), cancel.clone()),
-        );
+        let NatsPlane { task: plane, mut inputs, counters, cancel } = start_nats_plane(config, 1);
         let publisher = async_nats::connect(url.as_str()).await.unwrap();
         let subject = "namespace.dynamo.component.backend.endpoint.generate.kv_metrics";
         probe_until_live(&publisher, subject, &mut inputs, Duration::from_secs(20)).await;
@@ -369,19 +392,9 @@ async fn nats_backlog_holds_its_byte_budget_and_drops_and_counts_beyond_it() {
         settle_and_drain(&mut inputs).await;
 
         const BURST: u64 = 20_000;
-        for sequence in 0..BURST {
-            let body = Bytes::from(load_envelope(3, sequence, 6, sequence));
-            publisher.publish(subject, body).await.unwrap();
-        }
-        publisher.flush().await.unwrap();
+        publish_load_burst(&publisher, subject, 6, BURST).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let mut received = Vec::new();
-        while let Ok(Some(input)) =
-            tokio::time::timeout(Duration::from_millis(500), inputs.recv_input()).await
-        {
-            let DcInput::Load { observation, .. } = &input else { panic!("{input:?}") };
-            received.push((observation.kv_used_blocks, input.weight_bytes()));
-        }
+        let received = receive_loads(&mut inputs).await;
         let stats = counters.snapshot();
         let weight = received.first().map_or(0, |&(_, weight)| weight);
         assert!(weight > 0 && received.iter().all(|&(_, w)| w == weight), "equal weights");
