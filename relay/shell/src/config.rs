@@ -33,6 +33,7 @@ mod describe;
 #[cfg(test)]
 mod dynamo_cli_tests;
 mod limits;
+mod memory;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -53,6 +54,7 @@ pub use limits::{
     LISTENER_BYTES_MAX, ListenerLimits, MAX_HEADER_LIST_BYTES_MIN, MAX_REQUEST_BYTES_MIN,
     SHUTDOWN_TIMEOUT_DEFAULT,
 };
+pub use memory::{BYTE_BUDGET_MAX, BYTE_BUDGET_MIN, MemoryBudgets};
 
 /// Default CKF sizing per pool.
 pub const EXPECTED_UNIQUE_BLOCKS_DEFAULT: u64 = 1_048_576;
@@ -268,6 +270,8 @@ pub struct RelayConfig {
     pub ckf_format: CkfFormat,
     /// `DYN_RELAY_POOL_FILTER_BYTES_MAX`: the bytes all pools' filters may take together.
     pub pool_filter_bytes_max: u64,
+    /// The byte budgets of each pool's exact state, the input queue and the NATS backlog.
+    pub memory: MemoryBudgets,
     /// WAN listener, if any.
     pub bind: Option<SocketAddr>,
     /// Live-reloaded namespace source list, if any. With it, `scope` watches every namespace
@@ -447,6 +451,7 @@ pub fn resolve(
         scope,
         expected_unique_blocks,
         pool_filter_bytes_max: limits::resolve_pool_filter_bytes_max(&env, &ckf_format)?,
+        memory: memory::resolve_memory_budgets(&env, &ckf_format)?,
         ckf_format,
         bind,
         sources_file: cli.sources_file.clone(),

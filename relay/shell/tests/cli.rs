@@ -30,7 +30,12 @@ fn check_config(args: &[&str], env: &[(&str, &str)]) -> Output {
 fn check_config_prints_the_resolved_configuration_and_exits_zero() {
     let output = check_config(
         &["--dc-id", "dc-a", "--namespace-filter", "prod", "--bind", "127.0.0.1:5561"],
-        &[("DYN_RELAY_PUBLICATION_ENCODING_CONCURRENCY", "4"), ("DYN_EVENT_PLANE", "zmq")],
+        &[
+            ("DYN_RELAY_PUBLICATION_ENCODING_CONCURRENCY", "4"),
+            ("DYN_EVENT_PLANE", "zmq"),
+            ("DYN_RELAY_POOL_EXACT_STATE_BYTES_MAX", "8388608"),
+            ("DYN_RELAY_NATS_BACKLOG_BYTES_MAX", "2097152"),
+        ],
     );
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     let document: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
@@ -41,11 +46,15 @@ fn check_config_prints_the_resolved_configuration_and_exits_zero() {
     assert_eq!(document["wan"]["publicationEncodingConcurrency"], 4);
     assert_eq!(document["eventPlane"]["plane"], "zmq");
     assert_eq!(document["discovery"]["backend"], "etcd");
+    let memory = &document["memory"];
+    assert_eq!(memory["poolExactStateBytesMax"], 8 << 20);
+    assert_eq!(memory["inputQueueBytesMax"], 256 << 20, "the default");
+    assert_eq!(memory["natsBacklogBytesMax"], 2 << 20);
 }
 
 #[test]
 fn check_config_names_the_bad_setting_and_exits_two() {
-    let cases: [BadCase<'_>; 5] = [
+    let cases: [BadCase<'_>; 6] = [
         (&["--dc-id", "dc-a"], &[("DYN_RELAY_NAMESPACES", "")], "DYN_RELAY_NAMESPACES"),
         (&["--dc-id", "dc-a", "--endpoint-prefix", " prod.backend"], &[], "surrounding whitespace"),
         (
@@ -55,6 +64,11 @@ fn check_config_names_the_bad_setting_and_exits_two() {
         ),
         (&[], &[], "DYN_DC_ID"),
         (&["--dc-id", "dc-a", "--metrics-bind", "127.0.0.1:1"], &[], "--metrics-bind"),
+        (
+            &["--dc-id", "dc-a"],
+            &[("DYN_RELAY_INPUT_QUEUE_BYTES_MAX", "4096")],
+            "DYN_RELAY_INPUT_QUEUE_BYTES_MAX",
+        ),
     ];
     for (args, env, setting) in cases {
         let output = check_config(args, env);
@@ -63,6 +77,11 @@ fn check_config_names_the_bad_setting_and_exits_two() {
         assert!(stderr.contains(setting), "{args:?} {env:?}: {stderr} should name {setting}");
         assert!(output.stdout.is_empty(), "nothing is printed on stdout for a bad configuration");
     }
+    // The runtime's worker threads are read before anything else runs: a bad count stops the
+    // binary, naming the setting, whatever the command.
+    let output = check_config(&["--dc-id", "dc-a"], &[("DYN_RELAY_WORKER_THREADS", "0")]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && stderr.contains("DYN_RELAY_WORKER_THREADS"), "{stderr}");
 }
 
 /// `scripts/test.sh --plan` with `path` as the whole PATH, no extra tool directories and an

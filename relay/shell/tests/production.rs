@@ -293,7 +293,18 @@ async fn metrics_and_health_are_served_over_http() {
         let store = FileStore::new();
         let worker = Worker::live_only("dynamo", WORKER_A, PUBLISHER_A);
         worker.register(&store);
-        let relay = start_relay(&store, &nats, None, None).await;
+        // The memory budgets' settings reach the node, the pools and the event plane.
+        let discovery = [
+            ("DYN_DISCOVERY_BACKEND", "file".to_owned()),
+            ("DYN_FILE_KV", store.root.display().to_string()),
+        ];
+        let budgets = [
+            ("DYN_RELAY_POOL_EXACT_STATE_BYTES_MAX", (8u64 << 20).to_string()),
+            ("DYN_RELAY_INPUT_QUEUE_BYTES_MAX", (16u64 << 20).to_string()),
+            ("DYN_RELAY_NATS_BACKLOG_BYTES_MAX", (2u64 << 20).to_string()),
+        ];
+        let config = relay_config(&discovery, &nats, None, None, &budgets);
+        let relay = kvrelay::serve::start(config, start_options(7)).await.unwrap();
         let ops = relay.ops_address.unwrap();
         let consumer = start_consumer(&relay);
         converge(&consumer, "the pool", pool_ready).await;
@@ -328,6 +339,12 @@ async fn metrics_and_health_are_served_over_http() {
         .await
         .expect("the pool gauges never counted the pool");
         assert_eq!(metric(&text, "kvrelay_pool_owned_blocks"), Some(0));
+        assert_eq!(metric(&text, "kvrelay_pool_exact_state_bytes_max"), Some(8 << 20));
+        assert_eq!(metric(&text, "kvrelay_input_queue_bytes_max"), Some(16 << 20));
+        assert_eq!(
+            metric(&text, "kvrelay_event_plane_subscription_bytes_max{plane=\"nats\"}"),
+            Some(2 << 20)
+        );
         assert_eq!(metric(&text, "kvrelay_pool_capacity_omissions"), Some(0));
         let (status, health) = http_get_async(ops, "/health").await;
         assert_eq!(status, 200);

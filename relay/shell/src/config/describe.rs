@@ -84,6 +84,11 @@ pub fn describe(config: &RelayConfig) -> Value {
             "filterBytes": config.ckf_format.filter_bytes(),
         },
         "poolFilterBytesMax": config.pool_filter_bytes_max,
+        "memory": {
+            "poolExactStateBytesMax": config.memory.pool_exact_state_bytes_max,
+            "inputQueueBytesMax": config.memory.input_queue_bytes_max,
+            "natsBacklogBytesMax": config.memory.nats_backlog_bytes_max,
+        },
         "bind": config.bind.map(|address| address.to_string()),
         "opsBind": config.ops_bind.map(|address| address.to_string()),
         "producer": {

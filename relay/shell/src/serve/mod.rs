@@ -156,6 +156,7 @@ pub fn node_config(config: &RelayConfig, relay: RelayIdentity, seed: u64) -> Nod
         actor: ActorConfig {
             publication_threshold_events: config.producer.publication_threshold_events,
             publication_delay: config.producer.publication_delay,
+            exact_state_bytes_max: Some(config.memory.pool_exact_state_bytes_max),
             ..ActorConfig::default()
         },
         hub: HubConfig::from_tuning(&config.wan),
@@ -164,7 +165,7 @@ pub fn node_config(config: &RelayConfig, relay: RelayIdentity, seed: u64) -> Nod
         load_window: config.wan.load_window,
         input_queue_capacity: 4096,
         load_fanout_capacity: config.wan.load_fanout_capacity,
-        input_queue_bytes_max: crate::node::INPUT_QUEUE_BYTES_MAX_DEFAULT,
+        input_queue_bytes_max: config.memory.input_queue_bytes_max,
     }
 }
 
@@ -282,6 +283,7 @@ pub fn start_input_planes(
             let plane = event_plane::run_nats_event_plane(
                 NatsEventPlaneConfig {
                     security: security.clone(),
+                    subscription_bytes_max: config.memory.nats_backlog_bytes_max,
                     ..NatsEventPlaneConfig::new(url.clone(), namespaces)
                 },
                 inputs,

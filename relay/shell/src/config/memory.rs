@@ -1,0 +1,116 @@
+//! Byte budgets of what the DC can make the relay hold beside the pools' filters: each pool's
+//! exact ownership state, the node's input queue and the NATS event plane's backlog. Each has a
+//! default sized for the contract's largest legal inputs and a `DYN_RELAY_*` setting.
+
+use kvrelay_core::filter::ckf::CkfFormat;
+use kvrelay_core::pool::exact_state_bytes_max_default;
+
+use super::{ConfigError, Env, parse_positive};
+use crate::event_plane::{NATS_MAX_PAYLOAD_DEFAULT, NATS_SUBSCRIPTION_BYTES_MAX_DEFAULT};
+use crate::node::{INPUT_QUEUE_BYTES_MAX_DEFAULT, INPUT_QUEUE_BYTES_MAX_LIMIT};
+
+/// Smallest accepted exact-state and input-queue budget: 1 MiB.
+pub const BYTE_BUDGET_MIN: u64 = 1 << 20;
+
+/// Largest accepted exact-state and NATS backlog budget: 1 TiB (a typing error, not a plan).
+pub const BYTE_BUDGET_MAX: u64 = 1 << 40;
+
+/// The budgets in effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryBudgets {
+    /// `DYN_RELAY_POOL_EXACT_STATE_BYTES_MAX`: bytes each pool's exact ownership tables may
+    /// allocate (default: 256 bytes per filter slot, at least 64 MiB).
+    pub pool_exact_state_bytes_max: usize,
+    /// `DYN_RELAY_INPUT_QUEUE_BYTES_MAX`: bytes of DC inputs queued for the node (and in its step).
+    pub input_queue_bytes_max: usize,
+    /// `DYN_RELAY_NATS_BACKLOG_BYTES_MAX`: bytes of decoded NATS messages the event plane holds
+    /// while the node's queue is full (also what its subscription queues are sized for).
+    pub nats_backlog_bytes_max: usize,
+}
+
+/// Read the three budgets; each must be a positive integer of bytes within its range.
+pub(super) fn resolve_memory_budgets(
+    env: &Env<'_>,
+    ckf_format: &CkfFormat,
+) -> Result<MemoryBudgets, ConfigError> {
+    let bytes = |setting: &'static str, min: u64, max: u64, default: usize| {
+        let Some(value) = env.get(setting) else { return Ok(default) };
+        let parsed = parse_positive(setting, value, max)?;
+        if parsed < min {
+            return Err(super::invalid(setting, value, format!("must be at least {min} bytes")));
+        }
+        Ok(usize::try_from(parsed).unwrap_or(usize::MAX))
+    };
+    Ok(MemoryBudgets {
+        pool_exact_state_bytes_max: bytes(
+            "DYN_RELAY_POOL_EXACT_STATE_BYTES_MAX",
+            BYTE_BUDGET_MIN,
+            BYTE_BUDGET_MAX,
+            exact_state_bytes_max_default(ckf_format),
+        )?,
+        input_queue_bytes_max: bytes(
+            "DYN_RELAY_INPUT_QUEUE_BYTES_MAX",
+            BYTE_BUDGET_MIN,
+            INPUT_QUEUE_BYTES_MAX_LIMIT as u64,
+            INPUT_QUEUE_BYTES_MAX_DEFAULT,
+        )?,
+        nats_backlog_bytes_max: bytes(
+            "DYN_RELAY_NATS_BACKLOG_BYTES_MAX",
+            NATS_MAX_PAYLOAD_DEFAULT as u64,
+            BYTE_BUDGET_MAX,
+            NATS_SUBSCRIPTION_BYTES_MAX_DEFAULT,
+        )?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn resolve(pairs: &[(&str, &str)]) -> Result<MemoryBudgets, ConfigError> {
+        let env: BTreeMap<String, String> =
+            pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        let format = CkfFormat::for_expected_blocks(1 << 20).unwrap();
+        resolve_memory_budgets(&Env(&env), &format)
+    }
+
+    #[test]
+    fn defaults_hold_and_each_budget_is_read_and_validated() {
+        let format = CkfFormat::for_expected_blocks(1 << 20).unwrap();
+        assert_eq!(
+            resolve(&[]).unwrap(),
+            MemoryBudgets {
+                pool_exact_state_bytes_max: exact_state_bytes_max_default(&format),
+                input_queue_bytes_max: INPUT_QUEUE_BYTES_MAX_DEFAULT,
+                nats_backlog_bytes_max: NATS_SUBSCRIPTION_BYTES_MAX_DEFAULT,
+            }
+        );
+        let set = resolve(&[
+            ("DYN_RELAY_POOL_EXACT_STATE_BYTES_MAX", "8388608"),
+            ("DYN_RELAY_INPUT_QUEUE_BYTES_MAX", "16777216"),
+            ("DYN_RELAY_NATS_BACKLOG_BYTES_MAX", "2097152"),
+        ])
+        .unwrap();
+        assert_eq!(
+            set,
+            MemoryBudgets {
+                pool_exact_state_bytes_max: 8 << 20,
+                input_queue_bytes_max: 16 << 20,
+                nats_backlog_bytes_max: 2 << 20,
+            }
+        );
+        for (name, bad) in [
+            ("DYN_RELAY_POOL_EXACT_STATE_BYTES_MAX", "1048575"),
+            ("DYN_RELAY_POOL_EXACT_STATE_BYTES_MAX", "1099511627777"),
+            ("DYN_RELAY_INPUT_QUEUE_BYTES_MAX", "0"),
+            ("DYN_RELAY_INPUT_QUEUE_BYTES_MAX", "8589934592"),
+            ("DYN_RELAY_NATS_BACKLOG_BYTES_MAX", "1000"),
+            ("DYN_RELAY_NATS_BACKLOG_BYTES_MAX", "lots"),
+        ] {
+            let error = resolve(&[(name, bad)]).unwrap_err().to_string();
+            assert!(error.contains(name), "{name}={bad}: {error}");
+        }
+    }
+}
