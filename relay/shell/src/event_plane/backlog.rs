@@ -1,12 +1,12 @@
 //! Decoded inputs the NATS plane holds for the node while the node's queue is full, bounded in
 //! bytes.
 //!
-//! The NATS client's subscription queues are bounded only in messages, and sized so that their
-//! largest legal messages fit the byte budget: 64 messages at NATS's default `max_payload`. A
-//! plane that stopped taking messages whenever the node's queue was full would let a burst of
-//! 65 ordinary (a few hundred bytes) messages overflow them. The plane therefore keeps taking
-//! messages into this backlog while it waits for the node, and stops only when the backlog
-//! holds its byte budget; only then do the client's queues fill and drop.
+//! The NATS client's subscription queues count only messages, and the client fills them with
+//! every message of a socket read before the plane runs. A plane that stopped taking messages
+//! whenever the node's queue was full would leave them to fill (and the client to drop, or to
+//! hold up to capacity × `max_payload` bytes). The plane therefore keeps taking messages into
+//! this backlog while it waits for the node, and past its byte budget drops them itself,
+//! counted, so the client's queues stay near empty.
 //!
 //! Invariants: inputs leave in the order they came; the bytes held are the sum of the held
 //! inputs' [`DcInput::weight_bytes`], and an input is taken only while they are under the
