@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
 # Build every fuzz target of relay/fuzz and run each for a short fixed time from its committed
 # seed corpus, so the targets keep building and catch regressions. Installs cargo-fuzz when it
-# is missing. Usage: scripts/fuzz-smoke.sh [seconds per target]
+# is missing.
+#   scripts/fuzz-smoke.sh [seconds per target]   build, then run every target
+#   scripts/fuzz-smoke.sh --build-only           install and build only (CI overlaps this with
+#                                                the single-threaded simulator sweep)
 set -euo pipefail
 
+build_only=0
+if [ "${1:-}" = "--build-only" ]; then
+    build_only=1
+    shift
+fi
 seconds="${1:-15}"
 cd "$(dirname "$0")/../relay/fuzz"
 # libFuzzer needs the sanitizer flags only nightly accepts: the nightly toolchain when the
@@ -19,6 +27,10 @@ if ! cargo fuzz --version > /dev/null 2>&1; then
     cargo install --locked cargo-fuzz
 fi
 "${fuzz[@]}" build -O --fuzz-dir .
+if [ "$build_only" -eq 1 ]; then
+    echo "fuzz-smoke: every target built"
+    exit 0
+fi
 for target in $("${fuzz[@]}" list --fuzz-dir .); do
     # A scratch copy of the corpus: new inputs found here are not committed.
     scratch="$(mktemp -d)"
