@@ -35,6 +35,8 @@ fn check_config_prints_the_resolved_configuration_and_exits_zero() {
             ("DYN_EVENT_PLANE", "zmq"),
             ("DYN_RELAY_POOL_EXACT_STATE_BYTES_MAX", "8388608"),
             ("DYN_RELAY_NATS_BACKLOG_BYTES_MAX", "2097152"),
+            ("DYN_RELAY_RECOVERY_RESPONSE_BYTES_MAX", "4194304"),
+            ("DYN_RELAY_JOURNAL_QUEUE_BYTES_MAX", "3145728"),
         ],
     );
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
@@ -50,6 +52,9 @@ fn check_config_prints_the_resolved_configuration_and_exits_zero() {
     assert_eq!(memory["poolExactStateBytesMax"], 8 << 20);
     assert_eq!(memory["inputQueueBytesMax"], 256 << 20, "the default");
     assert_eq!(memory["natsBacklogBytesMax"], 2 << 20);
+    assert_eq!(memory["recoveryResponseBytesMax"], 4 << 20);
+    assert_eq!(memory["recoveryAnswersBytesMax"], 256 << 20, "the default");
+    assert_eq!(memory["journalQueueBytesMax"], 3 << 20);
 }
 
 #[test]

@@ -302,6 +302,8 @@ async fn metrics_and_health_are_served_over_http() {
             ("DYN_RELAY_POOL_EXACT_STATE_BYTES_MAX", (8u64 << 20).to_string()),
             ("DYN_RELAY_INPUT_QUEUE_BYTES_MAX", (16u64 << 20).to_string()),
             ("DYN_RELAY_NATS_BACKLOG_BYTES_MAX", (2u64 << 20).to_string()),
+            ("DYN_RELAY_RECOVERY_RESPONSE_BYTES_MAX", (4u64 << 20).to_string()),
+            ("DYN_RELAY_RECOVERY_ANSWERS_BYTES_MAX", (12u64 << 20).to_string()),
         ];
         let config = relay_config(&discovery, &nats, None, None, &budgets);
         let relay = kvrelay::serve::start(config, start_options(7)).await.unwrap();
@@ -341,6 +343,7 @@ async fn metrics_and_health_are_served_over_http() {
         assert_eq!(metric(&text, "kvrelay_pool_owned_blocks"), Some(0));
         assert_eq!(metric(&text, "kvrelay_pool_exact_state_bytes_max"), Some(8 << 20));
         assert_eq!(metric(&text, "kvrelay_input_queue_bytes_max"), Some(16 << 20));
+        assert_eq!(metric(&text, "kvrelay_recovery_answer_bytes_max"), Some(12 << 20));
         assert_eq!(
             metric(&text, "kvrelay_event_plane_subscription_bytes_max{plane=\"nats\"}"),
             Some(2 << 20)

@@ -1,13 +1,18 @@
 //! Byte budgets of what the DC can make the relay hold beside the pools' filters: each pool's
-//! exact ownership state, the node's input queue and the NATS event plane's backlog. Each has a
-//! default sized for the contract's largest legal inputs and a `DYN_RELAY_*` setting.
+//! exact ownership state, the node's input queue, the NATS event plane's backlog, the recovery
+//! answers being read and the journal recorder's queue. Each has a default sized for the
+//! contract's largest legal inputs and a `DYN_RELAY_*` setting.
 
 use kvrelay_core::filter::ckf::CkfFormat;
 use kvrelay_core::pool::exact_state_bytes_max_default;
 
 use super::{ConfigError, Env, parse_positive};
 use crate::event_plane::{NATS_MAX_PAYLOAD_DEFAULT, NATS_SUBSCRIPTION_BYTES_MAX_DEFAULT};
+use crate::journal::QUEUE_BYTES_MAX_DEFAULT as JOURNAL_QUEUE_BYTES_MAX_DEFAULT;
 use crate::node::{INPUT_QUEUE_BYTES_MAX_DEFAULT, INPUT_QUEUE_BYTES_MAX_LIMIT};
+use crate::request_plane::{
+    CONTROL_FRAME_BYTES_MAX, RECOVERY_ANSWERS_BYTES_MAX, RECOVERY_RESPONSE_BYTES_MAX,
+};
 
 /// Smallest accepted exact-state and input-queue budget: 1 MiB.
 pub const BYTE_BUDGET_MIN: u64 = 1 << 20;
@@ -26,9 +31,18 @@ pub struct MemoryBudgets {
     /// `DYN_RELAY_NATS_BACKLOG_BYTES_MAX`: bytes of decoded NATS messages the event plane holds
     /// while the node's queue is full (also what its subscription queues are sized for).
     pub nats_backlog_bytes_max: usize,
+    /// `DYN_RELAY_RECOVERY_RESPONSE_BYTES_MAX`: bytes of one recovery answer (a worker's tree
+    /// dump or event range); a larger answer fails its query (default 128 MiB, also the most).
+    pub recovery_response_bytes_max: usize,
+    /// `DYN_RELAY_RECOVERY_ANSWERS_BYTES_MAX`: bytes of all recovery answers being read at once
+    /// (default two of the largest answers; at least one answer's bound).
+    pub recovery_answers_bytes_max: usize,
+    /// `DYN_RELAY_JOURNAL_QUEUE_BYTES_MAX`: bytes of records queued for the `--record` writer;
+    /// past it a record is dropped and counted (the recording notes the gap).
+    pub journal_queue_bytes_max: usize,
 }
 
-/// Read the three budgets; each must be a positive integer of bytes within its range.
+/// Read the budgets; each must be a positive integer of bytes within its range.
 pub(super) fn resolve_memory_budgets(
     env: &Env<'_>,
     ckf_format: &CkfFormat,
@@ -41,6 +55,12 @@ pub(super) fn resolve_memory_budgets(
         }
         Ok(usize::try_from(parsed).unwrap_or(usize::MAX))
     };
+    let recovery_response_bytes_max = bytes(
+        "DYN_RELAY_RECOVERY_RESPONSE_BYTES_MAX",
+        CONTROL_FRAME_BYTES_MAX as u64,
+        RECOVERY_RESPONSE_BYTES_MAX as u64,
+        RECOVERY_RESPONSE_BYTES_MAX,
+    )?;
     Ok(MemoryBudgets {
         pool_exact_state_bytes_max: bytes(
             "DYN_RELAY_POOL_EXACT_STATE_BYTES_MAX",
@@ -59,6 +79,19 @@ pub(super) fn resolve_memory_budgets(
             NATS_MAX_PAYLOAD_DEFAULT as u64,
             BYTE_BUDGET_MAX,
             NATS_SUBSCRIPTION_BYTES_MAX_DEFAULT,
+        )?,
+        recovery_response_bytes_max,
+        recovery_answers_bytes_max: bytes(
+            "DYN_RELAY_RECOVERY_ANSWERS_BYTES_MAX",
+            recovery_response_bytes_max as u64,
+            BYTE_BUDGET_MAX,
+            RECOVERY_ANSWERS_BYTES_MAX.max(recovery_response_bytes_max),
+        )?,
+        journal_queue_bytes_max: bytes(
+            "DYN_RELAY_JOURNAL_QUEUE_BYTES_MAX",
+            BYTE_BUDGET_MIN,
+            BYTE_BUDGET_MAX,
+            JOURNAL_QUEUE_BYTES_MAX_DEFAULT,
         )?,
     })
 }
@@ -85,12 +118,18 @@ mod tests {
                 pool_exact_state_bytes_max: exact_state_bytes_max_default(&format),
                 input_queue_bytes_max: INPUT_QUEUE_BYTES_MAX_DEFAULT,
                 nats_backlog_bytes_max: NATS_SUBSCRIPTION_BYTES_MAX_DEFAULT,
+                recovery_response_bytes_max: RECOVERY_RESPONSE_BYTES_MAX,
+                recovery_answers_bytes_max: RECOVERY_ANSWERS_BYTES_MAX,
+                journal_queue_bytes_max: JOURNAL_QUEUE_BYTES_MAX_DEFAULT,
             }
         );
         let set = resolve(&[
             ("DYN_RELAY_POOL_EXACT_STATE_BYTES_MAX", "8388608"),
             ("DYN_RELAY_INPUT_QUEUE_BYTES_MAX", "16777216"),
             ("DYN_RELAY_NATS_BACKLOG_BYTES_MAX", "2097152"),
+            ("DYN_RELAY_RECOVERY_RESPONSE_BYTES_MAX", "4194304"),
+            ("DYN_RELAY_RECOVERY_ANSWERS_BYTES_MAX", "8388608"),
+            ("DYN_RELAY_JOURNAL_QUEUE_BYTES_MAX", "3145728"),
         ])
         .unwrap();
         assert_eq!(
@@ -99,7 +138,20 @@ mod tests {
                 pool_exact_state_bytes_max: 8 << 20,
                 input_queue_bytes_max: 16 << 20,
                 nats_backlog_bytes_max: 2 << 20,
+                recovery_response_bytes_max: 4 << 20,
+                recovery_answers_bytes_max: 8 << 20,
+                journal_queue_bytes_max: 3 << 20,
             }
+        );
+        // A smaller answer bound lowers the floor of the shared one.
+        let small = resolve(&[
+            ("DYN_RELAY_RECOVERY_RESPONSE_BYTES_MAX", "1048576"),
+            ("DYN_RELAY_RECOVERY_ANSWERS_BYTES_MAX", "1048576"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (small.recovery_response_bytes_max, small.recovery_answers_bytes_max),
+            (1 << 20, 1 << 20)
         );
         for (name, bad) in [
             ("DYN_RELAY_POOL_EXACT_STATE_BYTES_MAX", "1048575"),
@@ -108,6 +160,11 @@ mod tests {
             ("DYN_RELAY_INPUT_QUEUE_BYTES_MAX", "8589934592"),
             ("DYN_RELAY_NATS_BACKLOG_BYTES_MAX", "1000"),
             ("DYN_RELAY_NATS_BACKLOG_BYTES_MAX", "lots"),
+            ("DYN_RELAY_RECOVERY_RESPONSE_BYTES_MAX", "65535"),
+            ("DYN_RELAY_RECOVERY_RESPONSE_BYTES_MAX", "134217729"),
+            // Below the one answer's bound (the default 128 MiB): an answer could never finish.
+            ("DYN_RELAY_RECOVERY_ANSWERS_BYTES_MAX", "134217727"),
+            ("DYN_RELAY_JOURNAL_QUEUE_BYTES_MAX", "1048575"),
         ] {
             let error = resolve(&[(name, bad)]).unwrap_err().to_string();
             assert!(error.contains(name), "{name}={bad}: {error}");

@@ -153,6 +153,8 @@ pub struct RecorderStats {
     /// Bytes of the records queued now (weighed by [`record_weight_bytes`]), at most
     /// [`RecorderConfig::queue_bytes_max`].
     pub queue_bytes: u64,
+    /// The queue's byte budget ([`RecorderConfig::queue_bytes_max`]).
+    pub queue_bytes_max: u64,
     /// Records on disk (gap markers included).
     pub records_written: u64,
     /// Bytes written.
@@ -517,6 +519,7 @@ impl Recorder {
             records_dropped_queue_bytes: counters.queue_bytes_dropped.load(Ordering::Relaxed),
             queue_bytes: u64::try_from(shared.queue_bytes.load(Ordering::Relaxed))
                 .unwrap_or(u64::MAX),
+            queue_bytes_max: u64::try_from(shared.queue_bytes_max).unwrap_or(u64::MAX),
             records_written: counters.written.load(Ordering::Relaxed),
             bytes_written: counters.bytes.load(Ordering::Relaxed),
             write_errors: counters.errors.load(Ordering::Relaxed),

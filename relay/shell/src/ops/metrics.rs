@@ -735,6 +735,12 @@ fn input_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
         "Bytes of recovery answers being read (bounded by the answers' shared byte budget).",
         recovery.answer_bytes_in_use,
     );
+    out.single(
+        "kvrelay_recovery_answer_bytes_max",
+        Kind::Gauge,
+        "The recovery answers' shared byte budget (DYN_RELAY_RECOVERY_ANSWERS_BYTES_MAX).",
+        recovery.answer_bytes_max,
+    );
 
     if let Some(sources) = &snapshot.sources {
         out.single(
@@ -782,6 +788,14 @@ fn journal_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
         "Bytes of journal records queued for the writer (at most the queue's byte budget).",
         stats.queue_bytes,
     );
+    if recording.active {
+        out.single(
+            "kvrelay_journal_queue_bytes_max",
+            Kind::Gauge,
+            "The journal queue's byte budget (DYN_RELAY_JOURNAL_QUEUE_BYTES_MAX).",
+            stats.queue_bytes_max,
+        );
+    }
     for (name, help, value) in [
         (
             "kvrelay_journal_records_written_total",

@@ -121,6 +121,7 @@ pub(super) fn snapshot() -> OpsSnapshot {
             queries: 2,
             answered: 1,
             failed: 1,
+            answer_bytes_max: 256 << 20,
             ..RequestPlaneStats::default()
         },
         sources: None,
@@ -174,6 +175,7 @@ fn metrics_render_the_relay_names_and_the_existing_counters() {
         "kvrelay_control_inputs_total 40",
         "kvrelay_input_queue_bytes 4096",
         "kvrelay_input_queue_bytes_max 268435456",
+        "kvrelay_recovery_answer_bytes_max 268435456",
         "# TYPE kvrelay_input_queue_byte_waits_total counter",
         "kvrelay_input_queue_byte_waits_total 3",
         "kvrelay_input_queue_oversized_total 1",
@@ -348,6 +350,7 @@ fn recording_counters_are_exported_with_record() {
             records_dropped: 3,
             records_dropped_queue_bytes: 2,
             queue_bytes: 4096,
+            queue_bytes_max: 1 << 20,
             records_written: 118,
             bytes_written: 34_000,
             write_errors: 2,
@@ -364,6 +367,8 @@ fn recording_counters_are_exported_with_record() {
         "kvrelay_journal_records_dropped_queue_bytes_total 2",
         "# TYPE kvrelay_journal_queue_bytes gauge",
         "kvrelay_journal_queue_bytes 4096",
+        "# TYPE kvrelay_journal_queue_bytes_max gauge",
+        "kvrelay_journal_queue_bytes_max 1048576",
         "kvrelay_journal_write_errors_total 2",
         "kvrelay_journal_bytes_written_total 34000",
         "kvrelay_journal_segments_deleted_total 1",
@@ -374,6 +379,7 @@ fn recording_counters_are_exported_with_record() {
     failed.recording = Some(RecordingSnapshot { active: false, stats: Default::default() });
     let text = render_metrics(&failed);
     assert!(text.lines().any(|line| line == "kvrelay_journal_recording 0"), "{text}");
+    assert!(!text.contains("kvrelay_journal_queue_bytes_max"), "no queue without a recording");
     assert!(text.lines().any(|line| line == "kvrelay_journal_records_written_total 0"), "{text}");
 }
 

@@ -286,6 +286,8 @@ pub struct RequestPlaneStats {
     pub answer_bytes_in_use: u64,
     /// Most bytes of the shared answer budget ever held at once (never above the budget).
     pub answer_bytes_peak: u64,
+    /// The shared answer budget ([`RecoveryClientConfig::answers_bytes_max`]).
+    pub answer_bytes_max: u64,
 }
 
 /// One worker's pooled request connection; its lock serializes the worker's queries.
@@ -467,6 +469,8 @@ impl RecoveryClient {
         stats.answer_bytes_waits = budget.waits;
         stats.answer_bytes_in_use = u64::try_from(budget.in_use).unwrap_or(u64::MAX);
         stats.answer_bytes_peak = u64::try_from(budget.peak).unwrap_or(u64::MAX);
+        stats.answer_bytes_max =
+            u64::try_from(self.shared.config.answers_bytes_max).unwrap_or(u64::MAX);
         stats
     }
 

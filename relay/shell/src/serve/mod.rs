@@ -367,13 +367,11 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
     let seed = options.seed;
     let mut rng = rng_from_seed(derive_seed(seed, "relay"));
     let relay = RelayIdentity::start(derive_seed(seed, "drt"), &mut rng);
-    let recovery = Arc::new(
-        RecoveryClient::bind(
-            RecoveryClientConfig::from_env(derive_seed(seed, "recovery"))?,
-            Arc::clone(&options.executor),
-        )
-        .await?,
-    );
+    let mut recovery_config = RecoveryClientConfig::from_env(derive_seed(seed, "recovery"))?;
+    recovery_config.response_bytes_max = config.memory.recovery_response_bytes_max;
+    recovery_config.answers_bytes_max = config.memory.recovery_answers_bytes_max;
+    let recovery =
+        Arc::new(RecoveryClient::bind(recovery_config, Arc::clone(&options.executor)).await?);
     let wan_tls = config.wan_tls.clone().map(crate::wan::WanTls::load).transpose()?;
     let wan_listener = match config.bind {
         Some(address) => Some(bind("--bind", address).await?),
@@ -388,7 +386,13 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
     let node_config = node_config(&config, relay, seed);
     let transport: Arc<dyn RecoveryTransport> = Arc::new(TcpRecovery(Arc::clone(&recovery)));
     let (transport, tap, recorder) = match &config.record {
-        Some(settings) => start_recording(settings, &node_config, &options, transport),
+        Some(settings) => start_recording(
+            settings,
+            config.memory.journal_queue_bytes_max,
+            &node_config,
+            &options,
+            transport,
+        ),
         None => (transport, None, None),
     };
     let recording = config.record.as_ref().map(|_| recorder.as_ref().map(Recorder::probe));
@@ -581,6 +585,7 @@ type Recording = (Arc<dyn RecoveryTransport>, Option<Arc<dyn NodeTap>>, Option<R
 /// and go on without recording (a recording must never stop serving).
 fn start_recording(
     settings: &RecordSettings,
+    queue_bytes_max: usize,
     node: &NodeConfig,
     options: &ServeOptions,
     transport: Arc<dyn RecoveryTransport>,
@@ -597,6 +602,7 @@ fn start_recording(
     );
     recording.checkpoint_every_inputs = settings.checkpoint_every_inputs;
     recording.checkpoint_interval = settings.checkpoint_interval;
+    recording.queue_bytes_max = queue_bytes_max;
     match journal::start_recorder(
         &recording,
         node,

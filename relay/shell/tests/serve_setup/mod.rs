@@ -521,6 +521,7 @@ pub async fn record_serve_run(
     let recording = [
         ("DYN_RELAY_RECORD_DIR", root.display().to_string()),
         ("DYN_RELAY_RECORD_CHECKPOINT_INTERVAL_MS", "300".to_owned()),
+        ("DYN_RELAY_JOURNAL_QUEUE_BYTES_MAX", (32u64 << 20).to_string()),
     ];
     let config = relay_config(&discovery, &nats, None, None, &recording);
     let relay = kvrelay::serve::start(config.clone(), start_options(7)).await.unwrap();
@@ -583,6 +584,7 @@ pub async fn record_serve_run(
     .await
     .expect("the journal counters never moved");
     assert_eq!(metric(&written, "kvrelay_journal_recording"), Some(1));
+    assert_eq!(metric(&written, "kvrelay_journal_queue_bytes_max"), Some(32 << 20));
     assert_eq!(metric(&written, "kvrelay_journal_records_dropped_total"), Some(0));
     assert_eq!(metric(&written, "kvrelay_journal_write_errors_total"), Some(0));
     consumer.shutdown().await;
