@@ -736,6 +736,12 @@ fn input_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
         recovery.answer_bytes_in_use,
     );
     out.single(
+        "kvrelay_recovery_answer_bytes_peak",
+        Kind::Gauge,
+        "Most bytes of recovery answers read at once since the relay started.",
+        recovery.answer_bytes_peak,
+    );
+    out.single(
         "kvrelay_recovery_answer_bytes_max",
         Kind::Gauge,
         "The recovery answers' shared byte budget (DYN_RELAY_RECOVERY_ANSWERS_BYTES_MAX).",

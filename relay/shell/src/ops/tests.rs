@@ -121,6 +121,7 @@ pub(super) fn snapshot() -> OpsSnapshot {
             queries: 2,
             answered: 1,
             failed: 1,
+            answer_bytes_peak: 3 << 20,
             answer_bytes_max: 256 << 20,
             ..RequestPlaneStats::default()
         },
@@ -175,6 +176,7 @@ fn metrics_render_the_relay_names_and_the_existing_counters() {
         "kvrelay_control_inputs_total 40",
         "kvrelay_input_queue_bytes 4096",
         "kvrelay_input_queue_bytes_max 268435456",
+        "kvrelay_recovery_answer_bytes_peak 3145728",
         "kvrelay_recovery_answer_bytes_max 268435456",
         "# TYPE kvrelay_input_queue_byte_waits_total counter",
         "kvrelay_input_queue_byte_waits_total 3",
