@@ -55,7 +55,7 @@ const PUBLICATION_QUEUE_BYTES: u64 = 4_194_624;
 /// beside their filters. With the process's own ~30 MiB that is about 206 MiB; the rest is
 /// room for what is weighed only approximately (decoded copies between stages, the NATS
 /// client's read buffer) and for the allocator's retention of freed memory: the peak measured
-/// 225 to 267 MiB over five runs on a 2-core machine.
+/// 206 to 272 MiB over ten runs on a 2-core machine.
 const RSS_BOUND_KIB: u64 = 320 * 1024;
 
 /// Endpoints that ask for a pool once the budget is taken.
