@@ -46,7 +46,11 @@
 #   CARGO_TARGET_DIR=/work/target-loadgen cargo build -p kvrelay-benches --bin loadgen
 # Link impairments use `tc netem` when the kernel has sch_netem; without it loss and partitions
 # use nftables (`nft`, netdev ingress drops on both ends of the link) and delay and reordering
-# are reported as skipped.
+# use scripts/delay-proxy.py (python3): when the run includes them, the relay reaches NATS and
+# etcd, and the verifiers reach the relay, through TCP forwarders on each side's loopback that
+# pass bytes straight through until a fault makes them hold each chunk (delay: 50 +- 10 ms;
+# reordering: 20 ms, and 25 % of chunks 20 ms more, in order — what reordered segments do to a TCP
+# reader). Each direction of each link is delayed once, as netem on both ends would.
 #
 # Everything is bounded: each wait has a bound and the whole run a deadline. On exit, error or
 # Ctrl-C it stops every process it started (by PID), deletes its namespaces (and with them the
@@ -171,6 +175,10 @@ RELAY_STARTS=0
 NATS_STARTS=0
 ETCD_STARTS=0
 IMPAIR=none                 # netem | nft | none (how loss and partitions are made)
+DELAY=none                  # netem | proxy | none (how delay and reordering are made)
+RELAY_NATS_URL="$NATS_URL"  # what the relay connects to (a forwarder's address with DELAY=proxy)
+RELAY_ETCD_URL="$ETCD_URL"
+VERIFY_ADDR="$RELAY_ADDR"   # what the verifiers connect to
 HTB=no                      # whether the kernel has the htb qdisc (the throttle)
 ROWS=()                     # table rows, markdown
 FAILED=0
@@ -284,11 +292,39 @@ make_network() {
   elif command -v nft >/dev/null; then
     IMPAIR=nft
   fi
+  if [[ "$IMPAIR" == netem ]]; then
+    DELAY=netem
+  elif [[ " ${FAULTS[*]} " == *" delay "* || " ${FAULTS[*]} " == *" reorder "* ]] && command -v python3 >/dev/null; then
+    DELAY=proxy
+  fi
   if command -v tc >/dev/null && ip netns exec "$NS_RELAY" tc qdisc add dev wan1 root handle 1: htb 2>/dev/null; then
     ip netns exec "$NS_RELAY" tc qdisc del dev wan1 root
     HTB=yes
   fi
-  log "namespaces $NS_DC ($DC_IP) - $NS_RELAY ($RELAY_DC_IP, $RELAY_WAN_IP) - $NS_WAN ($WAN_IP); impairments: $IMPAIR"
+  log "namespaces $NS_DC ($DC_IP) - $NS_RELAY ($RELAY_DC_IP, $RELAY_WAN_IP) - $NS_WAN ($WAN_IP); impairments: $IMPAIR, delay: $DELAY"
+}
+
+# With DELAY=proxy: the forwarders, and the addresses the relay and the verifiers use through them.
+PROXIES=(proxy-nats proxy-etcd proxy-wan)
+start_proxies() {
+  local proxy="$ROOT/scripts/delay-proxy.py"
+  start_in "$NS_RELAY" proxy-nats "$LOGS/proxy-nats.log" python3 "$proxy" \
+    --listen 127.0.0.1:14222 --upstream "$DC_IP:4222" --seed 1
+  start_in "$NS_RELAY" proxy-etcd "$LOGS/proxy-etcd.log" python3 "$proxy" \
+    --listen 127.0.0.1:12379 --upstream "$DC_IP:2379" --seed 2
+  start_in "$NS_WAN" proxy-wan "$LOGS/proxy-wan.log" python3 "$proxy" \
+    --listen 127.0.0.1:15562 --upstream "$RELAY_ADDR" --seed 3
+  wait_port "$NS_RELAY" 127.0.0.1 14222 10 proxy-nats || exit 3
+  wait_port "$NS_RELAY" 127.0.0.1 12379 10 proxy-etcd || exit 3
+  wait_port "$NS_WAN" 127.0.0.1 15562 10 proxy-wan || exit 3
+  RELAY_NATS_URL="nats://127.0.0.1:14222" RELAY_ETCD_URL="http://127.0.0.1:12379"
+  VERIFY_ADDR="127.0.0.1:15562"
+}
+# signal_proxies SIGNAL: USR1 delay, HUP reordering, USR2 straight through.
+signal_proxies() {
+  local name
+  for name in "${PROXIES[@]}"; do alive "$name" && kill -"$1" "${PIDS[$name]}"; done
+  return 0
 }
 
 # impair LINK KIND [PERCENT]: KIND = drop (everything), loss (PERCENT %), or a netem spec
@@ -322,6 +358,7 @@ EOF
 }
 clear_impairments() {
   local end ns dev
+  [[ "$DELAY" == proxy ]] && signal_proxies USR2
   for end in "${DC_ENDS[@]}" "${WAN_ENDS[@]}"; do
     read -r ns dev <<<"$end"
     ip netns exec "$ns" tc qdisc del dev "$dev" root 2>/dev/null
@@ -348,8 +385,8 @@ start_etcd() {
 start_relay() {
   RELAY_STARTS=$((RELAY_STARTS + 1))
   start_in "$NS_RELAY" relay "$LOGS/relay-$RELAY_STARTS.log" env \
-    DYN_DISCOVERY_BACKEND=etcd ETCD_ENDPOINTS="$ETCD_URL" \
-    DYN_EVENT_PLANE=nats NATS_SERVER="$NATS_URL" DYN_LOG=info \
+    DYN_DISCOVERY_BACKEND=etcd ETCD_ENDPOINTS="$RELAY_ETCD_URL" \
+    DYN_EVENT_PLANE=nats NATS_SERVER="$RELAY_NATS_URL" DYN_LOG=info \
     "$KVRELAY" serve --dc-id dc-chaos --bind "$RELAY_ADDR" --ops-bind 127.0.0.1:9090
 }
 # wait_port NS HOST PORT SECONDS NAME: a TCP connect succeeds.
@@ -406,6 +443,7 @@ start_stack() {
   wait_port "$NS_DC" "$DC_IP" 2379 20 etcd || exit 3
   start_nats
   wait_port "$NS_DC" "$DC_IP" 4222 10 nats || exit 3
+  [[ "$DELAY" == proxy ]] && start_proxies
   start_relay
   wait_ready 60 || exit 3
   log "stack up: etcd, nats-server, kvrelay serve (pid ${PIDS[relay]}) ready at $RELAY_ADDR"
@@ -443,7 +481,7 @@ fault_plan() {
     loss)
       if [[ "$IMPAIR" == none ]]; then echo "skip neither sch_netem nor nft available"; else echo "strict 8 2"; fi ;;
     delay | reorder)
-      if [[ "$IMPAIR" == netem ]]; then echo "strict 8 2"; else echo "skip the kernel has no sch_netem (tc netem)"; fi ;;
+      if [[ "$DELAY" != none ]]; then echo "strict 8 2"; else echo "skip the kernel has no sch_netem (tc netem) and python3 is missing"; fi ;;
   esac
 }
 fault_description() {
@@ -458,8 +496,13 @@ fault_description() {
     wan-partition) echo "relay<->WAN: every packet dropped both ways ($IMPAIR) for 25 s" ;;
     wan-throttle) echo "relay->WAN egress limited to 1 Mbit/s (htb) for 10 s" ;;
     loss) echo "10 % loss each way on both relay links ($IMPAIR) for 8 s" ;;
-    delay) echo "50 ms +- 10 ms each way on both relay links (netem) for 8 s" ;;
-    reorder) echo "20 ms delay, 25 % reordered each way on both relay links (netem) for 8 s" ;;
+    delay) echo "50 ms +- 10 ms each way on both relay links ($DELAY) for 8 s" ;;
+    reorder)
+      if [[ "$DELAY" == proxy ]]; then
+        echo "20 ms each way on both relay links, 25 % of chunks 20 ms later, in order (proxy: TCP's head-of-line blocking) for 8 s"
+      else
+        echo "20 ms delay, 25 % reordered each way on both relay links (netem) for 8 s"
+      fi ;;
   esac
 }
 # inject NAME: start the fault (returns once it holds).
@@ -481,8 +524,12 @@ inject() {
       ip netns exec "$NS_RELAY" tc qdisc replace dev wan1 root handle 1: htb default 10 &&
         ip netns exec "$NS_RELAY" tc class add dev wan1 parent 1: classid 1:10 htb rate 1mbit ceil 1mbit ;;
     loss) impair dc loss 10 && impair wan loss 10 ;;
-    delay) impair dc "netem delay 50ms 10ms" && impair wan "netem delay 50ms 10ms" ;;
-    reorder) impair dc "netem delay 20ms reorder 25% 50%" && impair wan "netem delay 20ms reorder 25% 50%" ;;
+    delay)
+      if [[ "$DELAY" == proxy ]]; then signal_proxies USR1; else
+        impair dc "netem delay 50ms 10ms" && impair wan "netem delay 50ms 10ms"; fi ;;
+    reorder)
+      if [[ "$DELAY" == proxy ]]; then signal_proxies HUP; else
+        impair dc "netem delay 20ms reorder 25% 50%" && impair wan "netem delay 20ms reorder 25% 50%"; fi ;;
   esac
 }
 # repair NAME: undo the fault.
@@ -530,7 +577,7 @@ run_phase() {
 
   # 1. The follower subscribes before anything is published and rides through the fault.
   start_in "$NS_WAN" verify-follower "$dir/follower.err" \
-    "$LOADGEN" --verify-only --verify "$RELAY_ADDR" --trace "$trace" \
+    "$LOADGEN" --verify-only --verify "$VERIFY_ADDR" --trace "$trace" \
     --trace-wait-secs $((duration + 40)) --verify-timeout-secs "$VERIFY_TIMEOUT_SECS" \
     --quiet-ms 1000 --seed "$seed"
   # 2. The workers: registered in etcd, publishing on NATS, lingering after the trace.
@@ -579,7 +626,7 @@ run_phase() {
         check_deadline
         fresh=$attempt
         start_in "$NS_WAN" "verify-fresh" "$dir/fresh-$attempt.err" \
-          "$LOADGEN" --verify-only --verify "$RELAY_ADDR" --trace "$trace" \
+          "$LOADGEN" --verify-only --verify "$VERIFY_ADDR" --trace "$trace" \
           --verify-timeout-secs "$FRESH_TIMEOUT_SECS" --quiet-ms 1000 --seed "$((seed * 10 + attempt))"
         wait_exit verify-fresh $((FRESH_TIMEOUT_SECS + 10))
         status="$EXITED"
@@ -648,7 +695,7 @@ TABLE="$(
   echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
   printf '%s\n' "${ROWS[@]}"
 )"
-HEADER="kvrelay chaos, $MODE mode, $(date -u +%Y-%m-%dT%H:%MZ), rev $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown), debug build, rate $RATE stored events/s, impairments $IMPAIR, load average $(cut -d' ' -f1-3 /proc/loadavg), $(t) s"
+HEADER="kvrelay chaos, $MODE mode, $(date -u +%Y-%m-%dT%H:%MZ), rev $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown), debug build, rate $RATE stored events/s, impairments $IMPAIR, delay $DELAY, load average $(cut -d' ' -f1-3 /proc/loadavg), $(t) s"
 echo
 echo "$HEADER"
 echo
