@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kvrelay::event_plane::{
-    ChannelChange, EventPlaneCounters, EventPlaneError, NatsEventPlaneConfig, NatsNamespaces,
-    ZmqEventPlaneConfig, run_nats_event_plane, run_zmq_event_plane,
+    BACKLOG_ENTRY_BYTES, ChannelChange, EventPlaneCounters, EventPlaneError, NatsEventPlaneConfig,
+    NatsNamespaces, ZmqEventPlaneConfig, run_nats_event_plane, run_zmq_event_plane,
 };
 use kvrelay_core::inputs::{
     DcInput, EventChannelRecord, EventEnvelope, EventRecordKey, EventTransport, InputErrorKind,
@@ -398,14 +398,16 @@ async fn nats_backlog_holds_its_byte_budget_and_drops_and_counts_beyond_it() {
         let stats = counters.snapshot();
         let weight = received.first().map_or(0, |&(_, weight)| weight);
         assert!(weight > 0 && received.iter().all(|&(_, w)| w == weight), "equal weights");
-        // Held: the backlog's budget plus the one input that passes it; beside it one input in
-        // the node's queue and one reserved in flight.
-        let held_max = MIB / weight + 1 + 2;
+        // Held: the backlog's budget (each input weighs its own bytes and its place in the
+        // queue) plus the one input that passes it; beside it one input in the node's queue
+        // and one reserved in flight.
+        let held_weight = weight + BACKLOG_ENTRY_BYTES;
+        let held_max = MIB / held_weight + 1 + 2;
         assert!(
-            received.len() >= MIB / weight && received.len() <= held_max,
+            received.len() >= MIB / held_weight && received.len() <= held_max,
             "{} received, between {} and {held_max} expected",
             received.len(),
-            MIB / weight
+            MIB / held_weight
         );
         assert!(received.windows(2).all(|pair| pair[0].0 < pair[1].0), "in order");
         assert!(stats.backlog_drops > 0, "the backlog dropped past its budget: {stats:?}");
@@ -418,7 +420,7 @@ async fn nats_backlog_holds_its_byte_budget_and_drops_and_counts_beyond_it() {
             assert!(accounted + stats.client_drops <= BURST, "{stats:?}");
         }
         let peak = stats.backlog_bytes_peak as usize;
-        assert!(peak >= MIB && peak < MIB + weight, "backlog peak {peak}");
+        assert!(peak >= MIB && peak < MIB + held_weight, "backlog peak {peak}");
 
         cancel.cancel();
         assert!(matches!(plane.await.unwrap(), Ok(())));

@@ -34,6 +34,7 @@ mod zmtp;
 
 use thiserror::Error;
 
+pub use backlog::ENTRY_BYTES as BACKLOG_ENTRY_BYTES;
 pub use counters::{EventPlaneCounters, EventPlaneStats, ZmtpErrorCounts};
 pub use nats::{
     DEFAULT_NATS_SERVER, NATS_MAX_PAYLOAD_DEFAULT, NATS_RECONNECT_DELAY_MAX,

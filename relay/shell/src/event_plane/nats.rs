@@ -25,8 +25,9 @@
 //! Bounds. The plane takes every message off the client's subscription queues as soon as it
 //! can and decodes it into its own backlog ([`super::backlog`]), which holds at most
 //! `subscription_bytes_max` bytes of decoded inputs (plus the one that passes it) while the
-//! node's queue is full; a message that finds the backlog full is dropped and counted in
-//! [`backlog_drops`](super::EventPlaneStats::backlog_drops), and shows downstream as a
+//! node's queue is full, shared fairly between endpoints; past the budget the heaviest
+//! endpoint's newest message is dropped (the arriving one, if it is the heaviest's) and counted
+//! in [`backlog_drops`](super::EventPlaneStats::backlog_drops), and shows downstream as a
 //! `sequence` gap, so its rank recovers (core NATS has no flow control to push back on).
 //!
 //! The client's own queues are bounded only in messages (`subscription_capacity`, fixed when
@@ -475,11 +476,13 @@ impl ClientSession<'_> {
                     let decoded = decode_nats_message(message.subject.as_str(), &message.payload);
                     self.counters.record(&decoded);
                     match decoded {
-                        Ok(_) if !backlog.has_room() => {
-                            self.counters.bump(|stats| increment(&mut stats.backlog_drops));
-                        }
                         Ok(input) => {
-                            backlog.push(input);
+                            let dropped = backlog.offer(input);
+                            if dropped > 0 {
+                                self.counters.bump(|stats| {
+                                    stats.backlog_drops = stats.backlog_drops.saturating_add(dropped);
+                                });
+                            }
                             if backlog.bytes() > backlog_peak {
                                 backlog_peak = backlog.bytes();
                                 let peak = u64::try_from(backlog_peak).unwrap_or(u64::MAX);
