@@ -475,25 +475,36 @@ impl ClientSession<'_> {
                     }
                     let decoded = decode_nats_message(message.subject.as_str(), &message.payload);
                     self.counters.record(&decoded);
-                    match decoded {
-                        Ok(input) => {
-                            let dropped = backlog.offer(input);
-                            if dropped > 0 {
-                                self.counters.bump(|stats| {
-                                    stats.backlog_drops = stats.backlog_drops.saturating_add(dropped);
-                                });
-                            }
-                            if backlog.bytes() > backlog_peak {
-                                backlog_peak = backlog.bytes();
-                                let peak = u64::try_from(backlog_peak).unwrap_or(u64::MAX);
-                                self.counters.bump(|stats| {
-                                    stats.backlog_bytes_peak = stats.backlog_bytes_peak.max(peak);
-                                });
-                            }
-                        }
+                    let input = match decoded {
+                        Ok(input) => input,
                         Err(error) => {
                             debug!(subject = %message.subject, %error, "dropping malformed NATS message");
+                            continue;
                         }
+                    };
+                    // Nothing waiting and room in the node's queue: straight through.
+                    if backlog.bytes() == 0 {
+                        let Ok(room) = sink.try_reserve(input.weight_bytes()) else {
+                            return Err(EventPlaneError::SinkClosed);
+                        };
+                        if let Some(room) = room {
+                            room.send(input);
+                            self.counters.bump(|stats| increment(&mut stats.delivered));
+                            continue;
+                        }
+                    }
+                    let dropped = backlog.offer(input);
+                    if dropped > 0 {
+                        self.counters.bump(|stats| {
+                            stats.backlog_drops = stats.backlog_drops.saturating_add(dropped);
+                        });
+                    }
+                    if backlog.bytes() > backlog_peak {
+                        backlog_peak = backlog.bytes();
+                        let peak = u64::try_from(backlog_peak).unwrap_or(u64::MAX);
+                        self.counters.bump(|stats| {
+                            stats.backlog_bytes_peak = stats.backlog_bytes_peak.max(peak);
+                        });
                     }
                 }
             }

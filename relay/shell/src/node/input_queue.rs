@@ -149,13 +149,10 @@ impl InputSender {
     /// once. Cancel-safe: a reservation dropped before it completes holds nothing, so a plane
     /// can wait for room in a `select!` and keep its input.
     pub async fn reserve(&self, weight: usize) -> Result<InputPermit<'_>, InputQueueClosed> {
-        let charge = match u32::try_from(weight) {
-            Ok(weight) if weight <= self.budget => weight,
-            _ => {
-                self.counters.oversized.fetch_add(1, Ordering::Relaxed);
-                self.budget
-            }
-        };
+        let (charge, oversized) = self.charge(weight);
+        if oversized {
+            self.counters.oversized.fetch_add(1, Ordering::Relaxed);
+        }
         let bytes = match Arc::clone(&self.bytes).try_acquire_many_owned(charge) {
             Ok(permit) => permit,
             Err(TryAcquireError::Closed) => return Err(InputQueueClosed),
@@ -169,6 +166,36 @@ impl InputSender {
         };
         let slot = self.items.reserve().await.map_err(|_| InputQueueClosed)?;
         Ok(InputPermit { slot, bytes })
+    }
+
+    /// Room for one input weighing `weight` bytes if the queue has it now (`None` if not:
+    /// nothing is held, and nothing counted).
+    pub fn try_reserve(&self, weight: usize) -> Result<Option<InputPermit<'_>>, InputQueueClosed> {
+        let (charge, oversized) = self.charge(weight);
+        let bytes = match Arc::clone(&self.bytes).try_acquire_many_owned(charge) {
+            Ok(permit) => permit,
+            Err(TryAcquireError::Closed) => return Err(InputQueueClosed),
+            Err(TryAcquireError::NoPermits) => return Ok(None),
+        };
+        match self.items.try_reserve() {
+            Ok(slot) => {
+                if oversized {
+                    self.counters.oversized.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(Some(InputPermit { slot, bytes }))
+            }
+            Err(mpsc::error::TrySendError::Full(())) => Ok(None),
+            Err(mpsc::error::TrySendError::Closed(())) => Err(InputQueueClosed),
+        }
+    }
+
+    /// The bytes an input of `weight` is charged, and whether it is heavier than the whole
+    /// budget (then it is charged the budget, so that it can still pass alone).
+    fn charge(&self, weight: usize) -> (u32, bool) {
+        match u32::try_from(weight) {
+            Ok(weight) if weight <= self.budget => (weight, false),
+            _ => (self.budget, true),
+        }
     }
 
     /// Completes when the node has stopped taking inputs.
@@ -316,6 +343,25 @@ mod tests {
         assert_eq!((stats.oversized, stats.bytes_queued), (1, budget as u64));
         let (input, _charge) = receiver.recv().await.unwrap().into_parts();
         assert_eq!(sequence(&input), 9);
+    }
+
+    #[tokio::test]
+    async fn try_reserve_takes_room_only_if_there_is_some_now() {
+        let heavy = events(0, 4096).weight_bytes();
+        let (sender, mut receiver) = input_queue(2, heavy * 5 / 2);
+        sender.try_reserve(heavy).unwrap().expect("room").send(events(0, 4096));
+        sender.try_reserve(heavy).unwrap().expect("room").send(events(1, 4096));
+        assert!(sender.try_reserve(heavy).unwrap().is_none(), "no bytes for a third");
+        let light = events(2, 1).weight_bytes();
+        assert!(sender.try_reserve(light).unwrap().is_none(), "bytes for it, but no item slot");
+        assert_eq!((sender.stats().byte_waits, sender.stats().bytes_queued), (0, 2 * heavy as u64));
+        drop(receiver.recv().await.unwrap());
+        assert!(sender.try_reserve(heavy).unwrap().is_some(), "room once a step ended");
+        // An input heavier than the budget is charged the whole budget, counted when it passes.
+        assert!(sender.try_reserve(heavy * 3).unwrap().is_none());
+        assert_eq!(sender.stats().oversized, 0, "counted only when it passes");
+        drop(receiver);
+        assert!(sender.try_reserve(light).is_err(), "a stopped node takes nothing");
     }
 
     #[tokio::test]
