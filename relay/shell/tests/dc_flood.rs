@@ -21,15 +21,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use kvrelay::request_plane::PayloadCodec;
 use kvrelay::request_plane::answer::answer_stream;
-use kvrelay::runtime::{SystemWallClock, WallClock};
 use kvrelay_consumer::{ConsumerConfig, FilterStatus, RelayConsumer};
-use kvrelay_core::inputs::{
-    EventEnvelope, KV_EVENTS_TOPIC, encode_event_envelope, encode_kv_events_payload,
-};
+use kvrelay_core::inputs::KV_EVENTS_TOPIC;
 use kvrelay_core::model::hashing::{ExternalBlockHash, LocalBlockHash};
-use kvrelay_core::model::kv_events::{
-    KvCacheEvent, KvCacheEventData, RouterEvent, StorageTier, StoreData, StoredBlock,
-};
+use kvrelay_core::model::kv_events::{RouterEvent, StoredBlock};
 use kvrelay_core::rng::rng_from_seed;
 use kvrelay_core::sources::{RecoveryResponse, TreeDumpScope};
 use relay_process::RelayProcess;
@@ -73,32 +68,7 @@ fn wide_event(worker: &Worker, event_id: u64, salt: u64, blocks: usize) -> Route
             tokens_hash: LocalBlockHash((salt << 32 | index).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
         })
         .collect();
-    RouterEvent {
-        worker_id: worker.instance,
-        storage_tier: StorageTier::Device,
-        residency_domain: None,
-        event: KvCacheEvent {
-            event_id,
-            dp_rank: 0,
-            data: KvCacheEventData::Stored(StoreData {
-                parent_hash: None,
-                start_position: None,
-                blocks,
-            }),
-        },
-    }
-}
-
-fn envelope(worker: &Worker, sequence: u64, events: &[RouterEvent]) -> Vec<u8> {
-    let payload = encode_kv_events_payload(events).unwrap();
-    encode_event_envelope(&EventEnvelope {
-        publisher_id: worker.publisher,
-        sequence,
-        published_at_ms: SystemWallClock.now_unix_ms(),
-        topic: KV_EVENTS_TOPIC,
-        payload: &payload,
-    })
-    .unwrap()
+    serve_setup::stored_event(worker, event_id, blocks)
 }
 
 /// Bytes of `answer`'s response stream as a worker writes it (what the response bound counts).
@@ -132,7 +102,9 @@ fn dump_of(worker: &Worker, bytes: u64) -> RecoveryResponse {
 /// `max_payload` is 1 MiB).
 fn flood_event_blocks(worker: &Worker) -> usize {
     // Every salt from 1 up gives 64-bit hashes: the widest encoding.
-    let size = |blocks| envelope(worker, 1, &[wide_event(worker, 1, 1, blocks)]).len();
+    let size = |blocks| {
+        serve_setup::kv_events_envelope(worker, 1, &[wide_event(worker, 1, 1, blocks)]).len()
+    };
     let per_thousand = size(2_000) - size(1_000);
     let blocks = 1_000 + (1_000_000 - size(1_000)) * 1_000 / per_thousand;
     assert!(size(blocks) <= 1_000_000, "{} bytes for {blocks} blocks", size(blocks));
@@ -295,7 +267,7 @@ async fn a_hostile_dc_cannot_grow_the_relay_past_its_budgets_and_a_healthy_pool_
                 while Instant::now() < flood_end {
                     let salt = (task as u64 + 1) << 20 | event_id;
                     let event = wide_event(&worker, event_id, salt, blocks);
-                    let bytes = envelope(&worker, event_id, &[event]);
+                    let bytes = serve_setup::kv_events_envelope(&worker, event_id, &[event]);
                     let bytes_len = bytes.len() as u64;
                     client
                         .publish(worker.subject(KV_EVENTS_TOPIC), Bytes::from(bytes))

@@ -190,11 +190,7 @@ impl Backlog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvrelay_core::inputs::{CardInstanceId, DcInput, KvEventBatch};
-    use kvrelay_core::model::hashing::{ExternalBlockHash, LocalBlockHash};
-    use kvrelay_core::model::kv_events::{
-        KvCacheEvent, KvCacheEventData, RouterEvent, StorageTier, StoreData, StoredBlock,
-    };
+    use kvrelay_core::inputs::{CardInstanceId, DcInput};
     use kvrelay_core::rng::rng_from_seed;
     use rand_core::Rng;
 
@@ -205,33 +201,7 @@ mod tests {
 
     /// A KV event batch of `namespace`'s endpoint storing 16 blocks, numbered `sequence`.
     fn batch(namespace: &str, sequence: u64) -> DcInput {
-        let blocks = (0..16)
-            .map(|index| StoredBlock {
-                block_hash: ExternalBlockHash(index),
-                tokens_hash: LocalBlockHash(index),
-            })
-            .collect();
-        let event = RouterEvent {
-            worker_id: 1,
-            storage_tier: StorageTier::Device,
-            residency_domain: None,
-            event: KvCacheEvent {
-                event_id: sequence,
-                dp_rank: 0,
-                data: KvCacheEventData::Stored(StoreData {
-                    parent_hash: None,
-                    start_position: None,
-                    blocks,
-                }),
-            },
-        };
-        DcInput::KvEvents(KvEventBatch {
-            endpoint: format!("{namespace}/backend/generate").parse().expect("valid endpoint"),
-            publisher_id: 1,
-            sequence,
-            published_at_ms: 0,
-            events: vec![event],
-        })
+        crate::node::kv_batch(namespace, sequence, 16)
     }
 
     fn sequence_of(input: &DcInput) -> (String, u64) {

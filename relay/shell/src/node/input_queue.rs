@@ -249,15 +249,39 @@ impl Drop for InputReceiver {
     }
 }
 
+/// A KV event batch on `namespace`'s `backend/generate` endpoint: one event (id `sequence`)
+/// storing `blocks` blocks.
+#[cfg(test)]
+pub(crate) fn kv_batch(namespace: &str, sequence: u64, blocks: u64) -> DcInput {
+    use kvrelay_core::inputs::KvEventBatch;
+    use kvrelay_core::model::kv_events::{
+        KvCacheEvent, RouterEvent, StorageTier, stored_from_wire,
+    };
+    let event = RouterEvent {
+        worker_id: 1,
+        storage_tier: StorageTier::Device,
+        residency_domain: None,
+        event: KvCacheEvent {
+            event_id: sequence,
+            dp_rank: 0,
+            data: stored_from_wire(None, None, (0..blocks).map(|b| (b, b))).expect("a valid store"),
+        },
+    };
+    DcInput::KvEvents(KvEventBatch {
+        endpoint: format!("{namespace}/backend/generate").parse().expect("a valid endpoint"),
+        publisher_id: 1,
+        sequence,
+        published_at_ms: 0,
+        events: vec![event],
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
-    use kvrelay_core::inputs::{EndpointInstances, KvEventBatch};
+    use kvrelay_core::inputs::EndpointInstances;
     use kvrelay_core::model::identity::EndpointPath;
-    use kvrelay_core::model::kv_events::{
-        KvCacheEvent, RouterEvent, StorageTier, stored_from_wire,
-    };
 
     use super::*;
 
@@ -266,23 +290,7 @@ mod tests {
     }
 
     fn events(sequence: u64, blocks: u64) -> DcInput {
-        let event = RouterEvent {
-            worker_id: 1,
-            storage_tier: StorageTier::Device,
-            residency_domain: None,
-            event: KvCacheEvent {
-                event_id: sequence,
-                dp_rank: 0,
-                data: stored_from_wire(None, None, (0..blocks).map(|b| (b, b))).unwrap(),
-            },
-        };
-        DcInput::KvEvents(KvEventBatch {
-            endpoint: endpoint(),
-            publisher_id: 1,
-            sequence,
-            published_at_ms: 0,
-            events: vec![event],
-        })
+        kv_batch("ns", sequence, blocks)
     }
 
     fn sequence(input: &DcInput) -> u64 {

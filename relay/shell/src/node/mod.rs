@@ -19,6 +19,8 @@ mod starts;
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
+pub(crate) use input_queue::kv_batch;
 pub use input_queue::{
     INPUT_QUEUE_BYTES_MAX_DEFAULT, INPUT_QUEUE_BYTES_MAX_LIMIT, InputCharge, InputPermit,
     InputQueueClosed, InputQueueStats, InputReceiver, InputSender, QueuedInput, input_queue,

@@ -280,7 +280,12 @@ pub fn prompt(salt: u32, blocks: usize) -> Vec<u32> {
 
 /// A `kv-events` envelope storing the blocks of `tokens` as one chain (event `event_id`).
 pub fn store_envelope(worker: &Worker, sequence: u64, event_id: u64, tokens: &[u32]) -> Vec<u8> {
-    let payload = encode_kv_events_payload(&[store_event(worker, event_id, tokens)]).unwrap();
+    kv_events_envelope(worker, sequence, &[store_event(worker, event_id, tokens)])
+}
+
+/// A `kv-events` envelope of `worker` carrying `events` (message number `sequence`).
+pub fn kv_events_envelope(worker: &Worker, sequence: u64, events: &[RouterEvent]) -> Vec<u8> {
+    let payload = encode_kv_events_payload(events).unwrap();
     encode_event_envelope(&EventEnvelope {
         publisher_id: worker.publisher,
         sequence,
@@ -303,6 +308,11 @@ pub fn store_event(worker: &Worker, event_id: u64, tokens: &[u32]) -> RouterEven
             tokens_hash: LocalBlockHash(hash.0),
         })
         .collect();
+    stored_event(worker, event_id, blocks)
+}
+
+/// The event storing `blocks` as one chain from the root.
+pub fn stored_event(worker: &Worker, event_id: u64, blocks: Vec<StoredBlock>) -> RouterEvent {
     RouterEvent {
         worker_id: worker.instance,
         storage_tier: StorageTier::Device,
