@@ -156,6 +156,9 @@ fn resolved(env: &BTreeMap<String, String>) -> Result<RelayConfig, String> {
     resolve(&CliValues::default(), &with_cluster).map_err(|error| error.to_string())
 }
 
+/// Variables the manifests set for the C library, not for the relay's configuration.
+const READ_BY_THE_C_LIBRARY: [&str; 1] = ["MALLOC_MMAP_THRESHOLD_"];
+
 /// Variables of the manifest the relay does not read (removing them changes nothing), or why
 /// the environment does not resolve at all.
 fn unread_variables(docs: &[Value]) -> Result<Vec<String>, String> {
@@ -168,6 +171,7 @@ fn unread_variables(docs: &[Value]) -> Result<Vec<String>, String> {
     let full = resolved(&env)?;
     Ok(env
         .keys()
+        .filter(|name| !READ_BY_THE_C_LIBRARY.contains(&name.as_str()))
         .filter(|name| {
             let mut without = env.clone();
             without.remove(*name);
