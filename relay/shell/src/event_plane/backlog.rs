@@ -27,7 +27,7 @@
 //! are the shares' sum; an input is taken only while they are under the budget, so at most the
 //! budget plus one input (bounded by the decoders' limits) is held.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::ops::Bound;
 
 use kvrelay_core::inputs::DcInput;
@@ -47,8 +47,6 @@ struct Share {
 #[derive(Debug)]
 pub(crate) struct Backlog {
     shares: BTreeMap<u64, Share>,
-    /// `(bytes, share)` of every share holding inputs: the heaviest is the last.
-    by_weight: BTreeSet<(usize, u64)>,
     /// The share served last: the next is the first after it.
     served: Option<u64>,
     bytes: usize,
@@ -73,13 +71,7 @@ fn share_of(input: &DcInput) -> u64 {
 impl Backlog {
     /// An empty backlog holding at most `bytes_max` bytes (plus the one input that passes it).
     pub(crate) fn new(bytes_max: usize) -> Self {
-        Backlog {
-            shares: BTreeMap::new(),
-            by_weight: BTreeSet::new(),
-            served: None,
-            bytes: 0,
-            bytes_max,
-        }
+        Backlog { shares: BTreeMap::new(), served: None, bytes: 0, bytes_max }
     }
 
     /// Take `input` if the budget has room, making room first by dropping the heaviest share's
@@ -90,7 +82,10 @@ impl Backlog {
         let share = share_of(&input);
         let mut dropped = 0;
         while self.bytes >= self.bytes_max {
-            let Some(&(heaviest_bytes, heaviest)) = self.by_weight.last() else { break };
+            // Found by a scan: only a full budget needs it, and shares hold inputs only while
+            // the node is behind.
+            let heaviest = self.shares.iter().map(|(share, held)| (held.bytes, *share)).max();
+            let Some((heaviest_bytes, heaviest)) = heaviest else { break };
             let own = self.shares.get(&share).map_or(0, |held| held.bytes);
             if heaviest == share || heaviest_bytes <= own.saturating_add(weight) {
                 break;
@@ -105,10 +100,8 @@ impl Backlog {
         }
         self.bytes = self.bytes.saturating_add(weight);
         let held = self.shares.entry(share).or_default();
-        self.by_weight.remove(&(held.bytes, share));
         held.bytes += weight;
         held.inputs.push_back((input, weight));
-        self.by_weight.insert((held.bytes, share));
         dropped
     }
 
@@ -116,13 +109,10 @@ impl Backlog {
     fn settle(&mut self, share: u64, weight: usize) {
         self.bytes -= weight;
         let Some(held) = self.shares.get_mut(&share) else { return };
-        self.by_weight.remove(&(held.bytes, share));
         held.bytes -= weight;
         if held.inputs.is_empty() {
             debug_assert_eq!(held.bytes, 0, "bytes left in an empty share");
             self.shares.remove(&share);
-        } else {
-            self.by_weight.insert((held.bytes, share));
         }
     }
 
@@ -157,7 +147,6 @@ impl Backlog {
     /// The relations between the shares and the byte counts (see the module documentation).
     #[cfg(test)]
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
-        let mut by_weight = BTreeSet::new();
         let mut bytes = 0;
         for (share, held) in &self.shares {
             let weights: usize = held
@@ -174,11 +163,7 @@ impl Backlog {
                     held.bytes
                 ));
             }
-            by_weight.insert((held.bytes, *share));
             bytes += held.bytes;
-        }
-        if by_weight != self.by_weight {
-            return Err(format!("weights {:?}, shares say {by_weight:?}", self.by_weight));
         }
         if bytes != self.bytes {
             return Err(format!("{} bytes counted, {bytes} held", self.bytes));
