@@ -507,6 +507,24 @@ mod tests {
         }
     }
 
+    /// A pool may expect exactly [`POOL_RANKS_MAX`] ranks; one more is refused. 2^20 workers of
+    /// the largest data-parallel size reach the bound (one shared config: validation keeps ~40 B
+    /// a worker).
+    #[test]
+    fn the_rank_bound_is_inclusive() {
+        let widest = config(0, DATA_PARALLEL_SIZE_MAX, None);
+        let one_short = config(0, DATA_PARALLEL_SIZE_MAX - 1, None);
+        let workers = u64::from(u32::MAX / DATA_PARALLEL_SIZE_MAX) + 1; // 2^20
+        assert_eq!(workers * u64::from(DATA_PARALLEL_SIZE_MAX), POOL_RANKS_MAX + 1);
+        let at_bound = (0..workers).map(|w| (w, if w == 0 { &one_short } else { &widest }));
+        assert_eq!(validate_workers(at_bound).map(|ranks| ranks.len()), Ok(1 << 20));
+        let over = (0..workers).map(|w| (w, &widest));
+        assert_eq!(
+            validate_workers(over).map(|ranks| ranks.len()),
+            Err(CapacityError::TooManyRanks { expected_ranks: POOL_RANKS_MAX + 1 })
+        );
+    }
+
     #[test]
     fn kv_only_coverage() {
         let mut state = pool(&[(1, config(0, 2, Some(100)))]);

@@ -41,18 +41,6 @@ impl LiveBuffer {
         std::mem::take(&mut self.events)
     }
 
-    pub(super) fn retain(&mut self, mut keep: impl FnMut(&RouterEvent) -> bool) {
-        let mut bytes = 0;
-        self.events.retain(|event| {
-            let kept = keep(event);
-            if kept {
-                bytes += event.weight_bytes();
-            }
-            kept
-        });
-        self.bytes = bytes;
-    }
-
     /// Whether `bytes` still equals the sum it stands for (O(events)).
     pub(super) fn weighs_what_it_holds(&self) -> bool {
         self.events.iter().map(RouterEvent::weight_bytes).sum::<usize>() == self.bytes
@@ -66,5 +54,47 @@ impl FromIterator<RouterEvent> for LiveBuffer {
             buffer.push(event);
         }
         buffer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LiveBuffer;
+    use crate::model::kv_events::RouterEvent;
+    use crate::sources::tests::{R0, stored};
+
+    #[test]
+    fn the_weight_follows_every_change() {
+        let mut buffer = LiveBuffer::default();
+        assert!(buffer.is_empty() && buffer.weighs_what_it_holds());
+        let events = vec![stored(R0, 1, 7), stored(R0, 2, 8)];
+        let total: usize = events.iter().map(RouterEvent::weight_bytes).sum();
+        assert!(total > 0);
+        for event in events.clone() {
+            buffer.push(event);
+        }
+        assert!(!buffer.is_empty());
+        assert_eq!((buffer.len(), buffer.bytes()), (2, total));
+        assert!(buffer.weighs_what_it_holds());
+        assert_eq!(buffer.take(), events);
+        assert!(buffer.is_empty() && buffer.weighs_what_it_holds());
+        assert_eq!(buffer.bytes(), 0);
+
+        let mut buffer: LiveBuffer = events.into_iter().collect();
+        assert_eq!(buffer.bytes(), total);
+        buffer.clear();
+        assert_eq!((buffer.len(), buffer.bytes()), (0, 0));
+    }
+
+    #[test]
+    fn a_weight_that_is_not_the_sum_is_seen() {
+        let event = stored(R0, 1, 7);
+        let short = LiveBuffer { bytes: event.weight_bytes() - 1, events: vec![event.clone()] };
+        assert!(!short.weighs_what_it_holds());
+        let phantom = LiveBuffer { bytes: 1, events: Vec::new() };
+        assert!(!phantom.weighs_what_it_holds());
+        assert!(
+            LiveBuffer { bytes: event.weight_bytes(), events: vec![event] }.weighs_what_it_holds()
+        );
     }
 }

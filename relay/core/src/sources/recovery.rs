@@ -881,8 +881,9 @@ impl SourceTracker {
             if state.mode == RankMode::Degraded {
                 state.mode = RankMode::Recoverable;
             }
-            state.buffer.retain(|event| event.event.event_id > event_id);
         }
+        // The buffered events at or before the clear are stale against the new cursor: the
+        // drain drops and counts them.
         self.drain(source, now, out);
     }
 

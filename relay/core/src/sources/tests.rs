@@ -22,7 +22,7 @@ use crate::rng::{RelayRng, rng_from_seed};
 
 // ---- fixtures ------------------------------------------------------------------------------
 
-const R0: SourceKey = SourceKey { worker_id: 1, dp_rank: 0 };
+pub(super) const R0: SourceKey = SourceKey { worker_id: 1, dp_rank: 0 };
 const R1: SourceKey = SourceKey { worker_id: 1, dp_rank: 1 };
 const R2: SourceKey = SourceKey { worker_id: 1, dp_rank: 2 };
 const P1: u64 = 0xA1;
@@ -81,7 +81,7 @@ fn event(source: SourceKey, event_id: u64, data: KvCacheEventData) -> RouterEven
 }
 
 /// A store of one root block whose engine id is `block`.
-fn stored(source: SourceKey, event_id: u64, block: u64) -> RouterEvent {
+pub(super) fn stored(source: SourceKey, event_id: u64, block: u64) -> RouterEvent {
     stored_child(source, event_id, None, block)
 }
 
@@ -335,6 +335,7 @@ fn expected_ranks_follow_runtime_configs() {
     harness.add_worker(4, config(0, DATA_PARALLEL_SIZE_MAX + 1, true)); // invalid: too large
     harness.add_worker(5, config(u32::MAX, 2, true)); // invalid: ranks beyond u32
     harness.add_worker(6, config(0, DATA_PARALLEL_SIZE_MAX, true)); // the largest valid size
+    harness.add_worker(10, config(u32::MAX - 1, 2, false)); // valid: the last rank is u32::MAX
     harness.configs.insert(7, config(0, 1, true)); // a base card without a live instance
     harness.live_workers.insert(8); // a live instance without a base card
     harness.advertise(advert(SourceKey { worker_id: 9, dp_rank: 0 }, 0x99, true)); // source-only
@@ -349,7 +350,8 @@ fn expected_ranks_follow_runtime_configs() {
         assert!(worker_ranks(worker_id).is_empty(), "worker {worker_id} has no expected ranks");
     }
     assert_eq!(worker_ranks(6).len(), DATA_PARALLEL_SIZE_MAX as usize);
-    assert_eq!(view.ranks.len(), 3 + DATA_PARALLEL_SIZE_MAX as usize);
+    assert_eq!(worker_ranks(10), vec![u32::MAX - 1, u32::MAX]);
+    assert_eq!(view.ranks.len(), 5 + DATA_PARALLEL_SIZE_MAX as usize);
     assert!(view.ranks[&R0].recovery_expected);
     assert!(!view.ranks[&SourceKey { worker_id: 2, dp_rank: 4 }].recovery_expected);
     assert!(view.ranks.values().all(|rank| rank.status == RankSourceStatus::Missing));
@@ -786,8 +788,11 @@ fn cleared_resets_the_rank_and_advances_the_cursor() {
     let commands = harness.events(P1, live(R0, [9]));
     let call = only_request(&commands);
     assert!(harness.events(P1, live(R0, [10])).is_empty());
+    let stale_before = harness.tracker.counters().events_dropped_stale;
     let commands = harness.events(P1, vec![cleared(R0, 11), stored(R0, 12, 3)]);
     assert_eq!(cancels(&commands), vec![call.request_id]);
+    // The buffered 9 and 10 are superseded by the clear: dropped as stale, never applied.
+    assert_eq!(harness.tracker.counters().events_dropped_stale, stale_before + 2);
     assert_eq!(resets(&commands), vec![(R0, false, ResetReason::Cleared)]);
     assert_eq!(applied(&commands), vec![(R0, vec![12])]);
     let report = harness.rank(R0);

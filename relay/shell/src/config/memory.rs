@@ -85,7 +85,7 @@ pub(super) fn resolve_memory_budgets(
             "DYN_RELAY_RECOVERY_ANSWERS_BYTES_MAX",
             recovery_response_bytes_max as u64,
             BYTE_BUDGET_MAX,
-            RECOVERY_ANSWERS_BYTES_MAX.max(recovery_response_bytes_max),
+            RECOVERY_ANSWERS_BYTES_MAX,
         )?,
         journal_queue_bytes_max: bytes(
             "DYN_RELAY_JOURNAL_QUEUE_BYTES_MAX",

@@ -92,6 +92,8 @@ pub const RECOVERY_RESPONSE_BYTES_MAX: usize = 128 << 20;
 /// yet handed over): two answers at [`RECOVERY_RESPONSE_BYTES_MAX`]. Without it, the worst case
 /// was that bound times [`PENDING_QUERIES_MAX`].
 pub const RECOVERY_ANSWERS_BYTES_MAX: usize = 256 << 20;
+// The default must hold one answer at the largest bound a setting may give it.
+const _: () = assert!(RECOVERY_ANSWERS_BYTES_MAX >= RECOVERY_RESPONSE_BYTES_MAX);
 
 /// Largest header part of any frame (handshake, prologue, sentinel are ~100 bytes).
 pub const CONTROL_FRAME_BYTES_MAX: usize = 64 << 10;
