@@ -1396,3 +1396,7 @@ impl SourceTracker {
         self.now_last
     }
 }
+
+#[cfg(test)]
+#[path = "recovery_tests.rs"]
+mod recovery_tests;

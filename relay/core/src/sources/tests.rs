@@ -23,10 +23,10 @@ use crate::rng::{RelayRng, rng_from_seed};
 // ---- fixtures ------------------------------------------------------------------------------
 
 pub(super) const R0: SourceKey = SourceKey { worker_id: 1, dp_rank: 0 };
-const R1: SourceKey = SourceKey { worker_id: 1, dp_rank: 1 };
+pub(super) const R1: SourceKey = SourceKey { worker_id: 1, dp_rank: 1 };
 const R2: SourceKey = SourceKey { worker_id: 1, dp_rank: 2 };
-const P1: u64 = 0xA1;
-const P2: u64 = 0xB2;
+pub(super) const P1: u64 = 0xA1;
+pub(super) const P2: u64 = 0xB2;
 
 fn ms(millis: u64) -> Duration {
     Duration::from_millis(millis)
@@ -40,7 +40,7 @@ fn other_endpoint() -> EndpointPath {
     EndpointPath::new("dynamo", "backend", "kv_state").unwrap()
 }
 
-fn config(start: u32, size: u32, local_indexer: bool) -> RuntimeConfig {
+pub(super) fn config(start: u32, size: u32, local_indexer: bool) -> RuntimeConfig {
     RuntimeConfig {
         data_parallel_start_rank: start,
         data_parallel_size: size,
@@ -62,7 +62,11 @@ fn target(publisher_id: u64) -> RecoveryTarget {
     }
 }
 
-fn advert(source: SourceKey, publisher_id: u64, recoverable: bool) -> KvEventSourceAdvert {
+pub(super) fn advert(
+    source: SourceKey,
+    publisher_id: u64,
+    recoverable: bool,
+) -> KvEventSourceAdvert {
     KvEventSourceAdvert {
         kv_state_endpoint: serving(),
         source,
@@ -104,7 +108,7 @@ fn cleared(source: SourceKey, event_id: u64) -> RouterEvent {
     event(source, event_id, KvCacheEventData::Cleared)
 }
 
-fn live(source: SourceKey, ids: impl IntoIterator<Item = u64>) -> Vec<RouterEvent> {
+pub(super) fn live(source: SourceKey, ids: impl IntoIterator<Item = u64>) -> Vec<RouterEvent> {
     ids.into_iter().map(|id| stored(source, id, id.wrapping_add(1000))).collect()
 }
 
@@ -189,9 +193,9 @@ fn only_request(commands: &[SourceCommand]) -> RecoveryCall {
 // ---- harness -------------------------------------------------------------------------------
 
 /// Membership facts plus the two state machines, driven like the host shell would.
-struct Harness {
+pub(super) struct Harness {
     membership: KvSourceMembership,
-    tracker: SourceTracker,
+    pub(super) tracker: SourceTracker,
     rng: RelayRng,
     now: Duration,
     configs: BTreeMap<u64, RuntimeConfig>,
@@ -200,7 +204,7 @@ struct Harness {
 }
 
 impl Harness {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self::with_config(SourceTrackerConfig::default())
     }
 
@@ -216,7 +220,7 @@ impl Harness {
         }
     }
 
-    fn add_worker(&mut self, worker_id: u64, config: RuntimeConfig) {
+    pub(super) fn add_worker(&mut self, worker_id: u64, config: RuntimeConfig) {
         self.configs.insert(worker_id, config);
         self.live_workers.insert(worker_id);
     }
@@ -235,7 +239,7 @@ impl Harness {
         }
     }
 
-    fn advertise(&mut self, advert: KvEventSourceAdvert) {
+    pub(super) fn advertise(&mut self, advert: KvEventSourceAdvert) {
         self.adverts.advertise(advert).unwrap();
     }
 
@@ -243,7 +247,7 @@ impl Harness {
         self.adverts.withdraw(&serving(), publisher_id);
     }
 
-    fn view(&mut self) -> SourceView {
+    pub(super) fn view(&mut self) -> SourceView {
         self.membership.project(&self.configs, &self.live_workers, self.adverts.iter())
     }
 
@@ -259,13 +263,17 @@ impl Harness {
     }
 
     /// Reconcile, then let the activation jitter pass.
-    fn reconcile_and_settle(&mut self) -> Vec<SourceCommand> {
+    pub(super) fn reconcile_and_settle(&mut self) -> Vec<SourceCommand> {
         let mut commands = self.reconcile();
         commands.extend(self.advance(RECOVERY_START_JITTER_MAX));
         commands
     }
 
-    fn events(&mut self, publisher_id: u64, events: Vec<RouterEvent>) -> Vec<SourceCommand> {
+    pub(super) fn events(
+        &mut self,
+        publisher_id: u64,
+        events: Vec<RouterEvent>,
+    ) -> Vec<SourceCommand> {
         self.handle(SourceInput::Events(KvEventBatch {
             endpoint: serving(),
             publisher_id,
@@ -444,6 +452,8 @@ fn conflicting_descriptor_makes_the_rank_ambiguous_until_withdrawn() {
     assert!(!view.has_active_source());
     // Withdrawal is fenced by publisher id and scope: another scope's withdrawal removes nothing.
     assert_eq!(harness.adverts.withdraw(&other_endpoint(), P1), 0);
+    assert!(!harness.adverts.is_empty());
+    assert_eq!(harness.adverts.len(), 2);
     assert_eq!(harness.adverts.withdraw(&serving(), P1), 2);
     assert!(harness.adverts.is_empty());
 }
@@ -1138,12 +1148,45 @@ fn the_live_buffer_is_bounded_in_bytes_before_an_event_is_held() {
 }
 
 #[test]
-fn a_zero_live_buffer_byte_bound_is_refused() {
-    let bad = SourceTrackerConfig { live_buffer_bytes_max: 0, ..SourceTrackerConfig::default() };
-    assert_eq!(
-        bad.validate().err(),
-        Some(SourceConfigError::NotPositive { field: "live_buffer_bytes_max" })
-    );
+fn every_bound_of_the_tracker_config_is_validated() {
+    let base = SourceTrackerConfig::default();
+    assert_eq!(base.validate(), Ok(()));
+    // The smallest usable value of each bound is accepted; zero is refused by name.
+    let tiny = Duration::from_nanos(1);
+    let smallest = SourceTrackerConfig {
+        recovery_attempt_timeout: tiny,
+        recovery_attempts_max: 1,
+        recovery_fetches_in_flight_max: 1,
+        live_buffer_events_max: 1,
+        live_buffer_bytes_max: 1,
+        rebuild_batch_age_max: tiny,
+        recovery_backoff_initial: base.recovery_backoff_max,
+        ..base
+    };
+    assert_eq!(smallest.validate(), Ok(()), "equal backoffs are in order");
+    let zeroed: [(&str, SourceTrackerConfig); 6] = [
+        (
+            "recovery_attempt_timeout",
+            SourceTrackerConfig { recovery_attempt_timeout: Duration::ZERO, ..smallest },
+        ),
+        ("recovery_attempts_max", SourceTrackerConfig { recovery_attempts_max: 0, ..smallest }),
+        (
+            "recovery_fetches_in_flight_max",
+            SourceTrackerConfig { recovery_fetches_in_flight_max: 0, ..smallest },
+        ),
+        ("live_buffer_events_max", SourceTrackerConfig { live_buffer_events_max: 0, ..smallest }),
+        ("live_buffer_bytes_max", SourceTrackerConfig { live_buffer_bytes_max: 0, ..smallest }),
+        (
+            "rebuild_batch_age_max",
+            SourceTrackerConfig { rebuild_batch_age_max: Duration::ZERO, ..smallest },
+        ),
+    ];
+    for (field, config) in zeroed {
+        assert_eq!(config.validate(), Err(SourceConfigError::NotPositive { field }));
+    }
+    let reversed =
+        SourceTrackerConfig { recovery_backoff_initial: base.recovery_backoff_max + tiny, ..base };
+    assert_eq!(reversed.validate(), Err(SourceConfigError::BackoffOrder));
 }
 
 #[test]
@@ -1273,6 +1316,9 @@ fn recovery_fetches_in_flight_are_bounded() {
     let calls = requests(&harness.reconcile_and_settle());
     assert_eq!(calls.len(), RECOVERY_FETCHES_IN_FLIGHT_MAX);
     assert_eq!(harness.tracker.in_flight_count(), RECOVERY_FETCHES_IN_FLIGHT_MAX);
+    // The due requests wait for a slot, not a timer: the next timer is a call's deadline.
+    let next = harness.tracker.poll_timeout().expect("the calls' deadlines are armed");
+    assert!(next > harness.now, "a due request waiting for a slot is not a timer: {next:?}");
     // Each answer frees a slot for the next due rank.
     let commands = harness.answer(&calls[0], dump(vec![], 0));
     assert_eq!(requests(&commands).len(), 1);

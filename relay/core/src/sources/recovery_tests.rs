@@ -1,0 +1,149 @@
+//! [`SourceTracker::check_invariants`] against broken states: each relation of the type doc is
+//! broken alone on a tracker with recoveries under way, and the check must name it; the states
+//! at each bound must pass. Also the tracker's defensive paths that only a hand-made view reaches.
+
+use std::time::Duration;
+
+use super::*;
+use crate::rng::rng_from_seed;
+use crate::sources::membership::RankSourceStatus;
+use crate::sources::tests::{Harness, P1, P2, R0, R1, advert, config, live};
+
+/// Two recoverable ranks with their first tree dumps in flight; `R0` buffers two live events.
+fn recovering() -> SourceTracker {
+    let mut harness = Harness::new();
+    harness.add_worker(1, config(0, 2, true));
+    harness.advertise(advert(R0, P1, true));
+    harness.advertise(advert(R1, P2, true));
+    let _ = harness.reconcile_and_settle();
+    assert!(harness.events(P1, live(R0, [2, 3])).is_empty());
+    let tracker = harness.tracker;
+    assert_eq!(tracker.in_flight_count(), 2);
+    assert_eq!(tracker.rank(R0).map(|rank| rank.buffered_events), Some(2));
+    tracker.check_invariants().expect("the unbroken state holds");
+    tracker
+}
+
+/// The check's verdict on a copy of `tracker` changed by `change`.
+fn check_after(
+    tracker: &SourceTracker,
+    change: impl FnOnce(&mut SourceTracker),
+) -> Result<(), String> {
+    let mut copy = tracker.clone();
+    change(&mut copy);
+    copy.check_invariants()
+}
+
+fn assert_names(verdict: Result<(), String>, relation: &str) {
+    match verdict {
+        Err(error) => assert!(error.contains(relation), "{error:?} does not name {relation:?}"),
+        Ok(()) => panic!("the check missed a broken {relation:?}"),
+    }
+}
+
+fn state(tracker: &mut SourceTracker, source: SourceKey) -> &mut RankState {
+    tracker.ranks.get_mut(&source).expect("rank is active")
+}
+
+#[test]
+fn each_broken_relation_is_named() {
+    let tracker = recovering();
+    assert_names(
+        check_after(&tracker, |t| {
+            t.publishers.insert(P1, R1);
+        }),
+        "does not map",
+    );
+    assert_names(
+        check_after(&tracker, |t| {
+            t.publishers.insert(0xDEAD, R0);
+        }),
+        "entries without a rank",
+    );
+    assert_names(
+        check_after(&tracker, |t| state(t, R0).phase = RecoveryPhase::Idle),
+        "without a recovery",
+    );
+    // A live-only rank must not recover, even with nothing buffered (R1 buffers nothing).
+    assert_names(
+        check_after(&tracker, |t| state(t, R1).mode = RankMode::LiveOnly),
+        "is recovering",
+    );
+    assert_names(check_after(&tracker, |t| t.deadlines.clear()), "timer indexes");
+    assert_names(
+        check_after(&tracker, |t| {
+            t.scheduled.insert((Duration::ZERO, R1));
+        }),
+        "timer indexes",
+    );
+    assert_names(check_after(&tracker, |t| t.in_flight.clear()), "in-flight map");
+    assert_names(
+        check_after(&tracker, |t| {
+            t.batch.pending.insert(R1);
+        }),
+        "pending batch",
+    );
+}
+
+#[test]
+fn each_bound_holds_at_its_value_and_fails_past_it() {
+    let tracker = recovering();
+    let buffered = tracker.ranks[&R0].buffer.len();
+    let weight = tracker.ranks[&R0].buffer.bytes();
+    assert_eq!(check_after(&tracker, |t| t.config.live_buffer_events_max = buffered), Ok(()));
+    assert_names(
+        check_after(&tracker, |t| t.config.live_buffer_events_max = buffered - 1),
+        &format!("buffers {buffered} events"),
+    );
+    assert_eq!(check_after(&tracker, |t| t.config.live_buffer_bytes_max = weight), Ok(()));
+    assert_names(
+        check_after(&tracker, |t| t.config.live_buffer_bytes_max = weight - 1),
+        &format!("buffers {weight} bytes"),
+    );
+    assert_eq!(check_after(&tracker, |t| t.config.recovery_fetches_in_flight_max = 2), Ok(()));
+    assert_names(
+        check_after(&tracker, |t| t.config.recovery_fetches_in_flight_max = 1),
+        "2 calls in flight",
+    );
+}
+
+/// `KvSourceMembership` never lets one publisher id name two ranks; a view that does is refused
+/// for the second rank and counted, and the first keeps its recovery.
+#[test]
+fn a_publisher_id_claimed_by_a_second_rank_is_a_collision() {
+    let mut harness = Harness::new();
+    harness.add_worker(1, config(0, 2, true));
+    harness.advertise(advert(R0, P1, true));
+    harness.advertise(advert(R1, P2, true));
+    let mut view = harness.view();
+    let first = view.ranks[&R0].status.clone();
+    assert!(matches!(first, RankSourceStatus::ActiveRecoverable { publisher_id: P1, .. }));
+    view.ranks.get_mut(&R1).expect("R1 is expected").status = first;
+
+    let mut tracker = harness.tracker;
+    let _ = tracker.handle(SourceInput::View(view), Duration::ZERO, &mut rng_from_seed(3));
+    tracker.check_invariants().expect("a collision leaves the state consistent");
+    assert_eq!(tracker.counters().publisher_collisions, 1);
+    assert_eq!(tracker.rank(R0).map(|rank| rank.publisher_id), Some(P1));
+    assert_eq!(tracker.rank(R1), None);
+}
+
+#[test]
+fn the_tracker_keeps_its_config() {
+    let config = SourceTrackerConfig {
+        live_buffer_events_max: 3,
+        live_buffer_bytes_max: 4096,
+        ..SourceTrackerConfig::default()
+    };
+    assert_eq!(SourceTracker::new(config).map(|tracker| *tracker.config()), Ok(config));
+}
+
+/// Configurations recorded before the byte bound existed decode with its default.
+#[test]
+fn a_config_without_the_byte_bound_decodes_with_its_default() {
+    let mut fields = serde_json::to_value(SourceTrackerConfig::default()).unwrap();
+    let removed = fields.as_object_mut().unwrap().remove("live_buffer_bytes_max");
+    assert_eq!(removed, Some(serde_json::json!(LIVE_BUFFER_BYTES_MAX)));
+    let decoded: SourceTrackerConfig = serde_json::from_value(fields).unwrap();
+    assert_eq!(decoded.live_buffer_bytes_max, LIVE_BUFFER_BYTES_MAX);
+}
