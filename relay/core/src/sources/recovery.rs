@@ -239,8 +239,15 @@ pub struct RankReport {
 /// Running totals of a tracker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SourceCounters {
+    /// Live events offered in event batches (every one ends in exactly one of the applied or
+    /// dropped counters, in [`SourceCounters::rank_clears`], or in a buffer).
+    pub events_received: u64,
     /// Events handed out in `ApplyEvents`.
     pub events_applied: u64,
+    /// Of [`SourceCounters::events_applied`], those of range answers rather than live batches.
+    pub range_events_applied: u64,
+    /// Live rank-scoped `Cleared` events past the cursor (each resets its rank).
+    pub rank_clears: u64,
     /// Live events put in a buffer.
     pub events_buffered: u64,
     /// Events from an incarnation that is not the active source of any rank.
@@ -258,6 +265,8 @@ pub struct SourceCounters {
     pub events_dropped_id_exhausted: u64,
     /// Buffered events (and the overflowing one) thrown away at a buffer overflow.
     pub events_dropped_overflow: u64,
+    /// Buffered events of a rank that stopped being tracked during its recovery.
+    pub events_dropped_retired: u64,
     /// Buffer overflows.
     pub buffer_overflows: u64,
     /// Of [`SourceCounters::buffer_overflows`], those where the byte bound was reached first.
@@ -292,6 +301,28 @@ pub struct SourceCounters {
     pub faults_producer: u64,
     /// Activations refused because the publisher id was already active for another rank.
     pub publisher_collisions: u64,
+}
+
+impl SourceCounters {
+    /// Live events that reached an end: applied from a live batch, dropped for a reason, or a
+    /// rank clear (the buffered ones are the rest of [`SourceCounters::events_received`]).
+    #[must_use]
+    pub fn live_events_accounted(&self) -> u64 {
+        let dropped = [
+            self.events_dropped_inactive_publisher,
+            self.events_dropped_wrong_scope,
+            self.events_dropped_mismatched_rank,
+            self.events_dropped_stale,
+            self.events_dropped_fenced,
+            self.events_dropped_id_exhausted,
+            self.events_dropped_overflow,
+            self.events_dropped_retired,
+        ];
+        let live_applied = self.events_applied.saturating_sub(self.range_events_applied);
+        dropped.iter().fold(live_applied.saturating_add(self.rank_clears), |sum, count| {
+            sum.saturating_add(*count)
+        })
+    }
 }
 
 /// State of one rank with an active source.
@@ -370,6 +401,8 @@ fn is_rank_clear(event: &RouterEvent) -> bool {
 /// - every active rank's publisher id maps back to it, and no other publisher id is active;
 /// - the timer indexes, the in-flight map and the pending batch mirror the ranks' phases
 ///   exactly, and at most `recovery_fetches_in_flight_max` calls are in flight;
+/// - every live event received is accounted for: applied (live), dropped with its reason, a
+///   rank clear, or held in a buffer ([`SourceCounters::events_received`]);
 /// - a rank's buffer is non-empty only while its recovery is under way, never exceeds
 ///   `live_buffer_events_max` events nor `live_buffer_bytes_max` bytes (its weight is the sum of
 ///   its events' [`RouterEvent::weight_bytes`]), and only recoverable ranks buffer.
@@ -566,6 +599,14 @@ impl SourceTracker {
         if self.publishers.len() != self.ranks.len() {
             return Err("publisher index has entries without a rank".into());
         }
+        let buffered: u64 = self.ranks.values().map(|state| state.buffer.len() as u64).sum();
+        let accounted = self.counters.live_events_accounted() + buffered;
+        if accounted != self.counters.events_received {
+            return Err(format!(
+                "{} live events received, {accounted} accounted for ({buffered} buffered)",
+                self.counters.events_received
+            ));
+        }
         if scheduled != self.scheduled || deadlines != self.deadlines {
             return Err("timer indexes disagree with rank phases".into());
         }
@@ -657,6 +698,7 @@ impl SourceTracker {
 
     fn on_events(&mut self, batch: KvEventBatch, now: Duration, out: &mut Commands) {
         let count = batch.events.len() as u64;
+        self.counters.events_received += count;
         let Some(&source) = self.publishers.get(&batch.publisher_id) else {
             self.counters.events_dropped_inactive_publisher += count;
             return;
@@ -831,6 +873,7 @@ impl SourceTracker {
             if state.cursor.covers(event_id) {
                 self.counters.events_dropped_stale += 1;
             } else {
+                self.counters.rank_clears += 1;
                 self.on_rank_clear(source, event_id, now, out);
             }
             return;
@@ -1077,6 +1120,7 @@ impl SourceTracker {
                 CursorObservation::Stale => {}
                 CursorObservation::Initial | CursorObservation::Contiguous => {
                     self.apply(source, event, out);
+                    self.counters.range_events_applied += 1;
                 }
                 CursorObservation::Gap { .. } => return,
             }
@@ -1217,10 +1261,11 @@ impl SourceTracker {
         if let Some(reason) = reason {
             self.reset(source, reason, false, out);
         }
-        if let Some(state) = self.ranks.remove(&source)
-            && self.publishers.get(&state.publisher_id) == Some(&source)
-        {
-            self.publishers.remove(&state.publisher_id);
+        if let Some(state) = self.ranks.remove(&source) {
+            self.counters.events_dropped_retired += state.buffer.len() as u64;
+            if self.publishers.get(&state.publisher_id) == Some(&source) {
+                self.publishers.remove(&state.publisher_id);
+            }
         }
         if let Some(wave) = &mut self.batch.wave
             && wave.members.remove(&source)

@@ -77,6 +77,8 @@ fn each_broken_relation_is_named() {
         "timer indexes",
     );
     assert_names(check_after(&tracker, |t| t.in_flight.clear()), "in-flight map");
+    assert_names(check_after(&tracker, |t| t.counters.events_received += 1), "accounted for");
+    assert_names(check_after(&tracker, |t| t.counters.events_dropped_stale += 1), "accounted for");
     assert_names(
         check_after(&tracker, |t| {
             t.batch.pending.insert(R1);
@@ -146,4 +148,21 @@ fn a_config_without_the_byte_bound_decodes_with_its_default() {
     assert_eq!(removed, Some(serde_json::json!(LIVE_BUFFER_BYTES_MAX)));
     let decoded: SourceTrackerConfig = serde_json::from_value(fields).unwrap();
     assert_eq!(decoded.live_buffer_bytes_max, LIVE_BUFFER_BYTES_MAX);
+}
+
+/// A rank retired while its recovery is under way drops its buffer, counted.
+#[test]
+fn a_retired_rank_counts_its_buffered_events() {
+    let mut harness = Harness::new();
+    harness.add_worker(1, config(0, 2, true));
+    harness.advertise(advert(R0, P1, true));
+    harness.advertise(advert(R1, P2, true));
+    let _ = harness.reconcile_and_settle();
+    assert!(harness.events(P1, live(R0, [2, 3, 4])).is_empty());
+    harness.withdraw(P1);
+    let _ = harness.reconcile();
+    let counters = *harness.tracker.counters();
+    assert_eq!(harness.tracker.rank(R0), None);
+    assert_eq!((counters.events_received, counters.events_dropped_retired), (3, 3));
+    assert_eq!(counters.live_events_accounted(), 3);
 }

@@ -243,7 +243,7 @@ impl Harness {
         self.adverts.advertise(advert).unwrap();
     }
 
-    fn withdraw(&mut self, publisher_id: u64) {
+    pub(super) fn withdraw(&mut self, publisher_id: u64) {
         self.adverts.withdraw(&serving(), publisher_id);
     }
 
@@ -257,7 +257,7 @@ impl Harness {
         commands
     }
 
-    fn reconcile(&mut self) -> Vec<SourceCommand> {
+    pub(super) fn reconcile(&mut self) -> Vec<SourceCommand> {
         let view = self.view();
         self.handle(SourceInput::View(view))
     }

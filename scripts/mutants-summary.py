@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Per-file kill rate of `cargo mutants` runs, as a Markdown table.
+
+    scripts/mutants-summary.py mutants.out/outcomes.json [LATER/outcomes.json ...]
+
+Each later file overrides the outcome of the mutants it tested again (a re-run of the missed
+ones with `cargo mutants --iterate`, or with `-F` for one function). A timeout counts as caught
+(the mutant made the tests hang, which a test run notices); the kill rate is
+(caught + timeout) / (caught + timeout + missed), unviable mutants (those that do not build)
+left out. `--missed` lists the mutants still missed.
+"""
+
+import json
+import sys
+from collections import OrderedDict
+
+KINDS = {
+    "CaughtMutant": "caught",
+    "MissedMutant": "missed",
+    "Timeout": "timeout",
+    "Unviable": "unviable",
+}
+
+
+def outcomes(paths):
+    latest = OrderedDict()
+    for path in paths:
+        with open(path, encoding="utf-8") as file:
+            for outcome in json.load(file)["outcomes"]:
+                mutant = outcome["scenario"]
+                if not isinstance(mutant, dict) or "Mutant" not in mutant:
+                    continue  # the baseline
+                kind = KINDS.get(outcome["summary"])
+                if kind is None:
+                    raise SystemExit(f"{path}: unknown outcome {outcome['summary']!r}")
+                latest[mutant["Mutant"]["name"]] = (mutant["Mutant"]["file"], kind)
+    return latest
+
+
+def main(argv):
+    show_missed = "--missed" in argv
+    paths = [arg for arg in argv if arg != "--missed"]
+    if not paths:
+        raise SystemExit(__doc__)
+    latest = outcomes(paths)
+    per_file = OrderedDict()
+    for file, kind in sorted(latest.values()):
+        per_file.setdefault(file, dict.fromkeys(KINDS.values(), 0))[kind] += 1
+    total = dict.fromkeys(KINDS.values(), 0)
+    print("| file | caught | timeout | missed | unviable | killed |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for file, counts in list(per_file.items()) + [("**all**", total)]:
+        if file != "**all**":
+            for kind, count in counts.items():
+                total[kind] += count
+        killed = counts["caught"] + counts["timeout"]
+        viable = killed + counts["missed"]
+        rate = f"{100.0 * killed / viable:.1f} %" if viable else "—"
+        print(
+            f"| {file} | {counts['caught']} | {counts['timeout']} | {counts['missed']} "
+            f"| {counts['unviable']} | {rate} |"
+        )
+    if show_missed:
+        print()
+        for name, (_, kind) in latest.items():
+            if kind == "missed":
+                print(name)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
