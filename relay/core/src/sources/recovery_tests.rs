@@ -2,6 +2,7 @@
 //! broken alone on a tracker with recoveries under way, and the check must name it; the states
 //! at each bound must pass. Also the tracker's defensive paths that only a hand-made view reaches.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use super::*;
@@ -19,6 +20,7 @@ fn recovering() -> SourceTracker {
     assert!(harness.events(P1, live(R0, [2, 3])).is_empty());
     let tracker = harness.tracker;
     assert_eq!(tracker.in_flight_count(), 2);
+    assert_eq!(tracker.counters().recovery_requests, 2);
     assert_eq!(tracker.rank(R0).map(|rank| rank.buffered_events), Some(2));
     tracker.check_invariants().expect("the unbroken state holds");
     tracker
@@ -123,11 +125,51 @@ fn a_publisher_id_claimed_by_a_second_rank_is_a_collision() {
     view.ranks.get_mut(&R1).expect("R1 is expected").status = first;
 
     let mut tracker = harness.tracker;
-    let _ = tracker.handle(SourceInput::View(view), Duration::ZERO, &mut rng_from_seed(3));
+    let mut rng = rng_from_seed(3);
+    let _ = tracker.handle(SourceInput::View(view.clone()), Duration::ZERO, &mut rng);
     tracker.check_invariants().expect("a collision leaves the state consistent");
     assert_eq!(tracker.counters().publisher_collisions, 1);
     assert_eq!(tracker.rank(R0).map(|rank| rank.publisher_id), Some(P1));
     assert_eq!(tracker.rank(R1), None);
+
+    // R1 active under its own publisher, then reactivated under R0's: it is retired and reset.
+    view.ranks.get_mut(&R1).expect("R1 is expected").status =
+        RankSourceStatus::ActiveLiveOnly { publisher_id: P2 };
+    let _ = tracker.handle(SourceInput::View(view.clone()), Duration::ZERO, &mut rng);
+    assert_eq!(tracker.rank(R1).map(|rank| rank.publisher_id), Some(P2));
+    let resets_before = tracker.counters().rank_resets;
+    let rank = view.ranks.get_mut(&R1).expect("R1 is expected");
+    rank.status = RankSourceStatus::ActiveLiveOnly { publisher_id: P1 };
+    rank.lifecycle_generation += 1;
+    let commands = tracker.handle(SourceInput::View(view), Duration::ZERO, &mut rng);
+    tracker.check_invariants().expect("a retired collision leaves the state consistent");
+    let reset = commands.iter().find_map(|command| match command {
+        SourceCommand::ResetRank { source: R1, reason, degraded, .. } => Some((*reason, *degraded)),
+        _ => None,
+    });
+    assert_eq!(reset, Some((ResetReason::SourceWithheld, false)), "{commands:?}");
+    assert_eq!(tracker.rank(R1), None);
+    assert_eq!(tracker.counters().publisher_collisions, 2);
+    assert_eq!(tracker.counters().rank_resets, resets_before + 1);
+}
+
+/// The start jitter is uniform over `0..=max`: both ends of a 1 µs range occur.
+#[test]
+fn the_start_jitter_reaches_both_ends_of_its_range() {
+    let config = SourceTrackerConfig {
+        recovery_start_jitter_max: Duration::from_micros(1),
+        ..SourceTrackerConfig::default()
+    };
+    let tracker = SourceTracker::new(config).unwrap();
+    let mut rng = rng_from_seed(11);
+    let draws: BTreeSet<Duration> = (0..64).map(|_| tracker.jitter(&mut rng)).collect();
+    assert_eq!(draws, BTreeSet::from([Duration::ZERO, Duration::from_micros(1)]));
+    let none = SourceTracker::new(SourceTrackerConfig {
+        recovery_start_jitter_max: Duration::ZERO,
+        ..SourceTrackerConfig::default()
+    })
+    .unwrap();
+    assert_eq!(none.jitter(&mut rng), Duration::ZERO);
 }
 
 #[test]
