@@ -408,17 +408,21 @@ mod tests {
     fn catalog_revision_starts_at_0_and_counts_every_change() {
         let mut catalog = Catalog::new();
         assert_eq!(catalog.revision(), 0);
+        assert!(catalog.is_empty());
         assert_eq!(catalog.snapshot(), CatalogSnapshot { revision: 0, pools: Vec::new() });
 
         let first = descriptor("ns/a/generate", pool(1), 1);
         assert_eq!(catalog.upsert(first.clone()), Ok(CatalogChange::Attached { revision: 1 }));
+        assert!(!catalog.is_empty());
         // The same descriptor again is not a change.
-        assert_eq!(catalog.upsert(first.clone()), Ok(CatalogChange::Unchanged));
+        assert_eq!(catalog.upsert(first.clone()).map(CatalogChange::revision), Ok(None));
         assert_eq!(catalog.revision(), 1);
 
         let mut aliased = first.clone();
         aliased.registrations[0].aliases.insert("tiny".to_owned());
         assert_eq!(catalog.upsert(aliased), Ok(CatalogChange::Refreshed { revision: 2 }));
+        assert_eq!(CatalogChange::Refreshed { revision: 2 }.revision(), Some(2));
+        assert_eq!(CatalogChange::Attached { revision: 7 }.revision(), Some(7));
 
         let second = descriptor("ns/b/generate", pool(2), 2);
         assert_eq!(catalog.upsert(second), Ok(CatalogChange::Attached { revision: 3 }));

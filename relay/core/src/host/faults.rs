@@ -278,6 +278,23 @@ mod tests {
     }
 
     #[test]
+    fn empty_means_no_source_fault_and_no_fence_and_clear_forgets_both() {
+        let mut faults = PendingActorFaults::new();
+        assert!(faults.is_empty());
+        let _ = faults.push(fault(1, 2, ActorFaultAction::RejectSource));
+        assert!(!faults.is_empty(), "a pending source fault");
+        faults.clear();
+        assert!(faults.is_empty());
+        assert_eq!(faults.pop_source_fault(), None);
+        let _ = faults.push(fault(1, 2, ActorFaultAction::FenceAndRebuildProducer));
+        assert_eq!(faults.source_fault_count(), 0);
+        assert!(!faults.is_empty(), "an installed producer fence");
+        faults.clear();
+        assert!(faults.is_empty());
+        assert_eq!(faults.producer_fence(), None);
+    }
+
+    #[test]
     fn same_epoch_keeps_the_stronger_action() {
         let mut faults = PendingActorFaults::new();
         let _ = faults.push(fault(1, 2, ActorFaultAction::ReportResourceFailure));
