@@ -955,11 +955,64 @@ fn shutdown_withdraws_every_pool_before_stopping_any_actor() {
 
     // Nothing starts again; the starting generation is stopped unpublished when it reports.
     assert!(harness.reconcile().is_empty());
+
     assert_eq!(harness.host.poll_timeout(), None);
     let commands = harness.succeed(ENCODE, 3);
     assert_eq!(kinds(&commands), ["stop", "release"]);
     assert!(harness.host.is_drained());
     assert_eq!(harness.host.catalog().revision(), 4);
+}
+
+/// A start report is about one generation: reports for a retired one, or a second report for
+/// the current one, change nothing.
+#[test]
+fn a_start_report_for_another_generation_is_ignored() {
+    let mut harness = Harness::new();
+    harness.upsert(card_id(BACKEND, 1), aggregated("model-a"));
+    harness.source_up(BACKEND);
+    let first = start_generations(&harness.reconcile())[0];
+    harness.source_down(BACKEND);
+    let _ = harness.reconcile();
+    // The unpublished generation goes when it reports; then the returning source starts anew.
+    assert_eq!(kinds(&harness.succeed(BACKEND, first)), ["stop", "release"]);
+    harness.source_up(BACKEND);
+    let second = start_generations(&harness.reconcile())[0];
+    assert_ne!(first, second);
+    assert_eq!(harness.lifecycle(BACKEND), SlotLifecycle::Starting);
+    assert!(harness.succeed(BACKEND, first).is_empty());
+    assert!(harness.fail(BACKEND, first).is_empty());
+    assert_eq!(harness.lifecycle(BACKEND), SlotLifecycle::Starting);
+    assert!(harness.catalog_endpoints().is_empty());
+
+    assert_eq!(kinds(&harness.succeed(BACKEND, second)), ["publish"]);
+    assert_eq!(harness.lifecycle(BACKEND), SlotLifecycle::Active);
+    assert!(harness.succeed(BACKEND, second).is_empty());
+    assert!(harness.fail(BACKEND, second).is_empty());
+    assert_eq!(harness.lifecycle(BACKEND), SlotLifecycle::Active);
+}
+
+/// A pool still held by the generation of the endpoint that served it before makes the new
+/// endpoint wait as discovered (not fenced, not refused by the budget) until it is released.
+#[test]
+fn an_endpoint_waits_for_the_pool_another_endpoint_still_holds() {
+    const MOVED: &str = "prod/moved/generate";
+    let mut harness = Harness::new();
+    harness.upsert(card_id(BACKEND, 1), explicit("model-a", "shared"));
+    harness.source_up(BACKEND);
+    let first = start_generations(&harness.reconcile())[0];
+    harness.remove(card_id(BACKEND, 1));
+    harness.upsert(card_id(MOVED, 2), explicit("model-a", "shared"));
+    harness.source_up(MOVED);
+    assert!(start_generations(&harness.reconcile()).is_empty());
+    let held = harness.host.slot(&endpoint(BACKEND)).unwrap().producer.map(|p| p.pool_id());
+    assert_eq!(held, Some(harness.pool_id(MOVED)), "the same pool");
+    let waiting = harness.host.slot(&endpoint(MOVED)).unwrap();
+    assert_eq!((waiting.lifecycle, waiting.fence), (SlotLifecycle::Discovered, None));
+    assert_eq!(harness.host.slots().len(), 2);
+
+    let commands = harness.succeed(BACKEND, first);
+    assert_eq!(kinds(&commands), ["stop", "release", "start"]);
+    assert_eq!(harness.lifecycle(MOVED), SlotLifecycle::Starting);
 }
 
 // ---- protocol invariants over a longer story ------------------------------------------------
