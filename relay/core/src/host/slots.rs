@@ -472,6 +472,20 @@ impl Slot {
     }
 }
 
+/// Ways to break [`EndpointHost::check_invariants`] (tests only).
+#[cfg(test)]
+#[derive(Debug, Clone, Copy)]
+pub(super) enum SlotCorruption {
+    /// The slot forgets its generation; the registry still reserves it.
+    ForgetGeneration,
+    /// The slot holds nothing (nor does the registry) yet claims a host recovery.
+    RecoveryWithoutGeneration,
+    /// The slot's incarnation was never allocated.
+    UnallocatedIncarnation,
+    /// The slot takes another slot's incarnation.
+    ReusedIncarnation,
+}
+
 /// What one endpoint wants, from its membership and KV source facts (`desired_binding`).
 fn desire_of(
     membership: &EndpointMembership,
@@ -695,23 +709,33 @@ impl EndpointHost {
         Ok(())
     }
 
-    /// Break one relation [`EndpointHost::check_invariants`] states, so tests can show it
-    /// fires: the slot of `endpoint` forgets its generation (the registry still reserves it),
-    /// or, with `recovery`, claims a host recovery while holding nothing.
+    /// Break one relation [`EndpointHost::check_invariants`] states on the slot of `endpoint`,
+    /// so tests can show the check fires.
     #[cfg(test)]
-    pub(super) fn corrupt_slot_for_test(&mut self, endpoint: &EndpointPath, recovery: bool) {
+    pub(super) fn corrupt_slot_for_test(&mut self, endpoint: &EndpointPath, how: SlotCorruption) {
+        let other_incarnation = self
+            .slots
+            .iter()
+            .find(|(path, _)| *path != endpoint)
+            .map(|(_, slot)| slot.slot_incarnation);
+        let unallocated = self.slot_incarnation_next;
         let slot = self.slots.get_mut(endpoint).expect("a slot to corrupt");
-        if recovery {
-            self.registry = PoolRegistry::new(
-                self.relay.relay_incarnation,
-                self.registry.dc_id(),
-                self.registry.format(),
-            )
-            .expect("the format was valid");
-            slot.held = None;
-            slot.recovery_in_flight = true;
-        } else {
-            slot.held = None;
+        match how {
+            SlotCorruption::ForgetGeneration => slot.held = None,
+            SlotCorruption::RecoveryWithoutGeneration => {
+                self.registry = PoolRegistry::new(
+                    self.relay.relay_incarnation,
+                    self.registry.dc_id(),
+                    self.registry.format(),
+                )
+                .expect("the format was valid");
+                slot.held = None;
+                slot.recovery_in_flight = true;
+            }
+            SlotCorruption::UnallocatedIncarnation => slot.slot_incarnation = unallocated,
+            SlotCorruption::ReusedIncarnation => {
+                slot.slot_incarnation = other_incarnation.expect("another slot");
+            }
         }
     }
 

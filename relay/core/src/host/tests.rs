@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use super::slots::SlotCorruption;
 use super::*;
 use crate::discovery::{
     CardChange, DiscoveryScope, DiscoveryView, EndpointMembership, ModelTarget, WorkerRole,
@@ -717,22 +718,25 @@ fn fenced_generation_is_withdrawn_and_replaced_by_a_new_generation() {
 }
 
 #[test]
-fn host_invariants_fire_on_a_slot_that_disagrees_with_the_registry() {
+fn host_invariants_fire_on_each_broken_relation() {
     let mut harness = Harness::new();
     harness.upsert(card_id(BACKEND, 1), aggregated("tiny-llm"));
+    harness.upsert(card_id(PREFILL, 2), aggregated("tiny-llm"));
     harness.source_up(BACKEND);
     let _ = harness.settle();
     assert_eq!(harness.host.check_invariants(), Ok(()));
 
-    let mut forgetful = harness.host.clone();
-    forgetful.corrupt_slot_for_test(&endpoint(BACKEND), false);
-    let violation = forgetful.check_invariants().unwrap_err();
-    assert!(violation.contains("reserves a pool it does not hold"), "{violation}");
-
-    let mut confused = harness.host.clone();
-    confused.corrupt_slot_for_test(&endpoint(BACKEND), true);
-    let violation = confused.check_invariants().unwrap_err();
-    assert!(violation.contains("host recovery in flight"), "{violation}");
+    for (how, relation) in [
+        (SlotCorruption::ForgetGeneration, "reserves a pool it does not hold"),
+        (SlotCorruption::RecoveryWithoutGeneration, "host recovery in flight"),
+        (SlotCorruption::UnallocatedIncarnation, "reused or unallocated"),
+        (SlotCorruption::ReusedIncarnation, "reused or unallocated"),
+    ] {
+        let mut broken = harness.host.clone();
+        broken.corrupt_slot_for_test(&endpoint(BACKEND), how);
+        let violation = broken.check_invariants().unwrap_err();
+        assert!(violation.contains(relation), "{how:?}: {violation}");
+    }
 }
 
 #[test]
