@@ -484,6 +484,8 @@ pub(super) enum SlotCorruption {
     UnallocatedIncarnation,
     /// The slot takes another slot's incarnation.
     ReusedIncarnation,
+    /// The slot's catalogued generation goes back to starting.
+    CataloguedWhileStarting,
 }
 
 /// What one endpoint wants, from its membership and KV source facts (`desired_binding`).
@@ -735,6 +737,9 @@ impl EndpointHost {
             SlotCorruption::UnallocatedIncarnation => slot.slot_incarnation = unallocated,
             SlotCorruption::ReusedIncarnation => {
                 slot.slot_incarnation = other_incarnation.expect("another slot");
+            }
+            SlotCorruption::CataloguedWhileStarting => {
+                slot.held.as_mut().expect("a held generation").phase = Phase::Starting;
             }
         }
     }

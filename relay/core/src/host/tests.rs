@@ -731,6 +731,7 @@ fn host_invariants_fire_on_each_broken_relation() {
         (SlotCorruption::RecoveryWithoutGeneration, "host recovery in flight"),
         (SlotCorruption::UnallocatedIncarnation, "reused or unallocated"),
         (SlotCorruption::ReusedIncarnation, "reused or unallocated"),
+        (SlotCorruption::CataloguedWhileStarting, "is not its slot's active generation"),
     ] {
         let mut broken = harness.host.clone();
         broken.corrupt_slot_for_test(&endpoint(BACKEND), how);
