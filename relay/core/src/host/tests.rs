@@ -748,6 +748,15 @@ fn fenced_target_disposition_withdraws() {
     let _ = harness.settle();
     let pool_id = harness.pool_id(BACKEND);
     let source = SourceKey { worker_id: 1, dp_rank: 0 };
+    // An outcome when no recovery was asked for is ignored.
+    let unasked = harness.host.source_recovery_finished(
+        &endpoint(BACKEND),
+        1,
+        TargetDisposition::Fenced,
+        harness.now,
+    );
+    assert!(unasked.is_empty(), "{unasked:?}");
+    assert_eq!(harness.lifecycle(BACKEND), SlotLifecycle::Active);
 
     let fault =
         ActorFault { source, source_epoch: 3, action: ActorFaultAction::ReportResourceFailure };
@@ -1018,6 +1027,20 @@ fn an_endpoint_waits_for_the_pool_another_endpoint_still_holds() {
     let commands = harness.succeed(BACKEND, first);
     assert_eq!(kinds(&commands), ["stop", "release", "start"]);
     assert_eq!(harness.lifecycle(MOVED), SlotLifecycle::Starting);
+}
+
+/// A retry is armed only while its slot still wants a pool and holds none.
+#[test]
+fn a_retry_is_no_timer_once_the_slot_stops_wanting_a_pool() {
+    let mut harness = Harness::new();
+    harness.upsert(card_id(BACKEND, 1), aggregated("model-a"));
+    harness.source_up(BACKEND);
+    let first = start_generations(&harness.reconcile())[0];
+    let _ = harness.fail(BACKEND, first);
+    assert_eq!(harness.host.poll_timeout(), Some(harness.now + RETRY_BACKOFF_MIN));
+    harness.source_down(BACKEND);
+    let _ = harness.reconcile();
+    assert_eq!(harness.host.poll_timeout(), None);
 }
 
 // ---- protocol invariants over a longer story ------------------------------------------------
