@@ -338,3 +338,101 @@ fn dumps_share_the_byte_budget_and_the_one_that_does_not_fit_is_refused() {
     assert!(stats.exact_state_bytes > 2000 && stats.exact_state_bytes <= 4000);
     pool.check_invariants().expect("invariants hold");
 }
+
+#[test]
+fn only_applied_and_failed_events_count_toward_the_threshold() {
+    let mut outlet = Outlet::default();
+    let mut pool = machine(PublicationRole::Free);
+    subscribed(&mut pool, 1, &mut outlet);
+    // 15 stores and one valid event of another tier (ignored): below the threshold of 16.
+    let mut events: Vec<RouterEvent> = (1..=15).map(|i| store(i, None)).collect();
+    let mut host_tier = store(16, None);
+    host_tier.storage_tier = StorageTier::HostPinned;
+    events.push(host_tier);
+    pool.apply(FENCE, &events, Duration::ZERO, &mut outlet);
+    assert!(outlet.deltas.is_empty(), "an ignored event does not count");
+    assert_eq!(pool.poll_timeout(), Some(MS));
+    pool.handle_timeout(MS, &mut outlet);
+    assert_eq!(outlet.deltas.len(), 1);
+    // Eight stores, then eight failing events complete it: published at once, no timer.
+    let mut mixed: Vec<RouterEvent> = (20..28).map(|i| store(i, None)).collect();
+    mixed.extend((100..108).map(|i| store(i, Some(9_999))));
+    pool.apply(FENCE, &mixed, MS, &mut outlet);
+    assert_eq!(outlet.deltas.len(), 2, "the failures completed the threshold");
+    assert_eq!(pool.poll_timeout(), None);
+    pool.check_invariants().expect("invariants hold");
+}
+
+#[test]
+fn a_rank_reset_drops_its_blocks_and_publishes_at_once() {
+    let mut outlet = Outlet::default();
+    let mut pool = machine(PublicationRole::Free);
+    subscribed(&mut pool, 1, &mut outlet);
+    pool.apply(FENCE, &[store(1, None), store(2, Some(1))], Duration::ZERO, &mut outlet);
+    assert_eq!(pool.flush(&mut outlet), Ok(1));
+    assert_eq!((pool.stats().owned_blocks, pool.stats().resident_blocks), (2, 2));
+    pool.reset_rank(SourceKey { worker_id: 1, dp_rank: 0 }, RankFence(4), &mut outlet);
+    assert_eq!((pool.stats().owned_blocks, pool.stats().resident_blocks), (0, 0));
+    assert_eq!(outlet.deltas.len(), 2, "the reset is published without waiting");
+    assert_eq!(pool.stats().sequence, 2);
+    assert_eq!(pool.poll_timeout(), None);
+    pool.check_invariants().expect("invariants hold");
+}
+
+#[test]
+fn an_abandoned_machine_publishes_its_tail() {
+    let mut outlet = Outlet::default();
+    let mut pool = machine(PublicationRole::Free);
+    subscribed(&mut pool, 1, &mut outlet);
+    pool.apply(FENCE, &[store(1, None)], Duration::ZERO, &mut outlet);
+    assert!(outlet.deltas.is_empty());
+    pool.abandon(&mut outlet);
+    assert_eq!(outlet.deltas.len(), 1);
+    assert_eq!(pool.stats().lease, Some(lease(1)), "abandoning keeps the lease");
+}
+
+#[test]
+fn held_subscriptions_get_distinct_ids_and_a_forgotten_one_is_not_released() {
+    let script = PublicationScript { points: Vec::new(), until: 100 * MS };
+    let mut outlet = Outlet::default();
+    let mut pool = machine(PublicationRole::Scripted(script));
+    let held = |step| match step {
+        SubscribeStep::Held(hold) => hold,
+        SubscribeStep::Barrier => panic!("a scripted machine holds subscriptions"),
+    };
+    let first = held(pool.subscribe(lease(1), &mut outlet));
+    let second = held(pool.subscribe(lease(2), &mut outlet));
+    let third = held(pool.subscribe(lease(3), &mut outlet));
+    assert!(first != second && second != third && first != third);
+    pool.check_invariants().expect("held subscriptions of a scripted machine are sound");
+    pool.forget_hold(second);
+    pool.handle_timeout(100 * MS, &mut outlet);
+    assert_eq!(
+        effects(&mut pool),
+        [
+            PoolEffect::Release { hold: first, lease: lease(1) },
+            PoolEffect::Release { hold: third, lease: lease(3) },
+        ]
+    );
+}
+
+#[test]
+fn publication_points_count_the_digests_taken_before_them() {
+    let mut outlet = Outlet::default();
+    let mut pool = machine(PublicationRole::Reported);
+    subscribed(&mut pool, 1, &mut outlet);
+    let _ = effects(&mut pool);
+    pool.apply(FENCE, &[store(1, None)], Duration::ZERO, &mut outlet);
+    let _ = pool.digest(&mut outlet);
+    let _ = pool.digest(&mut outlet);
+    assert_eq!(pool.flush(&mut outlet), Ok(1));
+    let positions: Vec<ScriptPosition> = effects(&mut pool)
+        .into_iter()
+        .filter_map(|effect| match effect {
+            PoolEffect::Point(point) => Some(point.position),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(positions.len(), 1);
+    assert_eq!(positions[0].digests, 2);
+}
