@@ -436,3 +436,66 @@ fn publication_points_count_the_digests_taken_before_them() {
     assert_eq!(positions.len(), 1);
     assert_eq!(positions[0].digests, 2);
 }
+
+fn scripted(points: Vec<(u64, PublicationStep, u64)>) -> PoolMachine {
+    let points = points
+        .into_iter()
+        .map(|(commands, step, sequence)| PublicationPoint {
+            position: ScriptPosition { commands, digests: 0 },
+            step,
+            sequence,
+        })
+        .collect();
+    machine(PublicationRole::Scripted(PublicationScript { points, until: 100 * MS }))
+}
+
+/// A recorded retirement keeps the lease only while a live subscriber is served under it.
+#[test]
+fn a_scripted_retirement_spares_the_lease_of_a_live_subscriber_only() {
+    for receivers in [true, false] {
+        let mut outlet = Outlet::default();
+        let mut pool = scripted(vec![
+            (0, PublicationStep::Barrier(LeaseRecord(1, 0, 1)), 0),
+            (1, PublicationStep::RetireLease(LeaseRecord(1, 0, 1)), 0),
+        ]);
+        let _ = pool.subscribe(lease(1), &mut outlet);
+        assert!(matches!(effects(&mut pool)[..], [PoolEffect::Answer { .. }]));
+        outlet.closed = !receivers;
+        pool.apply(FENCE, &[store(1, None)], Duration::ZERO, &mut outlet);
+        let kept = if receivers { Some(lease(1)) } else { None };
+        assert_eq!(pool.stats().lease, kept, "receivers: {receivers}");
+    }
+    // Nobody was served under the lease: the retirement is performed.
+    let mut outlet = Outlet::default();
+    let mut pool = scripted(vec![
+        (0, PublicationStep::Barrier(LeaseRecord(1, 0, 1)), 0),
+        (1, PublicationStep::RetireLease(LeaseRecord(1, 0, 1)), 0),
+    ]);
+    let _ = pool.subscribe(lease(2), &mut outlet);
+    pool.apply(FENCE, &[store(1, None)], Duration::ZERO, &mut outlet);
+    assert_eq!(pool.stats().lease, None);
+}
+
+/// A held subscription is answered only when nothing is unpublished: its snapshot is the state
+/// at the last published sequence.
+#[test]
+fn a_held_subscription_waits_for_unpublished_writes() {
+    let mut outlet = Outlet::default();
+    let mut pool = scripted(vec![
+        (0, PublicationStep::Barrier(LeaseRecord(1, 0, 1)), 0),
+        (2, PublicationStep::Publish, 1),
+    ]);
+    let _ = pool.subscribe(lease(1), &mut outlet);
+    let _ = effects(&mut pool);
+    pool.apply(FENCE, &[store(1, None)], Duration::ZERO, &mut outlet);
+    let SubscribeStep::Held(hold) = pool.subscribe(lease(1), &mut outlet) else {
+        panic!("held");
+    };
+    assert!(effects(&mut pool).is_empty(), "a write is unpublished");
+    pool.apply(FENCE, &[store(2, None)], Duration::ZERO, &mut outlet);
+    let answered = effects(&mut pool);
+    let [PoolEffect::Answer { hold: answered_hold, snapshot }] = &answered[..] else {
+        panic!("answered: {answered:?}");
+    };
+    assert_eq!((*answered_hold, snapshot.sequence), (hold, 1));
+}
