@@ -665,6 +665,22 @@ fn a_bounded_replacement_refuses_the_dump_event_that_would_pass_its_bound() {
     assert_eq!((r.block_count(), r.lineage_bytes()), (8, bytes), "nothing was added");
 }
 
+/// The bound is inclusive: a dump event that needs exactly the bound's bytes is accepted.
+#[test]
+fn a_replacement_may_fill_its_bound_exactly() {
+    let mut unbounded = RankReplacement::new(replacement_key());
+    unbounded.push_event(&new_chain(A, 1, 8)).unwrap();
+    let exact = unbounded.lineage_bytes();
+    let mut bounded = RankReplacement::with_bytes_max(replacement_key(), exact);
+    assert_eq!(bounded.push_event(&new_chain(A, 1, 8)), Ok(()));
+    assert_eq!((bounded.block_count(), bounded.lineage_bytes()), (8, exact));
+    let mut short = RankReplacement::with_bytes_max(replacement_key(), exact - 1);
+    assert!(matches!(
+        short.push_event(&new_chain(A, 1, 8)),
+        Err(ApplyError::ExactStateBudgetExceeded { needed_bytes, .. }) if needed_bytes == exact
+    ));
+}
+
 #[test]
 fn a_budget_below_the_bytes_held_is_refused() {
     let mut p = pool(256);
