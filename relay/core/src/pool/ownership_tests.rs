@@ -681,6 +681,24 @@ fn a_replacement_may_fill_its_bound_exactly() {
     ));
 }
 
+/// The pool's budget is inclusive too: a store that needs exactly the budget is applied.
+#[test]
+fn a_pool_may_fill_its_budget_exactly() {
+    let mut unbounded = pool(256);
+    apply(&mut unbounded, &new_chain(A, 1, 64));
+    let exact = unbounded.exact_state_bytes();
+    let mut bounded = pool(256);
+    bounded.set_exact_state_bytes_max(exact).unwrap();
+    apply(&mut bounded, &new_chain(A, 1, 64));
+    assert_eq!(bounded.exact_state_bytes(), exact);
+    let mut short = pool(256);
+    short.set_exact_state_bytes_max(exact - 1).unwrap();
+    assert!(matches!(
+        short.apply_event(&new_chain(A, 1, 64)),
+        Err(ApplyError::ExactStateBudgetExceeded { needed_bytes, .. }) if needed_bytes == exact
+    ));
+}
+
 #[test]
 fn a_budget_below_the_bytes_held_is_refused() {
     let mut p = pool(256);
