@@ -270,6 +270,7 @@ fn capacity_failure_keeps_successful_blocks_and_exact_filter_state_consistent() 
     let mut p = saturated_pool();
     let outcome = apply(&mut p, &stored(A, None, &[(1, 7), (2, 8)]));
     assert_eq!(outcome.capacity_omissions, 2);
+    assert_eq!(p.counters().events_applied, 2);
     assert_eq!(p.owner_state(root(7)), Some(OwnerState { owners: 1, resident: false }));
     assert_eq!(p.omitted_block_count(), 2);
     assert_eq!(p.counters().capacity_omissions, 2);
@@ -351,7 +352,10 @@ fn owner_overflow_is_a_typed_error() {
     let mut p = pool(64);
     apply(&mut p, &stored(A, None, &[(1, 7)]));
     // Drive the count near the limit through the replacement path, which adds owners in bulk.
-    p.owners.add_owners(7, OWNERS_MAX - 1);
+    p.owners.add_owners(7, OWNERS_MAX - 2);
+    // The limit itself may be reached.
+    assert!(p.apply_event(&stored(A1, None, &[(3, 7)])).is_ok());
+    assert_eq!(owners(&p, root(7)), OWNERS_MAX);
     assert_eq!(
         p.apply_event(&stored(B, None, &[(2, 7)])),
         Err(ApplyError::OwnershipDegreeOverflow(7))
