@@ -454,6 +454,50 @@ fn replacing_one_shared_owner_publishes_nothing() {
     p.check_invariants().unwrap();
 }
 
+/// A replacement that only adds owners to owned blocks grows no owner table: a budget of
+/// exactly the bytes after the swap admits it, one byte less refuses it.
+#[test]
+fn a_replacement_that_shares_owned_blocks_fits_a_budget_of_its_exact_bytes() {
+    let build = |budget: Option<usize>| {
+        let mut p = pool(256);
+        apply(&mut p, &new_chain(B, 1, 64));
+        if let Some(budget) = budget {
+            p.set_exact_state_bytes_max(budget).unwrap();
+        }
+        let before = p.exact_state_bytes();
+        let shared = replacement(&[new_chain(A, 1, 64)]);
+        let lineage = shared.lineage_bytes();
+        let result = p.replace_ranks(BTreeMap::from([(A, shared)]));
+        if result.is_ok() {
+            assert_eq!(p.exact_state_bytes(), before + lineage, "the owner table did not grow");
+        }
+        (result, p)
+    };
+    let (unbounded, p) = build(None);
+    assert!(unbounded.is_ok());
+    let exact = p.exact_state_bytes();
+    assert_eq!(p.owned_block_count(), 64);
+    let (fits, p) = build(Some(exact));
+    assert_eq!(fits, unbounded);
+    assert_eq!(p.exact_state_bytes(), exact);
+    let (refused, _) = build(Some(exact - 1));
+    assert!(matches!(refused, Err(ApplyError::ExactStateBudgetExceeded { .. })), "{refused:?}");
+}
+
+/// A replacement may bring a block's owners to the limit exactly, not past it.
+#[test]
+fn a_replacement_may_reach_the_owner_limit_exactly() {
+    let mut p = pool(64);
+    apply(&mut p, &stored(A, None, &[(1, 7)]));
+    p.owners.add_owners(7, OWNERS_MAX - 2);
+    let one_more =
+        |source| BTreeMap::from([(source, replacement(&[stored(source, None, &[(5, 7)])]))]);
+    assert!(p.replace_ranks(one_more(A1)).is_ok());
+    assert_eq!(owners(&p, root(7)), OWNERS_MAX);
+    assert_eq!(p.replace_ranks(one_more(B)), Err(ApplyError::OwnershipDegreeOverflow(7)));
+    assert_eq!(owners(&p, root(7)), OWNERS_MAX);
+}
+
 #[test]
 fn replacement_diff_includes_pending_window_and_suppresses_returning_change() {
     let mut p = pool(256);
