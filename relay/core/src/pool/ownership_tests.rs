@@ -482,6 +482,24 @@ fn a_replacement_that_shares_owned_blocks_fits_a_budget_of_its_exact_bytes() {
     assert_eq!(p.exact_state_bytes(), exact);
     let (refused, _) = build(Some(exact - 1));
     assert!(matches!(refused, Err(ApplyError::ExactStateBudgetExceeded { .. })), "{refused:?}");
+
+    // Replacing a rank's lineage with an equal one at the same budget frees what it adds.
+    let (_, mut p) = build(Some(exact));
+    let again = replacement(&[new_chain(B, 1, 64)]);
+    assert_eq!(p.replace_ranks(BTreeMap::from([(B, again)])), Ok(0));
+    assert_eq!(p.exact_state_bytes(), exact);
+    p.check_invariants().unwrap();
+}
+
+/// A block omitted before a replacement that keeps it is not a new omission.
+#[test]
+fn a_replacement_reports_only_new_capacity_omissions() {
+    let mut p = saturated_pool();
+    assert_eq!(apply(&mut p, &stored(A, None, &[(1, 7)])).capacity_omissions, 1);
+    let same = replacement(&[stored(A, None, &[(1, 7)])]);
+    assert_eq!(p.replace_ranks(BTreeMap::from([(A, same)])), Ok(0));
+    assert_eq!(p.omitted_block_count(), 1);
+    p.check_invariants().unwrap();
 }
 
 /// A replacement may bring a block's owners to the limit exactly, not past it.
