@@ -780,3 +780,38 @@ fn a_budget_below_the_bytes_held_is_refused() {
     assert_eq!(p.exact_state_bytes_max(), held);
     p.check_invariants().unwrap();
 }
+
+#[test]
+fn check_invariants_names_each_broken_relation() {
+    let mut sound = pool(256);
+    apply(&mut sound, &stored(A, None, &[(1, 7), (2, 8)]));
+    apply(&mut sound, &stored(B, None, &[(5, 7)]));
+    let seven = root(7).0;
+    type Corruption = fn(&mut PoolOwnership, u64);
+    let cases: [(Corruption, &str); 7] = [
+        (|p, _| drop(p.sources.insert(A1, LineageTable::new(p.table_key))), "empty lineage"),
+        (
+            |p, _| {
+                p.owners.add_owners(0xDEAD, 1);
+            },
+            "mapped hashes",
+        ),
+        (
+            |p, canonical| {
+                p.owners.add_owners(canonical, 1);
+            },
+            "owner count",
+        ),
+        (|p, canonical| p.filter.remove(canonical).unwrap(), "not in the filter"),
+        (|p, _| p.omitted_owned += 1, "omitted hashes"),
+        (|p, _| p.held_bytes += 1, "tables allocate"),
+        (|p, _| p.exact_state_bytes_max = p.held_bytes - 1, "over its budget"),
+    ];
+    for (corrupt, relation) in cases {
+        let mut broken = sound.clone();
+        corrupt(&mut broken, seven);
+        let violation = broken.check_invariants().unwrap_err();
+        assert!(violation.contains(relation), "{relation:?}: {violation}");
+    }
+    sound.check_invariants().unwrap();
+}
