@@ -128,11 +128,6 @@ impl Publisher {
         self.fence
     }
 
-    /// Stop publishing until the next barrier snapshot.
-    pub fn fence(&mut self, reason: FenceReason) {
-        self.fence = Some(reason);
-    }
-
     /// Drop the lease if it is the current one; returns whether it was.
     pub fn retire_lease(&mut self, lease: LaneLease) -> bool {
         if self.lease == Some(lease) {
@@ -193,7 +188,8 @@ impl Publisher {
         new_lease: LaneLease,
         sink: &mut impl FnMut(Delta) -> Result<(), Delta>,
     ) -> Result<Snapshot, PublishError> {
-        if self.last_sequence == u64::MAX || self.fence == Some(FenceReason::SequenceExhausted) {
+        // Also when not fenced: a snapshot at the last sequence could never be followed.
+        if self.last_sequence == u64::MAX {
             return Err(PublishError::SequenceExhausted);
         }
         let source = pool.filter().words();
@@ -231,12 +227,6 @@ impl PublicationCadence {
     pub fn record_event(&mut self) -> bool {
         self.pending_events = self.pending_events.saturating_add(1);
         self.pending_events >= self.threshold_events
-    }
-
-    /// Whether this is the only pending event (the caller arms the delay timer).
-    #[must_use]
-    pub fn is_first_pending(&self) -> bool {
-        self.pending_events == 1
     }
 
     /// A publication happened: nothing is pending.

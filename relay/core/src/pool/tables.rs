@@ -346,6 +346,14 @@ mod tests {
         assert_eq!(drawn.next_u64(), rng_from_seed(7).next_u64());
     }
 
+    /// The multiplier is odd for every seed, so the keyed multiply is a bijection.
+    #[test]
+    fn every_key_multiplies_by_an_odd_number() {
+        for seed in 0..256 {
+            assert_eq!(TableKey::from_rng(&rng_from_seed(seed)).multiplier & 1, 1, "seed {seed}");
+        }
+    }
+
     /// Ids chosen to share one bucket under a known key spread out under another: an attacker
     /// who does not know the pool's key cannot aim its block ids at one probe sequence.
     #[test]
