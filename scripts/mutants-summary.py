@@ -7,7 +7,9 @@ Each later file overrides the outcome of the mutants it tested again (a re-run o
 ones with `cargo mutants --iterate`, or with `-F` for one function). A timeout counts as caught
 (the mutant made the tests hang, which a test run notices); the kill rate is
 (caught + timeout) / (caught + timeout + missed), unviable mutants (those that do not build)
-left out. `--missed` lists the mutants still missed.
+left out. `--missed` lists the mutants still missed. `--only LIST` keeps the mutants named in
+LIST (the output of `cargo mutants --list` on the tree measured), so outcomes of mutants whose
+names changed since an earlier run (their lines moved) are not counted twice.
 """
 
 import json
@@ -39,10 +41,22 @@ def outcomes(paths):
 
 def main(argv):
     show_missed = "--missed" in argv
-    paths = [arg for arg in argv if arg != "--missed"]
+    argv = [arg for arg in argv if arg != "--missed"]
+    only = None
+    if "--only" in argv:
+        at = argv.index("--only")
+        with open(argv[at + 1], encoding="utf-8") as file:
+            only = {line.rstrip("\n") for line in file if line.strip()}
+        del argv[at : at + 2]
+    paths = argv
     if not paths:
         raise SystemExit(__doc__)
     latest = outcomes(paths)
+    if only is not None:
+        untested = sorted(only - latest.keys())
+        if untested:
+            print(f"{len(untested)} listed mutants have no outcome, e.g. {untested[0]}")
+        latest = OrderedDict((name, value) for name, value in latest.items() if name in only)
     per_file = OrderedDict()
     for file, kind in sorted(latest.values()):
         per_file.setdefault(file, dict.fromkeys(KINDS.values(), 0))[kind] += 1
