@@ -68,7 +68,6 @@ mod layout {
         match items {
             0..4 => Some(4),
             4..8 => Some(8),
-            8..15 => Some(16),
             _ => (items.checked_mul(8)? / 7).checked_next_power_of_two(),
         }
     }
@@ -456,6 +455,49 @@ mod tests {
         }
         assert_eq!(full.allocation_bytes(), bytes, "an owner added to a held hash grew the table");
         assert!(lineage.allocation_bytes() > 1 << 20, "the tables reached a realistic size");
+    }
+
+    /// Every first reservation of a small table (the fixed bucket counts below 16 and their
+    /// capacities) is weighed exactly.
+    #[test]
+    fn small_tables_are_weighed_exactly() {
+        for additional in 1..=64 {
+            let mut lineage = LineageTable::new(test_key());
+            assert!(lineage.is_empty());
+            let weighed = lineage.bytes_after_reserve(additional).expect("representable");
+            assert!(lineage.try_reserve(additional));
+            assert_weighed("small lineage", additional, weighed, lineage.allocation_bytes());
+            let mut owners = OwnerTable::new(test_key());
+            let weighed = owners.bytes_after_reserve(additional).expect("representable");
+            assert!(owners.try_reserve(additional));
+            assert_weighed("small owners", additional, weighed, owners.allocation_bytes());
+        }
+    }
+
+    /// A table whose room was taken by deleted entries rehashes in place when the reservation
+    /// fits in half its capacity, and grows when it needs one item more: both weighed exactly.
+    #[test]
+    fn a_reservation_into_deleted_room_is_weighed_at_the_half_capacity_edge() {
+        for first in [20, 100, 400] {
+            for over_half in [0, 1] {
+                let mut lineage = LineageTable::new(test_key());
+                assert!(lineage.try_reserve(first));
+                let full = lineage.table.capacity();
+                for id in 0..full as u64 {
+                    lineage.insert_new(id, id);
+                }
+                assert!(!lineage.is_empty());
+                for id in 4..full as u64 {
+                    assert_eq!(lineage.remove(id), Some(id));
+                }
+                let bytes = lineage.allocation_bytes();
+                let additional = full / 2 - lineage.len() + over_half;
+                let weighed = lineage.bytes_after_reserve(additional).expect("representable");
+                assert_eq!(weighed == bytes, over_half == 0, "table of {full}, +{over_half}");
+                assert!(lineage.try_reserve(additional));
+                assert_weighed("rehashed lineage", full, weighed, lineage.allocation_bytes());
+            }
+        }
     }
 
     #[test]
