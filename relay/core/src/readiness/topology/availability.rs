@@ -234,6 +234,7 @@ mod tests {
         assert_eq!(store.live_workers(&path), None);
         assert!(store.replace(&path, old, workers(&[1, 2])).changed());
         assert_eq!(store.live_workers(&path), workers(&[1, 2]).as_ref());
+        assert!(!store.replace(&path, old, workers(&[1, 2])).changed(), "the same workers again");
 
         assert_eq!(store.claim(&path, new), ClaimOutcome::Claimed { previous_owner: Some(old) });
         assert_eq!(store.owner(&path), Some(new));
@@ -242,6 +243,7 @@ mod tests {
             store.replace(&path, old, workers(&[1])),
             ReplaceOutcome::Fenced { owner: Some(new) }
         );
+        assert!(!ReplaceOutcome::Fenced { owner: Some(new) }.changed());
         assert_eq!(store.release(&path, old), ReleaseOutcome::Fenced { owner: Some(new) });
         assert_eq!(store.owner(&path), Some(new));
         assert_eq!(store.live_workers(&path), None);
