@@ -232,6 +232,7 @@ mod tests {
         let (old, new) = (SlotIncarnation(7), SlotIncarnation(8));
         assert_eq!(store.claim(&path, old), ClaimOutcome::Claimed { previous_owner: None });
         assert_eq!(store.live_workers(&path), None);
+        assert_eq!((store.len(), store.is_empty()), (1, false));
         assert!(store.replace(&path, old, workers(&[1, 2])).changed());
         assert_eq!(store.live_workers(&path), workers(&[1, 2]).as_ref());
         assert!(!store.replace(&path, old, workers(&[1, 2])).changed(), "the same workers again");

@@ -159,3 +159,101 @@ impl TopologyEntry {
             })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(path: &str, roles: &[WorkerRole]) -> TopologyMember {
+        TopologyMember {
+            endpoint: path.parse().expect("an endpoint path"),
+            roles: roles.iter().copied().collect(),
+            pool_id: None,
+        }
+    }
+
+    fn adapter(id: &str, state: ReadinessState, missing: &[WorkerRole]) -> AdapterReadiness {
+        AdapterReadiness {
+            canonical_model_id: id.to_owned(),
+            state,
+            missing_roles: missing.iter().copied().collect(),
+        }
+    }
+
+    /// A ready prefill/decode entry with one adapter: every rule holds.
+    fn sound() -> TopologyEntry {
+        TopologyEntry {
+            namespace: "prod".to_owned(),
+            canonical_model_id: "model".to_owned(),
+            state: ReadinessState::Ready,
+            present_roles: [WorkerRole::Prefill, WorkerRole::Decode].into_iter().collect(),
+            missing_roles: BTreeSet::new(),
+            members: vec![
+                member("prod/decode/generate", &[WorkerRole::Decode]),
+                member("prod/prefill/generate", &[WorkerRole::Prefill]),
+            ],
+            duplicate_role_endpoints: [WorkerRole::Decode].into_iter().collect(),
+            legacy_fallback_active: false,
+            adapters: vec![
+                adapter("lora-a", ReadinessState::Ready, &[]),
+                adapter("lora-b", ReadinessState::Unavailable, &[WorkerRole::Prefill]),
+            ],
+        }
+    }
+
+    /// Each rule of the type doc, broken alone, makes the entry ill-formed.
+    #[test]
+    fn each_broken_rule_is_seen() {
+        assert!(sound().is_well_formed());
+        type Break = fn(&mut TopologyEntry);
+        let cases: [(&str, Break); 14] = [
+            ("no member", |e| e.members.clear()),
+            ("members out of order", |e| e.members.reverse()),
+            ("a repeated member", |e| e.members[1] = e.members[0].clone()),
+            ("a member of another namespace", |e| {
+                e.members[0] = member("test/decode/generate", &[WorkerRole::Decode]);
+            }),
+            ("a member without roles", |e| e.members[0].roles.clear()),
+            ("a member of an unspecified role", |e| {
+                e.members[0].roles.insert(WorkerRole::Unspecified);
+            }),
+            ("unknown with present roles", |e| e.state = ReadinessState::Unknown),
+            ("unknown with missing roles", |e| {
+                e.state = ReadinessState::Unknown;
+                e.present_roles.clear();
+                e.missing_roles.insert(WorkerRole::Decode);
+            }),
+            ("legacy fallback with missing roles", |e| {
+                e.legacy_fallback_active = true;
+                e.missing_roles.insert(WorkerRole::Encode);
+            }),
+            ("an unspecified missing role", |e| {
+                e.missing_roles.insert(WorkerRole::Unspecified);
+            }),
+            ("a duplicate aggregated role", |e| {
+                e.duplicate_role_endpoints.insert(WorkerRole::Aggregated);
+            }),
+            ("a repeated adapter", |e| e.adapters[1] = e.adapters[0].clone()),
+            ("an adapter missing an unspecified role", |e| {
+                e.adapters[1].missing_roles.insert(WorkerRole::Unspecified);
+            }),
+            ("an unknown adapter with missing roles", |e| {
+                e.adapters[1].state = ReadinessState::Unknown;
+            }),
+        ];
+        for (rule, break_it) in cases {
+            let mut entry = sound();
+            break_it(&mut entry);
+            assert!(!entry.is_well_formed(), "{rule}");
+        }
+        // An unknown entry with no roles and an unknown adapter with none missing are sound.
+        let mut unknown = sound();
+        unknown.state = ReadinessState::Unknown;
+        unknown.present_roles.clear();
+        unknown.adapters[1] = adapter("lora-b", ReadinessState::Unknown, &[]);
+        assert!(unknown.is_well_formed());
+        let mut unspecified_present = sound();
+        unspecified_present.present_roles.insert(WorkerRole::Unspecified);
+        assert!(!unspecified_present.is_well_formed());
+    }
+}
