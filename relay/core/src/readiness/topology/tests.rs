@@ -650,6 +650,12 @@ fn duplicate_endpoint_catalog_links_fail_closed() {
     ]);
     assert_eq!(relay.links.link(&endpoint(DECODE_PATH), MODEL), None);
     assert!(relay.links.ambiguous().contains(&(endpoint(DECODE_PATH), MODEL.to_owned())));
+    let prefill_endpoint = endpoint(PREFILL_PATH);
+    assert_eq!(
+        relay.links.iter().collect::<Vec<_>>(),
+        vec![(&prefill_endpoint, MODEL, prefill_pool)],
+        "only the unambiguous link is listed"
+    );
     let entry = relay.entry(MODEL);
     assert_eq!(
         member_pools(&entry),
@@ -814,6 +820,7 @@ fn clear_publishes_empty_entries_and_stops() {
     relay.add(base_id(AGGREGATED_PATH, 1), aggregated(MODEL));
     let _ = relay.live(AGGREGATED_PATH, &[1]);
     assert_eq!(relay.recompute(), TopologyOutcome::Published { revision: 2 });
+    assert!(!relay.topology.is_stopped());
 
     assert_eq!(relay.topology.clear(), TopologyOutcome::Published { revision: 3 });
     assert!(relay.topology.entries().is_empty());
