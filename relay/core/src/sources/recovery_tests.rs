@@ -10,12 +10,18 @@ use crate::rng::rng_from_seed;
 use crate::sources::membership::RankSourceStatus;
 use crate::sources::tests::{Harness, P1, P2, R0, R1, advert, config, live};
 
-/// Two recoverable ranks with their first tree dumps in flight; `R0` buffers two live events.
-fn recovering() -> SourceTracker {
+/// One worker's two recoverable ranks, `R0` under `P1` and `R1` under `P2`, not yet reconciled.
+fn two_ranks() -> Harness {
     let mut harness = Harness::new();
     harness.add_worker(1, config(0, 2, true));
     harness.advertise(advert(R0, P1, true));
     harness.advertise(advert(R1, P2, true));
+    harness
+}
+
+/// Two recoverable ranks with their first tree dumps in flight; `R0` buffers two live events.
+fn recovering() -> SourceTracker {
+    let mut harness = two_ranks();
     let _ = harness.reconcile_and_settle();
     assert!(harness.events(P1, live(R0, [2, 3])).is_empty());
     let tracker = harness.tracker;
@@ -115,10 +121,7 @@ fn each_bound_holds_at_its_value_and_fails_past_it() {
 /// for the second rank and counted, and the first keeps its recovery.
 #[test]
 fn a_publisher_id_claimed_by_a_second_rank_is_a_collision() {
-    let mut harness = Harness::new();
-    harness.add_worker(1, config(0, 2, true));
-    harness.advertise(advert(R0, P1, true));
-    harness.advertise(advert(R1, P2, true));
+    let mut harness = two_ranks();
     let mut view = harness.view();
     let first = view.ranks[&R0].status.clone();
     assert!(matches!(first, RankSourceStatus::ActiveRecoverable { publisher_id: P1, .. }));
@@ -195,10 +198,7 @@ fn a_config_without_the_byte_bound_decodes_with_its_default() {
 /// A rank retired while its recovery is under way drops its buffer, counted.
 #[test]
 fn a_retired_rank_counts_its_buffered_events() {
-    let mut harness = Harness::new();
-    harness.add_worker(1, config(0, 2, true));
-    harness.advertise(advert(R0, P1, true));
-    harness.advertise(advert(R1, P2, true));
+    let mut harness = two_ranks();
     let _ = harness.reconcile_and_settle();
     assert!(harness.events(P1, live(R0, [2, 3, 4])).is_empty());
     harness.withdraw(P1);
