@@ -9,7 +9,10 @@ ones with `cargo mutants --iterate`, or with `-F` for one function). A timeout c
 (caught + timeout) / (caught + timeout + missed), unviable mutants (those that do not build)
 left out. `--missed` lists the mutants still missed. `--only LIST` keeps the mutants named in
 LIST (the output of `cargo mutants --list` on the tree measured), so outcomes of mutants whose
-names changed since an earlier run (their lines moved) are not counted twice.
+names changed since an earlier run (their lines moved) are not counted twice. `--replayed TSV`
+overrides outcomes from lines `VERDICT<TAB>NAME` (caught, missed, unviable, or gone: the mutated
+code no longer exists, and the mutant is dropped), as written by re-applying the missed
+mutants' diffs to a later tree.
 """
 
 import json
@@ -48,10 +51,29 @@ def main(argv):
         with open(argv[at + 1], encoding="utf-8") as file:
             only = {line.rstrip("\n") for line in file if line.strip()}
         del argv[at : at + 2]
+    replayed = None
+    if "--replayed" in argv:
+        at = argv.index("--replayed")
+        replayed = argv[at + 1]
+        del argv[at : at + 2]
     paths = argv
     if not paths:
         raise SystemExit(__doc__)
     latest = outcomes(paths)
+    if replayed is not None:
+        with open(replayed, encoding="utf-8") as file:
+            for line in file:
+                verdict, _, name = line.rstrip("\n").partition("\t")
+                if not name:
+                    continue
+                if name not in latest:
+                    raise SystemExit(f"{replayed}: {name!r} is not among the outcomes")
+                if verdict == "gone":
+                    del latest[name]
+                elif verdict in ("caught", "missed", "unviable", "timeout"):
+                    latest[name] = (latest[name][0], verdict)
+                else:
+                    raise SystemExit(f"{replayed}: unknown verdict {verdict!r}")
     if only is not None:
         untested = sorted(only - latest.keys())
         if untested:
