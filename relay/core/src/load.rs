@@ -164,7 +164,7 @@ impl PoolLoadState {
         &mut self,
         workers: impl IntoIterator<Item = (u64, &'a RuntimeConfig)>,
     ) -> Result<CapacityUpdate, CapacityError> {
-        let validated = validate_workers(workers)?;
+        let validated = validate_workers(workers, POOL_RANKS_MAX)?;
 
         let mut ranks = BTreeMap::new();
         let mut observations_kept: u32 = 0;
@@ -268,9 +268,11 @@ impl PoolLoadState {
     }
 }
 
-/// Validate every worker of a capacity update before any state changes.
+/// Validate every worker of a capacity update before any state changes; the pool may expect at
+/// most `ranks_max` ranks ([`POOL_RANKS_MAX`] outside tests).
 fn validate_workers<'a>(
     workers: impl IntoIterator<Item = (u64, &'a RuntimeConfig)>,
+    ranks_max: u64,
 ) -> Result<Vec<WorkerRanks>, CapacityError> {
     let mut by_worker: BTreeMap<u64, WorkerRanks> = BTreeMap::new();
     let mut expected_ranks: u64 = 0;
@@ -291,7 +293,7 @@ fn validate_workers<'a>(
                 data_parallel_size: size,
             })?;
         expected_ranks = expected_ranks.saturating_add(u64::from(size));
-        if expected_ranks > POOL_RANKS_MAX {
+        if expected_ranks > ranks_max {
             return Err(CapacityError::TooManyRanks { expected_ranks });
         }
         let capacity_blocks = config.total_kv_blocks.and_then(NonZeroU64::new);
@@ -507,20 +509,34 @@ mod tests {
         }
     }
 
-    /// A pool may expect exactly [`POOL_RANKS_MAX`] ranks; one more is refused. 2^20 workers of
-    /// the largest data-parallel size reach the bound (one shared config: validation keeps ~40 B
-    /// a worker).
+    /// A pool may expect exactly its rank bound; one rank more is refused.
     #[test]
     fn the_rank_bound_is_inclusive() {
+        let (two, three) = (config(0, 2, None), config(0, 3, None));
+        let at_bound = [(1, &two), (2, &three)];
+        assert_eq!(validate_workers(at_bound, 5).map(|ranks| ranks.len()), Ok(2));
+        let over = [(1, &three), (2, &three)];
+        assert_eq!(
+            validate_workers(over, 5).map(|ranks| ranks.len()),
+            Err(CapacityError::TooManyRanks { expected_ranks: 6 })
+        );
+    }
+
+    /// The real bound, [`POOL_RANKS_MAX`], at scale: 2^20 workers of the largest data-parallel
+    /// size reach it (one shared config: validation keeps ~40 B a worker). Skipped by the
+    /// mutation runs (`.cargo/mutants.toml`) for its cost; the test above covers the comparison.
+    #[test]
+    fn the_real_rank_bound_admits_exactly_pool_ranks_max() {
         let widest = config(0, DATA_PARALLEL_SIZE_MAX, None);
         let one_short = config(0, DATA_PARALLEL_SIZE_MAX - 1, None);
         let workers = u64::from(u32::MAX / DATA_PARALLEL_SIZE_MAX) + 1; // 2^20
         assert_eq!(workers * u64::from(DATA_PARALLEL_SIZE_MAX), POOL_RANKS_MAX + 1);
         let at_bound = (0..workers).map(|w| (w, if w == 0 { &one_short } else { &widest }));
-        assert_eq!(validate_workers(at_bound).map(|ranks| ranks.len()), Ok(1 << 20));
+        let validated = validate_workers(at_bound, POOL_RANKS_MAX);
+        assert_eq!(validated.map(|ranks| ranks.len()), Ok(1 << 20));
         let over = (0..workers).map(|w| (w, &widest));
         assert_eq!(
-            validate_workers(over).map(|ranks| ranks.len()),
+            validate_workers(over, POOL_RANKS_MAX).map(|ranks| ranks.len()),
             Err(CapacityError::TooManyRanks { expected_ranks: POOL_RANKS_MAX + 1 })
         );
     }
