@@ -551,7 +551,7 @@ impl PoolOwnership {
                 continue;
             }
             if self.filter.insert(canonical).is_ok() {
-                self.owners.set_resident(canonical, true);
+                self.owners.mark_resident(canonical);
                 if state.owners > 1 {
                     self.omitted_owned -= 1;
                 }
@@ -568,7 +568,7 @@ impl PoolOwnership {
                 && !state.resident
                 && self.filter.insert_without_relocation(canonical)
             {
-                self.owners.set_resident(canonical, true);
+                self.owners.mark_resident(canonical);
                 self.omitted_owned -= 1;
             }
         }
@@ -782,7 +782,7 @@ impl PoolOwnership {
         if self.filter.insert(canonical).is_err() {
             return false;
         }
-        self.owners.set_resident(canonical, true);
+        self.owners.mark_resident(canonical);
         self.omitted_owned -= 1;
         true
     }

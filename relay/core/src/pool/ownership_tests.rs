@@ -570,6 +570,21 @@ fn saturated_replacement_counts_omissions_and_stays_consistent() {
     p.check_invariants().unwrap();
 }
 
+/// Room freed by a replacement admits the omitted blocks of other ranks, and only those: a
+/// resident block of an untouched rank is not inserted a second time.
+#[test]
+fn a_replacement_readmits_only_omitted_blocks() {
+    let mut p = pool(2);
+    let blocks: Vec<(u64, u64)> = (0..7).map(|i| (1000 + i, 5000 + i)).collect();
+    assert_eq!(apply(&mut p, &stored(B, None, &blocks)).capacity_omissions, 0);
+    assert_eq!(apply(&mut p, &stored(A1, None, &[(1, 6000)])).capacity_omissions, 0);
+    assert_eq!(apply(&mut p, &stored(A, None, &[(2, 7), (3, 8)])).capacity_omissions, 2);
+    assert_eq!((p.filter().occupied_slots(), p.omitted_block_count()), (8, 2));
+    p.replace_ranks(BTreeMap::from([(B, RankReplacement::new(replacement_key()))])).unwrap();
+    assert_eq!((p.filter().occupied_slots(), p.omitted_block_count()), (3, 0));
+    p.check_invariants().unwrap();
+}
+
 #[test]
 fn replacement_failure_leaves_state_untouched() {
     let mut p = pool(64);

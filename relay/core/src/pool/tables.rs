@@ -284,15 +284,15 @@ impl OwnerTable {
         Some(OwnerState { owners, resident: before.resident })
     }
 
-    /// Record whether an owned canonical hash is resident.
+    /// Record that an owned canonical hash is resident (idempotent). A hash stays resident until
+    /// its last owner leaves: the entry, and its residency, go with it.
     #[inline]
-    pub(crate) fn set_resident(&mut self, canonical: u64, resident: bool) {
+    pub(crate) fn mark_resident(&mut self, canonical: u64) {
         let key = canonical;
         if let Some(entry) =
             self.table.find_mut(self.key.spread(key), |entry| ({ entry.canonical }) == key)
         {
-            let state = entry.state;
-            entry.state = if resident { state | RESIDENT_BIT } else { state & OWNERS_MAX };
+            entry.state |= RESIDENT_BIT;
         }
     }
 
@@ -376,7 +376,9 @@ mod tests {
     fn owner_counts_and_residency_are_independent() {
         let mut owners = OwnerTable::new(test_key());
         assert_eq!(owners.add_owners(7, 1), OwnerState { owners: 1, resident: false });
-        owners.set_resident(7, true);
+        owners.mark_resident(7);
+        owners.mark_resident(7);
+        assert_eq!(owners.get(7), Some(OwnerState { owners: 1, resident: true }));
         assert_eq!(owners.add_owners(7, 2), OwnerState { owners: 3, resident: true });
         assert_eq!(owners.remove_owners(7, 1), Some(OwnerState { owners: 2, resident: true }));
         assert_eq!(owners.remove_owners(7, 5), Some(OwnerState { owners: 0, resident: true }));

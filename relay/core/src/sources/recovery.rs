@@ -723,20 +723,9 @@ impl SourceTracker {
         now: Duration,
         out: &mut Commands,
     ) {
-        let Some(&source) = self.in_flight.get(&request_id) else {
+        let Some((source, kind)) = self.outstanding(request_id) else {
             self.counters.recovery_answers_stale += 1;
             return;
-        };
-        let kind = match self.ranks.get(&source).map(|state| &state.phase) {
-            Some(RecoveryPhase::InFlight { kind, request_id: outstanding, .. })
-                if *outstanding == request_id =>
-            {
-                *kind
-            }
-            _ => {
-                self.counters.recovery_answers_stale += 1;
-                return;
-            }
         };
         // The call is answered: leave the in-flight phase without a cancel.
         self.set_phase(source, RecoveryPhase::Idle, now);
@@ -783,18 +772,29 @@ impl SourceTracker {
     }
 
     fn on_unreachable(&mut self, request_id: RecoveryRequestId, now: Duration, out: &mut Commands) {
-        let Some(&source) = self.in_flight.get(&request_id) else {
-            self.counters.recovery_answers_stale += 1;
-            return;
-        };
-        let Some(RecoveryPhase::InFlight { kind, .. }) =
-            self.ranks.get(&source).map(|state| state.phase.clone())
-        else {
+        let Some((source, kind)) = self.outstanding(request_id) else {
             self.counters.recovery_answers_stale += 1;
             return;
         };
         self.set_phase(source, RecoveryPhase::Idle, now);
         self.retry(source, kind, now, out);
+    }
+
+    /// The rank and kind of call `request_id` while it is outstanding; `None` once it was
+    /// answered, cancelled or never sent. `in_flight` lists exactly the ranks' current calls
+    /// (a relation of [`Self::check_invariants`]), so a listed request is its rank's call.
+    fn outstanding(&self, request_id: RecoveryRequestId) -> Option<(SourceKey, RecoveryKind)> {
+        let source = *self.in_flight.get(&request_id)?;
+        let kind = match self.ranks.get(&source).map(|state| &state.phase) {
+            Some(RecoveryPhase::InFlight { kind, request_id: current, .. })
+                if *current == request_id =>
+            {
+                Some(*kind)
+            }
+            _ => None,
+        };
+        debug_assert!(kind.is_some(), "in-flight {request_id:?} is not the call of {source:?}");
+        kind.map(|kind| (source, kind))
     }
 
     fn on_attempt_timeout(&mut self, source: SourceKey, now: Duration, out: &mut Commands) {

@@ -112,7 +112,7 @@ pub(super) fn live(source: SourceKey, ids: impl IntoIterator<Item = u64>) -> Vec
     ids.into_iter().map(|id| stored(source, id, id.wrapping_add(1000))).collect()
 }
 
-fn dump(events: Vec<RouterEvent>, last_event_id: u64) -> RecoveryResponse {
+pub(super) fn dump(events: Vec<RouterEvent>, last_event_id: u64) -> RecoveryResponse {
     RecoveryResponse::TreeDump { events, last_event_id, reset_scope: TreeDumpScope::Rank }
 }
 
@@ -122,7 +122,7 @@ fn dump_failed() -> RecoveryResponse {
 
 // ---- command views -------------------------------------------------------------------------
 
-fn requests(commands: &[SourceCommand]) -> Vec<RecoveryCall> {
+pub(super) fn requests(commands: &[SourceCommand]) -> Vec<RecoveryCall> {
     commands
         .iter()
         .filter_map(|command| match command {
@@ -132,7 +132,7 @@ fn requests(commands: &[SourceCommand]) -> Vec<RecoveryCall> {
         .collect()
 }
 
-fn resets(commands: &[SourceCommand]) -> Vec<(SourceKey, bool, ResetReason)> {
+pub(super) fn resets(commands: &[SourceCommand]) -> Vec<(SourceKey, bool, ResetReason)> {
     commands
         .iter()
         .filter_map(|command| match command {
@@ -184,7 +184,7 @@ fn call_for(calls: &[RecoveryCall], source: SourceKey) -> RecoveryCall {
 }
 
 /// The single request in `commands`.
-fn only_request(commands: &[SourceCommand]) -> RecoveryCall {
+pub(super) fn only_request(commands: &[SourceCommand]) -> RecoveryCall {
     let calls = requests(commands);
     assert_eq!(calls.len(), 1, "expected one request in {commands:#?}");
     calls.into_iter().next().unwrap()
@@ -251,7 +251,7 @@ impl Harness {
         self.membership.project(&self.configs, &self.live_workers, self.adverts.iter())
     }
 
-    fn handle(&mut self, input: SourceInput) -> Vec<SourceCommand> {
+    pub(super) fn handle(&mut self, input: SourceInput) -> Vec<SourceCommand> {
         let commands = self.tracker.handle(input, self.now, &mut self.rng);
         self.tracker.check_invariants().unwrap();
         commands
@@ -283,7 +283,11 @@ impl Harness {
         }))
     }
 
-    fn answer(&mut self, call: &RecoveryCall, response: RecoveryResponse) -> Vec<SourceCommand> {
+    pub(super) fn answer(
+        &mut self,
+        call: &RecoveryCall,
+        response: RecoveryResponse,
+    ) -> Vec<SourceCommand> {
         self.handle(SourceInput::RecoveryAnswered { request_id: call.request_id, response })
     }
 
@@ -307,7 +311,7 @@ impl Harness {
     }
 
     /// Worker 1 with one recoverable rank advertised by `P1`, recovered from an empty dump.
-    fn recovered_single_rank() -> Self {
+    pub(super) fn recovered_single_rank() -> Self {
         let mut harness = Harness::new();
         harness.add_worker(1, config(0, 1, true));
         harness.advertise(advert(R0, P1, true));
@@ -320,7 +324,7 @@ impl Harness {
     }
 
     /// Worker 1 with one live-only rank advertised by `P1`.
-    fn live_only_single_rank() -> Self {
+    pub(super) fn live_only_single_rank() -> Self {
         let mut harness = Harness::new();
         harness.add_worker(1, config(0, 1, false));
         harness.advertise(advert(R0, P1, false));
@@ -1255,7 +1259,8 @@ fn initial_wave_batches_replacements() {
     assert_eq!(replaced(&commands), vec![vec![(R0, 0), (R1, 4), (R2, 9)]]);
     assert_eq!(applied(&commands), vec![(R0, vec![1])]);
     assert!(!harness.tracker.initial_wave_open());
-    assert_eq!(harness.tracker.counters().replace_batches, 1);
+    let counters = harness.tracker.counters();
+    assert_eq!((counters.replace_batches, counters.ranks_replaced), (1, 3));
 }
 
 #[test]
