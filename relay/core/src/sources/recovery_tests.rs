@@ -11,7 +11,7 @@ use crate::rng::rng_from_seed;
 use crate::sources::RecoveryFailure;
 use crate::sources::membership::RankSourceStatus;
 use crate::sources::tests::{
-    Harness, P1, P2, R0, R1, advert, config, dump, live, requests, resets,
+    Harness, P1, P2, R0, R1, advert, applied, config, dump, live, requests, resets,
 };
 
 /// One worker's two recoverable ranks, `R0` under `P1` and `R1` under `P2`, not yet reconciled.
@@ -257,7 +257,7 @@ fn pool_failure_reports_are_counted_by_the_rank_they_find() {
     assert_eq!(recoverable.tracker.counters().faults_stale, 1);
 
     // A fenced rank waits for a new incarnation: a report under its fence is stale too.
-    let events = live(R0, [crate::sources::cursor::EVENT_ID_EXHAUSTED]);
+    let events = live(R0, [EVENT_ID_EXHAUSTED]);
     assert!(!recoverable.events(P1, events).is_empty());
     let fenced = recoverable.tracker.rank(R0).expect("rank is active");
     assert_eq!(fenced.mode, RankMode::Fenced);
@@ -296,15 +296,7 @@ fn a_degraded_rank_drops_a_buffered_duplicate_counted() {
     assert!(harness.events(P1, live(R0, [3, 2, 3])).is_empty(), "buffered while recovering");
     let commands = harness.answer(&call, RecoveryResponse::Error("boom".into()));
     assert_eq!(resets(&commands), vec![(R0, true, ResetReason::RecoveryFailed)]);
-    let applied: Vec<u64> = commands
-        .iter()
-        .filter_map(|command| match command {
-            SourceCommand::ApplyEvents { events, .. } => Some(events.iter()),
-            _ => None,
-        })
-        .flatten()
-        .map(|event| event.event.event_id)
-        .collect();
+    let applied: Vec<u64> = applied(&commands).into_iter().flat_map(|(_, ids)| ids).collect();
     assert_eq!(applied, vec![2, 3]);
     assert_eq!(harness.tracker.counters().events_dropped_stale, 1);
 }

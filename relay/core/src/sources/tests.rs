@@ -144,7 +144,7 @@ pub(super) fn resets(commands: &[SourceCommand]) -> Vec<(SourceKey, bool, ResetR
         .collect()
 }
 
-fn applied(commands: &[SourceCommand]) -> Vec<(SourceKey, Vec<u64>)> {
+pub(super) fn applied(commands: &[SourceCommand]) -> Vec<(SourceKey, Vec<u64>)> {
     commands
         .iter()
         .filter_map(|command| match command {
@@ -184,7 +184,7 @@ fn call_for(calls: &[RecoveryCall], source: SourceKey) -> RecoveryCall {
 }
 
 /// The single request in `commands`.
-pub(super) fn only_request(commands: &[SourceCommand]) -> RecoveryCall {
+fn only_request(commands: &[SourceCommand]) -> RecoveryCall {
     let calls = requests(commands);
     assert_eq!(calls.len(), 1, "expected one request in {commands:#?}");
     calls.into_iter().next().unwrap()
