@@ -289,16 +289,16 @@ pub(crate) fn no_stale_blocks(
 
 /// The registrations `snapshot` shows for each pool against the truth model's.
 pub(crate) fn registrations_equal_truth(world: &World, snapshot: &ConsumerSnapshot) -> Check {
-    let truth = world.dc.with(|dc| truth::truth_registrations(dc));
-    let seen: Vec<(String, BTreeSet<truth::RegistrationKey>)> = snapshot
+    let truth = world.dc.with(|dc| truth::registrations::truth_registrations(dc));
+    let seen: Vec<(String, BTreeSet<truth::registrations::RegistrationKey>)> = snapshot
         .pools
         .iter()
         .map(|pool| {
             (
                 pool.descriptor.serving_endpoint.to_string(),
-                truth::registration_keys(&pool.descriptor.registrations),
+                truth::registrations::registration_keys(&pool.descriptor.registrations),
             )
         })
         .collect();
-    truth::registrations_equal_truth(&truth, &seen)
+    truth::registrations::registrations_equal_truth(&truth, &seen)
 }
