@@ -378,8 +378,9 @@ impl Sim {
     /// - **converges-within-bound**: the consumers' catalog and readiness settled within
     ///   [`settled::CONVERGENCE_BOUND_MS`] of the last fault, their load within it of the later
     ///   of the last fault and traffic-off;
-    /// - **no-stale-blocks**, **bounded-staleness** and **registrations-equal-truth**: the
-    ///   replicas and registrations against the workload model's exact state (see [`truth`]);
+    /// - **no-stale-blocks**, **bounded-staleness**, **registrations-equal-truth** and
+    ///   **registrations-follow-truth**: the replicas and registrations against the workload
+    ///   model's exact state, after quiescence and during the run (see [`truth`]);
     /// - **no-phantom-pools**: every catalogued `(endpoint, pool id)` is in the truth catalog;
     /// - **consumer-followed**: the scenario's expectation of each consumer's streams.
     #[must_use]
@@ -1531,6 +1532,7 @@ async fn evaluate(world: &World) -> Verdict {
     checks.push(stale);
     checks.push(observed::bounded_staleness(world));
     checks.push(registrations);
+    checks.push(observed::registrations_follow_truth(world));
     let load = within_convergence(async || {
         let catalogued = reference.snapshot();
         at_every_consumer(&consumers, |_, consumer| {

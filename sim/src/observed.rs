@@ -1,6 +1,7 @@
-//! The truth oracles' side of a run: the truth model's pools sampled as the DC changes, every
-//! long-lived consumer's replicas sampled at the observer's cadence for bounded staleness, and
-//! the final no-stale-blocks and registrations checks (see [`crate::truth`]).
+//! The truth oracles' side of a run: the truth model's pools and registrations sampled as the
+//! DC changes, every long-lived consumer's replicas and catalog sampled at the observer's
+//! cadence for bounded staleness and registrations that follow the truth, and the final
+//! no-stale-blocks and registrations checks (see [`crate::truth`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use kvrelay_dc::SimulatedDc;
 use rand_core::Rng as _;
 
 use crate::settled::{self, PoolKey};
+use crate::truth::registrations::{self, RegistrationFollowing, RegistrationSample, TruthSince};
 use crate::truth::{self, Health, PoolTruth, Sample, Staleness};
 use crate::{Check, World, lock, sim_dc_id, sim_ms};
 
@@ -61,7 +63,10 @@ pub(crate) struct TruthWatch {
     holders: BTreeMap<String, Holders>,
     /// The pools the truth model says are catalogued, at the last update.
     catalog: BTreeSet<PoolKey>,
+    /// Each endpoint's truth registrations and since when, at the last update.
+    registrations: BTreeMap<String, TruthSince>,
     staleness: Staleness,
+    following: RegistrationFollowing,
     copies: Copies,
     /// Set when the final evaluation begins: sampling ends there.
     stopped: bool,
@@ -80,7 +85,9 @@ impl TruthWatch {
             pools: BTreeMap::new(),
             holders: BTreeMap::new(),
             catalog: BTreeSet::new(),
+            registrations: BTreeMap::new(),
             staleness: Staleness::default(),
+            following: RegistrationFollowing::default(),
             copies: BTreeMap::new(),
             stopped: false,
             last_sample: None,
@@ -165,6 +172,8 @@ impl TruthWatch {
         }
         self.holders = sources;
         self.catalog = settled::truth_catalog(dc, sim_dc_id());
+        let next = registrations::truth_registrations(dc);
+        self.registrations = registrations::carry_registrations(&self.registrations, next, now);
     }
 
     /// The words of `consumer`'s replica of `pool` (copied again only when its sequence moved).
@@ -192,18 +201,31 @@ impl TruthWatch {
         Some(words)
     }
 
-    /// One bounded-staleness sample of consumer `index` (host `host`) at `now`.
+    /// One bounded-staleness and registrations sample of consumer `index` (host `host`) at
+    /// `now`.
     fn sample(&mut self, now: u64, index: usize, host: &str, consumer: &RelayConsumer) {
         let snapshot = consumer.snapshot();
         for key in &self.catalog {
             let Some(healthy_since) = self.health.healthy_since(now, index, &key.endpoint) else {
                 continue;
             };
-            let Some(pool_truth) = self.pools.get_mut(&key.endpoint) else { continue };
             let pool = snapshot.pools.iter().find(|pool| {
                 pool.descriptor.serving_endpoint.to_string() == key.endpoint
                     && pool.producer.pool_id().to_string() == key.pool
             });
+            // A pool missing from the catalog is bounded-staleness's to report (its held blocks
+            // are absent); its registrations are judged once it is listed.
+            if let Some(pool) = pool {
+                self.following.observe(RegistrationSample {
+                    now,
+                    consumer: host,
+                    endpoint: &key.endpoint,
+                    healthy_since,
+                    truth: self.registrations.get(&key.endpoint),
+                    seen: &pool.descriptor.registrations,
+                });
+            }
+            let Some(pool_truth) = self.pools.get_mut(&key.endpoint) else { continue };
             let words = pool.and_then(|pool| {
                 pool_truth.address(Addressing::new(&pool.producer.format()));
                 Self::words(&mut self.copies, index, consumer, pool)
@@ -249,6 +271,11 @@ pub(crate) fn sample_truth(world: &World) {
 /// The bounded-staleness verdict over every sample so far.
 pub(crate) fn bounded_staleness(world: &World) -> Check {
     lock(&world.truth).staleness.check()
+}
+
+/// The registrations-follow-truth verdict over every sample so far.
+pub(crate) fn registrations_follow_truth(world: &World) -> Check {
+    lock(&world.truth).following.check()
 }
 
 /// Hashes no worker holds or held, drawn from the seed: the never-stored probes.

@@ -442,10 +442,7 @@ pub struct Staleness {
     /// The oldest age (ms past the later of its `since` and the links' health) of a held block
     /// found absent, the lag the bound must cover.
     pub slowest_ms: u64,
-    /// Violations (the first few).
-    pub violations: Vec<String>,
-    /// How many violations in all.
-    pub violation_count: u64,
+    violations: Violations,
     /// Per consumer and pool, the due blocks wrong at the last sample and since when.
     streaks: BTreeMap<(String, String), Streaks>,
 }
@@ -471,6 +468,32 @@ fn extend_streaks(streaks: &mut BTreeMap<u64, u64>, wrong: &[u64], now: u64) -> 
 /// Violations kept in full; the rest are counted.
 const VIOLATIONS_KEPT: usize = 4;
 
+/// An in-run check's violations: the first [`VIOLATIONS_KEPT`] in full, all of them counted.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Violations {
+    kept: Vec<String>,
+    count: u64,
+}
+
+impl Violations {
+    /// Count one violation, described by `text` while fewer than [`VIOLATIONS_KEPT`] are kept.
+    pub(crate) fn push(&mut self, text: impl FnOnce() -> String) {
+        self.count += 1;
+        if self.kept.len() < VIOLATIONS_KEPT {
+            self.kept.push(text());
+        }
+    }
+
+    /// The check `name`: passed with `fine` without violations, else the count and the first.
+    pub(crate) fn check(&self, name: &'static str, fine: String) -> Check {
+        let mut check = verdict(name, &self.kept, fine);
+        if !check.passed {
+            check.detail = format!("{} violation(s), first: {}", self.count, self.kept[0]);
+        }
+        check
+    }
+}
+
 /// One sample of one consumer's replica of one pool.
 #[derive(Debug, Clone, Copy)]
 pub struct Sample<'a> {
@@ -489,13 +512,6 @@ pub struct Sample<'a> {
 }
 
 impl Staleness {
-    fn violation(&mut self, text: impl FnOnce() -> String) {
-        self.violation_count += 1;
-        if self.violations.len() < VIOLATIONS_KEPT {
-            self.violations.push(text());
-        }
-    }
-
     /// Judge one sample against `truth` (whose probes follow the replica's addressing): a held
     /// block due for presence ([`STALENESS_BOUND_MS`] past the later of its `since` and the
     /// links' health) absent for [`TRANSIENT_MS`], or more removed blocks due for absence
@@ -542,7 +558,7 @@ impl Staleness {
         self.absence_probes += probes;
         let (stale, stale_longest) = extend_streaks(&mut streaks.present, &present, now);
         if lasting > 0 {
-            self.violation(|| {
+            self.violations.push(|| {
                 format!(
                     "{consumer} at {now} ms: {lasting} blocks of {endpoint} held past the bound \
                      are absent (for {longest} ms)"
@@ -554,7 +570,7 @@ impl Staleness {
             let rate = false_positive_rate(occupied_slots(words), words.len() as u64 * 4);
             let allowance = false_positive_allowance(probes, rate);
             if stale > allowance {
-                self.violation(|| {
+                self.violations.push(|| {
                     format!(
                         "{consumer} at {now} ms: {stale} of {probes} blocks of {endpoint} removed \
                          past the bound are present (for {stale_longest} ms; false-positive \
@@ -573,12 +589,7 @@ impl Staleness {
              false positives) within {STALENESS_BOUND_MS} ms; slowest lag {} ms",
             self.samples, self.presence_probes, self.absence_probes, self.slowest_ms
         );
-        let mut check = verdict("bounded-staleness", &self.violations, fine);
-        if !check.passed {
-            check.detail =
-                format!("{} violation(s), first: {}", self.violation_count, self.violations[0]);
-        }
-        check
+        self.violations.check("bounded-staleness", fine)
     }
 }
 
