@@ -12,7 +12,9 @@ LIST (the output of `cargo mutants --list` on the tree measured), so outcomes of
 names changed since an earlier run (their lines moved) are not counted twice. `--replayed TSV`
 overrides outcomes from lines `VERDICT<TAB>NAME` (caught, missed, unviable, or gone: the mutated
 code no longer exists, and the mutant is dropped), as written by re-applying the missed
-mutants' diffs to a later tree.
+mutants' diffs to a later tree. `--missed-diffs` prints, instead of the table, one
+`DIFF_PATH<TAB>NAME` line per missed mutant (the diff path relative to the output directory),
+which `scripts/mutants-sweep.sh` applies one at a time.
 """
 
 import json
@@ -38,13 +40,15 @@ def outcomes(paths):
                 kind = KINDS.get(outcome["summary"])
                 if kind is None:
                     raise SystemExit(f"{path}: unknown outcome {outcome['summary']!r}")
-                latest[mutant["Mutant"]["name"]] = (mutant["Mutant"]["file"], kind)
+                name = mutant["Mutant"]["name"]
+                latest[name] = (mutant["Mutant"]["file"], kind, outcome.get("diff_path"))
     return latest
 
 
 def main(argv):
     show_missed = "--missed" in argv
-    argv = [arg for arg in argv if arg != "--missed"]
+    missed_diffs = "--missed-diffs" in argv
+    argv = [arg for arg in argv if arg not in ("--missed", "--missed-diffs")]
     only = None
     if "--only" in argv:
         at = argv.index("--only")
@@ -71,7 +75,7 @@ def main(argv):
                 if verdict == "gone":
                     del latest[name]
                 elif verdict in ("caught", "missed", "unviable", "timeout"):
-                    latest[name] = (latest[name][0], verdict)
+                    latest[name] = (latest[name][0], verdict, latest[name][2])
                 else:
                     raise SystemExit(f"{replayed}: unknown verdict {verdict!r}")
     if only is not None:
@@ -79,8 +83,13 @@ def main(argv):
         if untested:
             print(f"{len(untested)} listed mutants have no outcome, e.g. {untested[0]}")
         latest = OrderedDict((name, value) for name, value in latest.items() if name in only)
+    if missed_diffs:
+        for name, (_, kind, diff) in latest.items():
+            if kind == "missed":
+                print(f"{diff}\t{name}")
+        return
     per_file = OrderedDict()
-    for file, kind in sorted(latest.values()):
+    for file, kind, _ in sorted(latest.values(), key=lambda value: value[:2]):
         per_file.setdefault(file, dict.fromkeys(KINDS.values(), 0))[kind] += 1
     total = dict.fromkeys(KINDS.values(), 0)
     print("| file | caught | timeout | missed | unviable | killed |")
@@ -98,7 +107,7 @@ def main(argv):
         )
     if show_missed:
         print()
-        for name, (_, kind) in latest.items():
+        for name, (_, kind, _) in latest.items():
             if kind == "missed":
                 print(name)
 

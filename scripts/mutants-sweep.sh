@@ -21,16 +21,7 @@ git -C "$repo" worktree add --detach -q "$tree" HEAD
 trap 'git -C "$repo" worktree remove --force "$tree"; rm -rf "$work"' EXIT
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$work/target}
 
-python3 - "$out/outcomes.json" > "$work/missed" <<'EOF'
-import json
-import sys
-
-with open(sys.argv[1], encoding="utf-8") as file:
-    for outcome in json.load(file)["outcomes"]:
-        scenario = outcome["scenario"]
-        if isinstance(scenario, dict) and outcome["summary"] == "MissedMutant":
-            print(f'{outcome["diff_path"]}\t{scenario["Mutant"]["name"]}')
-EOF
+python3 "$repo/scripts/mutants-summary.py" --missed-diffs "$out/outcomes.json" > "$work/missed"
 total=$(wc -l < "$work/missed")
 echo "== $total missed mutants, sweep --seeds $seeds each (target: $CARGO_TARGET_DIR)" >&2
 sim=$CARGO_TARGET_DIR/mutants/kvrelay-sim
