@@ -44,13 +44,15 @@
 # Needs: root, iproute2 (`ip`), nats-server, etcd, and the debug binaries
 #   CARGO_TARGET_DIR=/work/target-loadgen cargo build -p kvrelay --bin kvrelay
 #   CARGO_TARGET_DIR=/work/target-loadgen cargo build -p kvrelay-benches --bin loadgen
-# Link impairments use `tc netem` when the kernel has sch_netem; without it loss and partitions
-# use nftables (`nft`, netdev ingress drops on both ends of the link) and delay and reordering
-# use scripts/delay-proxy.py (python3): when the run includes them, the relay reaches NATS and
-# etcd, and the verifiers reach the relay, through TCP forwarders on each side's loopback that
-# pass bytes straight through until a fault makes them hold each chunk (delay: 50 +- 10 ms;
-# reordering: 20 ms, and 25 % of chunks 20 ms more, in order — what reordered segments do to a TCP
-# reader). Each direction of each link is delayed once, as netem on both ends would.
+# Link impairments use `tc netem` (and `htb` for the throttle) when the kernel has sch_netem.
+# Without it, the two links become TUN devices carried by scripts/tun-link.py (python3,
+# /dev/net/tun): one process per link forwards every IP packet between the namespaces and, on a
+# fault, drops, loses, delays, reorders (25 % of packets skip a 20 ms hold and overtake the
+# others: real out-of-order segments) or throttles them, as netem would (`--link tun` forces this,
+# `--link veth` forbids it). Without either, loss and partitions use nftables (`nft`, netdev
+# ingress drops on both ends of the link) and delay and reordering use scripts/delay-proxy.py:
+# the relay reaches NATS and etcd, and the verifiers reach the relay, through TCP forwarders that
+# hold chunks of the byte stream (reordering then shows only as TCP's head-of-line blocking).
 #
 # Everything is bounded: each wait has a bound and the whole run a deadline. On exit, error or
 # Ctrl-C it stops every process it started (by PID), deletes its namespaces (and with them the
@@ -80,6 +82,8 @@ convergence check with loadgen's verifier. Prints a table (fault, survived, time
   --subnet A.B       first two octets of the private /24s (default 10.77: 10.77.1.0/24 DC link,
                      10.77.2.0/24 WAN link)
   --rate N           stored events/s of loadgen (default 300)
+  --link KIND        auto (default: veth with sch_netem, else TUN links if python3 and
+                     /dev/net/tun exist), veth, or tun (packets carried by scripts/tun-link.py)
   -h, --help         this text
 
 Faults: baseline relay-kill relay-kill-partitioned nats-restart etcd-restart dc-partition
@@ -98,6 +102,7 @@ TARGET_DIR="${CARGO_TARGET_DIR:-}"
 PREFIX=kvr
 SUBNET=10.77
 RATE=300
+LINK=auto
 while (($#)); do
   case "$1" in
     --quick) MODE=quick ;;
@@ -109,6 +114,7 @@ while (($#)); do
     --prefix) PREFIX="${2:?--prefix needs a name}"; shift ;;
     --subnet) SUBNET="${2:?--subnet needs A.B}"; shift ;;
     --rate) RATE="${2:?--rate needs a number}"; shift ;;
+    --link) LINK="${2:?--link needs auto, veth or tun}"; shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "chaos: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -127,6 +133,11 @@ command -v timeout >/dev/null || die "timeout (coreutils) is missing"
 [[ "$PREFIX" =~ ^[a-z][a-z0-9]{0,7}$ ]] || die "--prefix must be 1-8 lowercase letters/digits"
 [[ "$SUBNET" =~ ^(10\.[0-9]{1,3}|192\.168)$ ]] || die "--subnet must be 10.N or 192.168"
 if ! [[ "$RATE" =~ ^[0-9]+$ ]] || ((RATE < 50 || RATE > 2000)); then die "--rate must be 50..2000"; fi
+[[ "$LINK" =~ ^(auto|veth|tun)$ ]] || die "--link must be auto, veth or tun"
+if [[ "$LINK" == tun ]]; then
+  command -v python3 >/dev/null || die "--link tun needs python3"
+  [[ -c /dev/net/tun ]] || die "--link tun needs /dev/net/tun"
+fi
 if [[ -z "$TARGET_DIR" ]]; then
   if [[ -x /work/target-loadgen/debug/loadgen ]]; then TARGET_DIR=/work/target-loadgen; else TARGET_DIR="$ROOT/target"; fi
 fi
@@ -174,8 +185,8 @@ CREATED_NS=()               # namespaces this script created (deleted on exit)
 RELAY_STARTS=0
 NATS_STARTS=0
 ETCD_STARTS=0
-IMPAIR=none                 # netem | nft | none (how loss and partitions are made)
-DELAY=none                  # netem | proxy | none (how delay and reordering are made)
+IMPAIR=none                 # netem | tun | nft | none (how loss and partitions are made)
+DELAY=none                  # netem | tun | proxy | none (how delay and reordering are made)
 RELAY_NATS_URL="$NATS_URL"  # what the relay connects to (a forwarder's address with DELAY=proxy)
 RELAY_ETCD_URL="$ETCD_URL"
 VERIFY_ADDR="$RELAY_ADDR"   # what the verifiers connect to
@@ -277,6 +288,23 @@ make_network() {
   done
   ip link add dc0 netns "$NS_DC" type veth peer name dc1 netns "$NS_RELAY" || exit 3
   ip link add wan1 netns "$NS_RELAY" type veth peer name wan0 netns "$NS_WAN" || exit 3
+  # How impairments are made on this kernel.
+  if [[ "$LINK" != tun ]] && command -v tc >/dev/null \
+    && ip netns exec "$NS_RELAY" tc qdisc add dev dc1 root netem delay 1ms 2>/dev/null; then
+    ip netns exec "$NS_RELAY" tc qdisc del dev dc1 root
+    IMPAIR=netem
+  elif [[ "$LINK" == tun || ("$LINK" == auto && -c /dev/net/tun) ]] && command -v python3 >/dev/null; then
+    # Deleting one end of a veth pair deletes both.
+    ip -n "$NS_DC" link del dc0 && ip -n "$NS_RELAY" link del wan1 || exit 3
+    local end
+    for end in "${DC_ENDS[@]}" "${WAN_ENDS[@]}"; do
+      read -r ns dev <<<"$end"
+      ip -n "$ns" tuntap add dev "$dev" mode tun || exit 3
+    done
+    IMPAIR=tun
+  elif command -v nft >/dev/null; then
+    IMPAIR=nft
+  fi
   ip -n "$NS_DC" addr add "$DC_IP/24" dev dc0
   ip -n "$NS_RELAY" addr add "$RELAY_DC_IP/24" dev dc1
   ip -n "$NS_RELAY" addr add "$RELAY_WAN_IP/24" dev wan1
@@ -285,23 +313,49 @@ make_network() {
   ip -n "$NS_RELAY" link set dc1 up
   ip -n "$NS_RELAY" link set wan1 up
   ip -n "$NS_WAN" link set wan0 up
-  # How impairments are made on this kernel.
-  if command -v tc >/dev/null && ip netns exec "$NS_RELAY" tc qdisc add dev dc1 root netem delay 1ms 2>/dev/null; then
-    ip netns exec "$NS_RELAY" tc qdisc del dev dc1 root
-    IMPAIR=netem
-  elif command -v nft >/dev/null; then
-    IMPAIR=nft
-  fi
-  if [[ "$IMPAIR" == netem ]]; then
-    DELAY=netem
+  if [[ "$IMPAIR" == netem || "$IMPAIR" == tun ]]; then
+    DELAY="$IMPAIR"
   elif [[ " ${FAULTS[*]} " == *" delay "* || " ${FAULTS[*]} " == *" reorder "* ]] && command -v python3 >/dev/null; then
     DELAY=proxy
   fi
-  if command -v tc >/dev/null && ip netns exec "$NS_RELAY" tc qdisc add dev wan1 root handle 1: htb 2>/dev/null; then
+  if [[ "$IMPAIR" == tun ]]; then
+    start_tun_link dc "${DC_ENDS[@]}"
+    start_tun_link wan "${WAN_ENDS[@]}"
+  elif command -v tc >/dev/null && ip netns exec "$NS_RELAY" tc qdisc add dev wan1 root handle 1: htb 2>/dev/null; then
     ip netns exec "$NS_RELAY" tc qdisc del dev wan1 root
     HTB=yes
   fi
   log "namespaces $NS_DC ($DC_IP) - $NS_RELAY ($RELAY_DC_IP, $RELAY_WAN_IP) - $NS_WAN ($WAN_IP); impairments: $IMPAIR, delay: $DELAY"
+}
+
+# start_tun_link LINK "NS DEV" "NS DEV": the process carrying LINK's packets (a = the first end),
+# impaired through its control file $WORK/link-LINK.ctl. It enters both namespaces itself.
+start_tun_link() {
+  local link="$1" ns_a dev_a ns_b dev_b seed=11
+  read -r ns_a dev_a <<<"$2"
+  read -r ns_b dev_b <<<"$3"
+  [[ "$link" == wan ]] && seed=12
+  echo "both pass" >"$WORK/link-$link.ctl"
+  python3 "$ROOT/scripts/tun-link.py" --a "$ns_a:$dev_a" --b "$ns_b:$dev_b" \
+    --control "$WORK/link-$link.ctl" --seed "$seed" >"$LOGS/link-$link.log" 2>&1 </dev/null &
+  PIDS[link-$link]=$!
+  local i
+  for ((i = 0; i < 50; i++)); do
+    grep -q " up$" "$LOGS/link-$link.log" 2>/dev/null && return 0
+    alive "link-$link" || break
+    sleep 0.1
+  done
+  log "the $link link did not come up: $(tail -n 3 "$LOGS/link-$link.log")"
+  exit 3
+}
+# tun_mode LINK SPEC: set LINK's impairment (a line of scripts/tun-link.py's control file, e.g.
+# "both loss 10", "a2b rate 1000"); `a` is the relay side of the WAN link, the DC side of the DC
+# link.
+tun_mode() {
+  local link="$1"
+  alive "link-$link" || return 1
+  echo "$2" >"$WORK/link-$link.ctl"
+  kill -HUP "${PIDS[link-$link]}"
 }
 
 # With DELAY=proxy: the forwarders, and the addresses the relay and the verifiers use through them.
@@ -335,6 +389,7 @@ impair() {
   for end in "${ends[@]}"; do
     read -r ns dev <<<"$end"
     case "$IMPAIR:$kind" in
+      tun:drop | tun:loss) ;;
       netem:drop) ip netns exec "$ns" tc qdisc replace dev "$dev" root netem loss 100% ;;
       netem:loss) ip netns exec "$ns" tc qdisc replace dev "$dev" root netem loss "$percent%" ;;
       netem:netem*)
@@ -355,10 +410,14 @@ EOF
       *) return 1 ;;
     esac
   done
+  if [[ "$IMPAIR" == tun ]]; then
+    if [[ "$kind" == drop ]]; then tun_mode "$link" "both drop"; else tun_mode "$link" "both loss $percent"; fi
+  fi
 }
 clear_impairments() {
   local end ns dev
   [[ "$DELAY" == proxy ]] && signal_proxies USR2
+  if [[ "$IMPAIR" == tun ]]; then tun_mode dc "both pass"; tun_mode wan "both pass"; fi
   for end in "${DC_ENDS[@]}" "${WAN_ENDS[@]}"; do
     read -r ns dev <<<"$end"
     ip netns exec "$ns" tc qdisc del dev "$dev" root 2>/dev/null
@@ -477,7 +536,7 @@ fault_plan() {
     dc-link-down) echo "strict 15 2" ;;   # longer than etcd's keepalive (10 s + 5 s)
     wan-partition) echo "strict 25 2" ;;  # longer than the relay's 20 s HTTP/2 keepalive
     wan-throttle)
-      if [[ "$HTB" == yes ]]; then echo "strict 10 2"; else echo "skip the kernel has no htb qdisc"; fi ;;
+      if [[ "$HTB" == yes || "$IMPAIR" == tun ]]; then echo "strict 10 2"; else echo "skip the kernel has no htb qdisc"; fi ;;
     loss)
       if [[ "$IMPAIR" == none ]]; then echo "skip neither sch_netem nor nft available"; else echo "strict 8 2"; fi ;;
     delay | reorder)
@@ -494,12 +553,16 @@ fault_description() {
     dc-partition) echo "DC<->relay: every packet dropped both ways ($IMPAIR) for 6 s" ;;
     dc-link-down) echo "DC<->relay: relay's veth down for 15 s" ;;
     wan-partition) echo "relay<->WAN: every packet dropped both ways ($IMPAIR) for 25 s" ;;
-    wan-throttle) echo "relay->WAN egress limited to 1 Mbit/s (htb) for 10 s" ;;
+    wan-throttle)
+      if [[ "$IMPAIR" == tun ]]; then local how=tun; else local how=htb; fi
+      echo "relay->WAN egress limited to 1 Mbit/s ($how) for 10 s" ;;
     loss) echo "10 % loss each way on both relay links ($IMPAIR) for 8 s" ;;
     delay) echo "50 ms +- 10 ms each way on both relay links ($DELAY) for 8 s" ;;
     reorder)
       if [[ "$DELAY" == proxy ]]; then
         echo "20 ms each way on both relay links, 25 % of chunks 20 ms later, in order (proxy: TCP's head-of-line blocking) for 8 s"
+      elif [[ "$DELAY" == tun ]]; then
+        echo "20 ms delay each way on both relay links, 25 % of packets sent at once, overtaking the held ones (tun) for 8 s"
       else
         echo "20 ms delay, 25 % reordered each way on both relay links (netem) for 8 s"
       fi ;;
@@ -521,14 +584,17 @@ inject() {
     dc-link-down) ip -n "$NS_RELAY" link set dc1 down ;;
     wan-partition) impair wan drop ;;
     wan-throttle)
+      if [[ "$IMPAIR" == tun ]]; then tun_mode wan "a2b rate 1000"; return; fi
       ip netns exec "$NS_RELAY" tc qdisc replace dev wan1 root handle 1: htb default 10 &&
         ip netns exec "$NS_RELAY" tc class add dev wan1 parent 1: classid 1:10 htb rate 1mbit ceil 1mbit ;;
     loss) impair dc loss 10 && impair wan loss 10 ;;
     delay)
-      if [[ "$DELAY" == proxy ]]; then signal_proxies USR1; else
+      if [[ "$DELAY" == proxy ]]; then signal_proxies USR1
+      elif [[ "$DELAY" == tun ]]; then tun_mode dc "both delay 50 10" && tun_mode wan "both delay 50 10"; else
         impair dc "netem delay 50ms 10ms" && impair wan "netem delay 50ms 10ms"; fi ;;
     reorder)
-      if [[ "$DELAY" == proxy ]]; then signal_proxies HUP; else
+      if [[ "$DELAY" == proxy ]]; then signal_proxies HUP
+      elif [[ "$DELAY" == tun ]]; then tun_mode dc "both reorder 20 25" && tun_mode wan "both reorder 20 25"; else
         impair dc "netem delay 20ms reorder 25% 50%" && impair wan "netem delay 20ms reorder 25% 50%"; fi ;;
   esac
 }
