@@ -16,7 +16,7 @@ use rand_core::Rng as _;
 
 use crate::settled::{self, PoolKey};
 use crate::truth::registrations::{self, RegistrationFollowing, RegistrationSample, TruthSince};
-use crate::truth::{self, Health, PoolTruth, Sample, Staleness};
+use crate::truth::{self, Health, PoolTruth, Sample, SampleAt, Staleness};
 use crate::{Check, World, lock, sim_dc_id, sim_ms};
 
 /// Each listed rank's held blocks with since when it holds them, by `(worker index, rank,
@@ -215,12 +215,10 @@ impl TruthWatch {
             });
             // A pool missing from the catalog is bounded-staleness's to report (its held blocks
             // are absent); its registrations are judged once it is listed.
+            let at = SampleAt { now, consumer: host, endpoint: &key.endpoint, healthy_since };
             if let Some(pool) = pool {
                 self.following.observe(RegistrationSample {
-                    now,
-                    consumer: host,
-                    endpoint: &key.endpoint,
-                    healthy_since,
+                    at,
                     truth: self.registrations.get(&key.endpoint),
                     seen: &pool.descriptor.registrations,
                 });
@@ -232,14 +230,7 @@ impl TruthWatch {
             });
             self.staleness.observe(
                 pool_truth,
-                Sample {
-                    now,
-                    consumer: host,
-                    endpoint: &key.endpoint,
-                    healthy_since,
-                    words: words.as_deref().map(Vec::as_slice),
-                    presence: self.presence,
-                },
+                Sample { at, words: words.as_deref().map(Vec::as_slice), presence: self.presence },
             );
         }
     }

@@ -494,17 +494,24 @@ impl Violations {
     }
 }
 
-/// One sample of one consumer's replica of one pool.
+/// When and where an in-run sample was taken: one consumer's view of one pool.
 #[derive(Debug, Clone, Copy)]
-pub struct Sample<'a> {
+pub struct SampleAt<'a> {
     /// Simulated ms.
     pub now: u64,
     /// The consumer's host.
     pub consumer: &'a str,
     /// The pool's serving endpoint.
     pub endpoint: &'a str,
-    /// Since when its links have been healthy.
+    /// Since when the consumer's links to the pool have been healthy.
     pub healthy_since: u64,
+}
+
+/// One sample of one consumer's replica of one pool.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample<'a> {
+    /// When and where.
+    pub at: SampleAt<'a>,
     /// The replica's words (`None`: no replica installed).
     pub words: Option<&'a [u64]>,
     /// Whether held blocks must be present (not with expected capacity omissions).
@@ -518,7 +525,8 @@ impl Staleness {
     /// present for that long than the false-positive allowance of the due probes, is a
     /// violation.
     pub fn observe(&mut self, truth: &PoolTruth, sample: Sample<'_>) {
-        let Sample { now, consumer, endpoint, healthy_since, words, presence } = sample;
+        let Sample { at: SampleAt { now, consumer, endpoint, healthy_since }, words, presence } =
+            sample;
         let streaks = self.streaks.entry((consumer.to_owned(), endpoint.to_owned())).or_default();
         let Some(due) = now.checked_sub(STALENESS_BOUND_MS).filter(|due| healthy_since <= *due)
         else {
@@ -746,10 +754,7 @@ mod tests {
             let words = words.to_vec();
             for now in (from..=from + for_ms).step_by(20) {
                 let sample = Sample {
-                    now,
-                    consumer: "c",
-                    endpoint: "e",
-                    healthy_since: 0,
+                    at: SampleAt { now, consumer: "c", endpoint: "e", healthy_since: 0 },
                     words: Some(&words),
                     presence: true,
                 };
@@ -791,10 +796,7 @@ mod tests {
             let words = replica(&held);
             for now in (now..=now + 2 * TRANSIENT_MS).step_by(20) {
                 let sample = Sample {
-                    now,
-                    consumer: "c",
-                    endpoint: "e",
-                    healthy_since,
+                    at: SampleAt { now, consumer: "c", endpoint: "e", healthy_since },
                     words: Some(&words),
                     presence: true,
                 };
@@ -830,10 +832,7 @@ mod tests {
         staleness.observe(
             &truth,
             Sample {
-                now: 2_000,
-                consumer: "c",
-                endpoint: "e",
-                healthy_since: 1_500,
+                at: SampleAt { now: 2_000, consumer: "c", endpoint: "e", healthy_since: 1_500 },
                 words: None,
                 presence: true,
             },

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use kvrelay_core::discovery::{ModelRegistration, ModelTarget};
 use kvrelay_dc::SimulatedDc;
 
-use super::{STALENESS_BOUND_MS, TRANSIENT_MS, Violations};
+use super::{STALENESS_BOUND_MS, SampleAt, TRANSIENT_MS, Violations};
 use crate::Check;
 use crate::oracles::verdict;
 
@@ -149,14 +149,8 @@ pub fn carry_registrations(
 /// One sample of one consumer's catalog entry for one pool.
 #[derive(Debug, Clone, Copy)]
 pub struct RegistrationSample<'a> {
-    /// Simulated ms.
-    pub now: u64,
-    /// The consumer's host.
-    pub consumer: &'a str,
-    /// The pool's serving endpoint.
-    pub endpoint: &'a str,
-    /// Since when the consumer's links to the pool have been healthy.
-    pub healthy_since: u64,
+    /// When and where.
+    pub at: SampleAt<'a>,
     /// The truth's registrations of the endpoint (`None`: no listed worker declares any).
     pub truth: Option<&'a TruthSince>,
     /// The registrations the consumer's catalog shows for the pool.
@@ -180,7 +174,8 @@ impl RegistrationFollowing {
     /// Judge one sample: the consumer's registrations differing from a truth unchanged for
     /// [`STALENESS_BOUND_MS`], over links healthy as long, for [`TRANSIENT_MS`] is a violation.
     pub fn observe(&mut self, sample: RegistrationSample<'_>) {
-        let RegistrationSample { now, consumer, endpoint, healthy_since, truth, seen } = sample;
+        let RegistrationSample { at, truth, seen } = sample;
+        let SampleAt { now, consumer, endpoint, healthy_since } = at;
         let empty = TruthSince::default();
         let truth = truth.unwrap_or(&empty);
         let key = (consumer.to_owned(), endpoint.to_owned());
@@ -291,14 +286,8 @@ mod tests {
         seen: &[ModelRegistration],
     ) {
         for now in (from..to).step_by(60) {
-            let sample = RegistrationSample {
-                now,
-                consumer: "c",
-                endpoint: "e",
-                healthy_since,
-                truth: Some(truth),
-                seen,
-            };
+            let at = SampleAt { now, consumer: "c", endpoint: "e", healthy_since };
+            let sample = RegistrationSample { at, truth: Some(truth), seen };
             following.observe(sample);
         }
     }
