@@ -307,16 +307,16 @@ pub(crate) fn no_stale_blocks(
 
 /// The registrations `snapshot` shows for each pool against the truth model's.
 pub(crate) fn registrations_equal_truth(world: &World, snapshot: &ConsumerSnapshot) -> Check {
-    let truth = world.dc.with(|dc| truth::registrations::truth_registrations(dc));
-    let seen: Vec<(String, BTreeSet<truth::registrations::RegistrationKey>)> = snapshot
+    let truth = world.dc.with(|dc| registrations::truth_registrations(dc));
+    let seen: Vec<(String, BTreeSet<registrations::RegistrationKey>)> = snapshot
         .pools
         .iter()
         .map(|pool| {
             (
                 pool.descriptor.serving_endpoint.to_string(),
-                truth::registrations::registration_keys(&pool.descriptor.registrations),
+                registrations::registration_keys(&pool.descriptor.registrations),
             )
         })
         .collect();
-    truth::registrations::registrations_equal_truth(&truth, &seen)
+    registrations::registrations_equal_truth(&truth, &seen)
 }
