@@ -227,6 +227,11 @@ impl InputReceiver {
     pub async fn recv(&mut self) -> Option<QueuedInput> {
         self.items.recv().await
     }
+
+    /// The next input if one is queued now.
+    pub fn try_recv(&mut self) -> Option<QueuedInput> {
+        self.items.try_recv().ok()
+    }
 }
 
 impl InputReceiver {

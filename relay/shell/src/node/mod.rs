@@ -4,14 +4,22 @@
 //!
 //! Order: inputs, shell reports, fence requests, allocation completions and timers are handled
 //! one at a time; the commands each produces run to completion, in order, before the next is
-//! taken (the control plane's protocol). A pool start's filter is allocated off the loop, at
-//! most [`CKF_ALLOCATION_CONCURRENCY`] at once, and its outcome applied at a recorded point of
-//! the step sequence ([`starts`](self::starts) has the two phases). Queues: DC inputs wait in a queue bounded in items and in bytes (senders
-//! wait; [`input_queue`]), shell reports
-//! in another; actor faults that find the report queue full fence their generation instead of
-//! being lost. A withdrawn generation's streams end only after the catalog update that
-//! withdraws it has been handed to the WAN publisher (withdraw, then drain).
+//! taken (the control plane's protocol). Inputs come in batches: one wake-up takes every input
+//! queued, up to [`batch::BATCH_INPUTS_MAX`], each in its own step, and ends early when a shell
+//! report waits or the control plane's timer is due. Within a batch the pool writes are held and
+//! each actor receives one command for them when the batch ends, or earlier, before any command
+//! that reaches an actor or a publication and before a checkpoint ([`batch`] has the
+//! invariants); the actor applies them as separate inputs, so publication cadence and journal
+//! positions are as if unbatched. A pool start's filter is allocated off the loop, at most
+//! [`CKF_ALLOCATION_CONCURRENCY`] at once, and its outcome applied at a recorded point of the
+//! step sequence ([`starts`](self::starts) has the two phases). Queues: DC inputs wait in a queue
+//! bounded in items and in bytes (senders wait; [`input_queue`]; an input stays charged until
+//! its writes reach their actor), shell reports in another; actor faults that find the report
+//! queue full fence their generation instead of being lost. A withdrawn generation's streams end
+//! only after the catalog update that withdraws it has been handed to the WAN publisher
+//! (withdraw, then drain).
 
+mod batch;
 mod input_queue;
 mod recovery;
 mod run;

@@ -10,6 +10,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
+use super::batch::{BATCH_INPUTS_MAX, PendingApplies};
 use super::input_queue::{
     INPUT_QUEUE_BYTES_MAX_DEFAULT, InputReceiver, InputSender, QueuedInput, input_queue,
 };
@@ -81,6 +82,8 @@ pub struct NodeStatus {
     pub pools_starting: usize,
     /// DC inputs handled.
     pub inputs_handled: u64,
+    /// Batches those inputs were taken in (one wake-up of the node each).
+    pub input_batches: u64,
     /// The node stopped.
     pub stopped: bool,
     /// The control plane's full health summary and input counters (`None` before the first
@@ -170,6 +173,10 @@ struct Node {
     starts: PoolStarts,
     /// The point of the step being executed: where a start issued now was issued.
     point: StartPoint,
+    /// Pool writes of the current batch not yet handed to their actors.
+    pending: PendingApplies,
+    /// Batches of inputs taken so far.
+    input_batches: u64,
     reports: mpsc::Sender<ShellReport>,
     publications: Arc<PoolPublications>,
     wan: WanPublisher,
@@ -230,6 +237,8 @@ pub fn start_node_with_tap(
         recoveries: RecoveryCalls::default(),
         starts,
         point: StartPoint { inputs_handled: 0, between_steps: true },
+        pending: PendingApplies::default(),
+        input_batches: 0,
         reports,
         publications: Arc::clone(&publications),
         wan,
@@ -261,67 +270,78 @@ impl Node {
         load_ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let fences = self.publications.fence_requests().clone();
         let mut inputs_handled = 0u64;
-        loop {
-            let mut input_at = None;
-            // The bytes of the input being handled, held until its commands have run.
-            let mut charge = None;
+        'run: loop {
             let wake = self.plane.poll_timeout().map(|at| self.origin + at);
-            let commands = tokio::select! {
+            let woken = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
-                Some(report) = reports.recv() => self.plane.report(report, self.now(), &mut self.rng),
+                Some(report) = reports.recv() => {
+                    Wake::Commands(self.plane.report(report, self.now(), &mut self.rng))
+                }
                 () = fences.notified() => {
                     let mut commands = Vec::new();
                     for (pool_id, layout_generation) in fences.take() {
                         let report = ShellReport::GenerationFenced { pool_id, layout_generation };
                         commands.extend(self.plane.report(report, self.now(), &mut self.rng));
                     }
-                    commands
+                    Wake::Commands(commands)
                 }
                 Some(done) = allocations.recv(), if self.starts.in_flight() > 0 => {
                     self.starts.completed(done);
-                    Vec::new()
+                    Wake::Commands(Vec::new())
                 }
                 () = sleep_until(wake), if wake.is_some() => {
-                    self.plane.handle_timeout(self.now(), &mut self.rng)
+                    Wake::Commands(self.plane.handle_timeout(self.now(), &mut self.rng))
                 }
                 _ = load_ticks.tick() => {
                     self.publish_load();
-                    Vec::new()
+                    Wake::Commands(Vec::new())
                 }
-                input = inputs.recv() => match input.map(QueuedInput::into_parts) {
-                    Some((input, input_charge)) => {
-                        charge = Some(input_charge);
+                input = inputs.recv() => match input {
+                    Some(queued) => Wake::Input(queued),
+                    None => break,
+                },
+            };
+            match woken {
+                Wake::Commands(commands) => {
+                    if !self.step(commands, None, inputs_handled, &mut allocations, &shutdown).await
+                    {
+                        break;
+                    }
+                }
+                Wake::Input(queued) => {
+                    self.input_batches += 1;
+                    // A batch: every input queued now, up to the bound, each in its own step;
+                    // other work that became due ends it early.
+                    let mut next = Some(queued);
+                    let mut taken = 0;
+                    while let Some(queued) = next.take() {
+                        let (input, charge) = queued.into_parts();
                         inputs_handled += 1;
+                        taken += 1;
                         // One reading: the journal's stamp is the time the plane is given.
                         let now = self.now();
                         if let Some(tap) = &self.tap {
                             tap.input(now, &input);
                         }
-                        input_at = Some(now);
-                        self.plane.handle(input, now, &mut self.rng)
+                        let commands = self.plane.handle(input, now, &mut self.rng);
+                        self.pending.hold_charge(charge);
+                        let stepped = self
+                            .step(commands, Some(now), inputs_handled, &mut allocations, &shutdown)
+                            .await;
+                        if !stepped {
+                            break 'run;
+                        }
+                        if taken < BATCH_INPUTS_MAX && self.nothing_else_due(&reports) {
+                            next = inputs.try_recv();
+                        }
                     }
-                    None => break,
-                },
-            };
-            // Within an input's step (before its checkpoint), or between two inputs' steps.
-            let point = StartPoint { inputs_handled, between_steps: input_at.is_none() };
-            self.point = point;
-            self.execute(commands).await;
-            if !self.apply_starts(point, &mut allocations, &shutdown).await {
-                break;
-            }
-            if let Some(at) = input_at {
-                self.checkpoint_if_due(at, inputs_handled).await;
-                // Starts due after this step, before the next input is taken.
-                let after = StartPoint { inputs_handled, between_steps: true };
-                if !self.apply_starts(after, &mut allocations, &shutdown).await {
-                    break;
                 }
             }
+            self.flush_applies().await;
             self.publish_status(inputs_handled, false);
-            drop(charge);
         }
+        self.flush_applies().await;
         let commands = self.plane.begin_shutdown(self.now(), &mut self.rng);
         self.execute(commands).await;
         self.recoveries.abort_all();
@@ -329,6 +349,55 @@ impl Node {
             let _ = actor.shutdown().await;
         }
         self.publish_status(inputs_handled, true);
+    }
+
+    /// One step: run `commands` (of the input taken at `input_at`, or of other work), then the
+    /// starts due within it, the input's checkpoint and the starts due after it. `false`:
+    /// shutdown was requested while waiting for a start.
+    async fn step(
+        &mut self,
+        commands: Vec<ControlCommand>,
+        input_at: Option<Duration>,
+        inputs_handled: u64,
+        allocations: &mut DoneReceiver,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        // Within an input's step (before its checkpoint), or between two inputs' steps.
+        let point = StartPoint { inputs_handled, between_steps: input_at.is_none() };
+        self.point = point;
+        self.execute(commands).await;
+        if !self.apply_starts(point, allocations, shutdown).await {
+            return false;
+        }
+        if let Some(at) = input_at {
+            self.checkpoint_if_due(at, inputs_handled).await;
+            // Starts due after this step, before the next input is taken.
+            let after = StartPoint { inputs_handled, between_steps: true };
+            return self.apply_starts(after, allocations, shutdown).await;
+        }
+        true
+    }
+
+    /// Whether a batch may take another input: no shell report waits and the control plane's
+    /// timer is not due.
+    fn nothing_else_due(&self, reports: &mpsc::Receiver<ShellReport>) -> bool {
+        reports.is_empty() && self.plane.poll_timeout().is_none_or(|at| at > self.now())
+    }
+
+    /// Hand every held pool write to its actor (one command per generation) and release the
+    /// bytes of the inputs that carried them. A write for a generation without an actor (its
+    /// start failed, or it already stopped) is dropped, as it would have been unbatched.
+    async fn flush_applies(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let (writes, charges) = self.pending.take();
+        for (key, segments) in writes {
+            if let Some(actor) = self.actors.get(&key) {
+                let _ = actor.apply_segments(segments).await;
+            }
+        }
+        drop(charges);
     }
 
     /// Apply every start due at `point` (see [`super::starts`]), in issue order, executing the
@@ -417,6 +486,19 @@ impl Node {
     }
 
     async fn execute_one(&mut self, command: ControlCommand) -> Vec<ControlCommand> {
+        if let ControlCommand::Source {
+            pool_id,
+            layout_generation,
+            command: SourceCommand::ApplyEvents { fence, events, .. },
+            ..
+        } = command
+        {
+            self.pending.push(pool_id, layout_generation, fence, events);
+            return Vec::new();
+        }
+        if reaches_pools(&command) {
+            self.flush_applies().await;
+        }
         match command {
             ControlCommand::Host(command) => self.execute_host(command).await,
             ControlCommand::Source { endpoint, pool_id, layout_generation, command } => {
@@ -500,8 +582,8 @@ impl Node {
         };
         let now = self.now();
         match command {
-            SourceCommand::ApplyEvents { fence, events, .. } => {
-                let _ = actor.apply(fence, events).await;
+            SourceCommand::ApplyEvents { .. } => {
+                debug_assert!(false, "event writes are held for the batch (execute_one)");
                 Vec::new()
             }
             SourceCommand::ResetRank { source, fence, .. } => {
@@ -553,9 +635,11 @@ impl Node {
 
     /// After the step of the input taken at `at`: a checkpoint if the tap says one is due,
     /// stamped `at` (the state it captures is the one after that step).
-    async fn checkpoint_if_due(&self, at: Duration, inputs_handled: u64) {
-        let Some(tap) = &self.tap else { return };
+    async fn checkpoint_if_due(&mut self, at: Duration, inputs_handled: u64) {
+        let Some(tap) = self.tap.clone() else { return };
         if tap.checkpoint_due(at, inputs_handled) {
+            // The checkpoint reads the actors: every write of the steps before it goes first.
+            self.flush_applies().await;
             let checkpoint = capture_checkpoint(&self.plane, &self.actors, inputs_handled).await;
             tap.checkpoint(at, checkpoint);
         }
@@ -577,6 +661,7 @@ impl Node {
             active_pools: self.plane.catalog_len(),
             pools_starting: self.starts.pending(),
             inputs_handled,
+            input_batches: self.input_batches,
             stopped,
             control: Some(health),
         };
@@ -600,6 +685,26 @@ impl Node {
             *current = status;
             changed
         });
+    }
+}
+
+/// What woke the node.
+enum Wake {
+    /// Commands of a report, a fence request, a timer or nothing (allocation, load window).
+    Commands(Vec<ControlCommand>),
+    /// The first input of a batch.
+    Input(QueuedInput),
+}
+
+/// Whether a command reaches a pool actor or a publication (so the held writes go first).
+fn reaches_pools(command: &ControlCommand) -> bool {
+    match command {
+        ControlCommand::Host(_) => true,
+        ControlCommand::Source { command, .. } => !matches!(
+            command,
+            SourceCommand::RequestRecovery(_) | SourceCommand::CancelRecovery { .. }
+        ),
+        ControlCommand::PublishTopology { .. } => false,
     }
 }
 

@@ -192,3 +192,75 @@ async fn a_pool_past_its_byte_budget_reports_resource_failures_while_another_kee
         task.abort();
     }
 }
+
+/// A burst queued while the node is busy is taken in batches (one wake-up, one command per pool
+/// actor, for up to `BATCH_INPUTS_MAX` inputs), and the pools it writes end exactly as their
+/// workers' caches: held writes are neither lost nor reordered.
+#[tokio::test(start_paused = true)]
+async fn a_queued_burst_is_taken_in_batches_and_every_pool_stays_exact() {
+    let endpoints = [endpoint("one/backend/generate"), endpoint("two/backend/generate")];
+    let workers = endpoints
+        .iter()
+        .enumerate()
+        .map(|(i, serving)| {
+            let mut worker = WorkerSpec::aggregated(serving.clone(), &format!("burst-llm-{i}"));
+            worker.capacity_blocks_per_rank = 256;
+            worker
+        })
+        .collect();
+    let traffic = TrafficConfig {
+        prefix_count: 4,
+        prefix_tokens: 64,
+        tail_tokens_max: 256,
+        vocabulary: 32_000,
+    };
+    let mut rng = rng_from_seed(derive_seed(SEED, "node-test/burst-dc"));
+    let deployment = Deployment { workers };
+    let dc = SharedDc(Arc::new(Mutex::new(SimulatedDc::start(&deployment, traffic, &mut rng))));
+    let recovery = CountedRecovery { dc: dc.clone(), queries: Arc::default() };
+    let clock = Arc::new(ManualWallClock::new(1_700_000_000_000_000));
+    let node =
+        start_node(node_config(64 << 20), Arc::new(InlineExecutor), clock, Arc::new(recovery))
+            .expect("node starts");
+    for fact in dc.with(|dc| dc.discovery_facts()) {
+        node.inputs.send(fact).await.expect("node runs");
+    }
+    let mut pools = None;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        pools = pool_of(&node, &endpoints[0]).zip(pool_of(&node, &endpoints[1]));
+        if pools.is_some() {
+            break;
+        }
+    }
+    let (one, two) = pools.expect("both pools are published");
+    let before = node.status.borrow().clone();
+
+    // Queue the burst without yielding: the node takes none of it until the test waits.
+    let mut burst = Vec::new();
+    while burst.len() < 600 {
+        burst.extend(dc.with(|dc| dc.step(8, &mut rng)));
+    }
+    let sent = burst.len() as u64;
+    for fact in burst {
+        node.inputs.send(fact).await.expect("room for the whole burst");
+    }
+    let mut status = node.status.clone();
+    let target = before.inputs_handled + sent;
+    let after = status.wait_for(|s| s.inputs_handled == target).await.expect("node runs").clone();
+    let batches = after.input_batches - before.input_batches;
+    let least = sent.div_ceil(super::batch::BATCH_INPUTS_MAX as u64);
+    assert!(
+        batches >= least && batches * 16 <= sent,
+        "{sent} queued inputs in {batches} batches (at most {} each)",
+        super::batch::BATCH_INPUTS_MAX
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for (pool, worker) in [(one, 0), (two, 1)] {
+        let stats = stats(&node, &pool).await;
+        let blocks = dc.with(|dc| dc.workers()[worker].ranks()[0].len());
+        assert_eq!(stats.owned_blocks, blocks, "pool of worker {worker}: {stats:?}");
+        assert_eq!(stats.counters.events_rejected, 0);
+    }
+    node.shutdown().await;
+}

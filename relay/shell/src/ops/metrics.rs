@@ -469,6 +469,12 @@ fn host_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
         "DC inputs handled by the node.",
         node.inputs_handled,
     );
+    out.single(
+        "kvrelay_dc_input_batches_total",
+        Kind::Counter,
+        "Batches the node took its DC inputs in (inputs per batch = inputs / batches).",
+        node.input_batches,
+    );
     let queue = &snapshot.input_queue;
     out.single(
         "kvrelay_input_queue_bytes",

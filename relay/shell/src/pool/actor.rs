@@ -156,15 +156,39 @@ impl PoolTotals {
     }
 }
 
+/// Events of one rank written under one fence: what one input's step asks of the pool.
+pub type ApplySegment = (RankFence, Vec<RouterEvent>);
+
 enum Command {
-    Apply { fence: RankFence, events: Vec<RouterEvent>, _permit: OwnedSemaphorePermit },
-    ReplaceRanks { dumps: Vec<RankDump> },
-    ResetRank { source: SourceKey, fence: RankFence },
-    Flush { reply: oneshot::Sender<Result<u64, PublishError>> },
-    Subscribe { lease: LaneLease, reply: oneshot::Sender<Result<Subscription, SubscribeError>> },
-    RetireLease { lease: LaneLease },
-    Stats { reply: oneshot::Sender<PoolStats> },
-    Digest { reply: oneshot::Sender<PoolDigest> },
+    /// Segments applied in order, each as its own machine input (so the cadence and the
+    /// journal's script positions see what separate commands would have shown them).
+    Apply {
+        segments: Vec<ApplySegment>,
+        _permit: OwnedSemaphorePermit,
+    },
+    ReplaceRanks {
+        dumps: Vec<RankDump>,
+    },
+    ResetRank {
+        source: SourceKey,
+        fence: RankFence,
+    },
+    Flush {
+        reply: oneshot::Sender<Result<u64, PublishError>>,
+    },
+    Subscribe {
+        lease: LaneLease,
+        reply: oneshot::Sender<Result<Subscription, SubscribeError>>,
+    },
+    RetireLease {
+        lease: LaneLease,
+    },
+    Stats {
+        reply: oneshot::Sender<PoolStats>,
+    },
+    Digest {
+        reply: oneshot::Sender<PoolDigest>,
+    },
     Shutdown,
 }
 
@@ -360,8 +384,10 @@ async fn run(
         let now = actor.now();
         let Actor { machine, outlet, .. } = &mut actor;
         match command {
-            Command::Apply { fence, events, _permit } => {
-                machine.apply(fence, &events, now, outlet);
+            Command::Apply { segments, _permit } => {
+                for (fence, events) in &segments {
+                    machine.apply(*fence, events, now, outlet);
+                }
             }
             Command::ReplaceRanks { dumps } => {
                 for fault in machine.replace_ranks(dumps, outlet) {
@@ -452,11 +478,18 @@ impl PoolActorHandle {
     /// Queue a batch of events from one publisher, written under `fence`, after taking
     /// block-weighted permits.
     pub async fn apply(&self, fence: RankFence, events: Vec<RouterEvent>) -> Result<(), ActorGone> {
-        let blocks: usize = events.iter().map(event_weight).sum();
+        self.apply_segments(vec![(fence, events)]).await
+    }
+
+    /// Queue several inputs' event batches as one command, applied in order exactly as that
+    /// many [`apply`](Self::apply) calls would be; the permits weigh all their blocks (an
+    /// admission heavier than the whole pool of permits takes all of them).
+    pub async fn apply_segments(&self, segments: Vec<ApplySegment>) -> Result<(), ActorGone> {
+        let blocks: usize = segments.iter().flat_map(|(_, events)| events).map(event_weight).sum();
         let weight = u32::try_from(blocks).unwrap_or(u32::MAX).clamp(1, self.permits_max);
         let permit =
             Arc::clone(&self.permits).acquire_many_owned(weight).await.map_err(|_| ActorGone)?;
-        self.send(Command::Apply { fence, events, _permit: permit }).await
+        self.send(Command::Apply { segments, _permit: permit }).await
     }
 
     /// Replace the dumps' ranks at once ([`PoolMachine::replace_ranks`]); returns once the

@@ -5,7 +5,7 @@ mod actor;
 mod mode;
 
 pub use actor::{
-    ActorConfig, ActorExit, ActorGone, FaultSink, PoolActorHandle, PoolTotals, SubscribeError,
-    Subscription, spawn_pool_actor, spawn_pool_actor_with,
+    ActorConfig, ActorExit, ActorGone, ApplySegment, FaultSink, PoolActorHandle, PoolTotals,
+    SubscribeError, Subscription, spawn_pool_actor, spawn_pool_actor_with,
 };
 pub use mode::{PublicationMode, PublicationSink};
