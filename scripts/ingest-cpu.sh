@@ -82,8 +82,8 @@ wait_for() { # SECONDS COMMAND...: poll until COMMAND succeeds
 
 HZ="$(getconf CLK_TCK)"
 rm -rf "$OUT"; mkdir -p "$OUT"
-echo "| rate asked | achieved | relay µs/event | net of idle | µs/block | CPU % of a core | idle % | context switches/event | RSS peak / end MiB | client drops | verify |"
-echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |"
+echo "| rate asked | achieved | relay µs/event | net of idle | µs/block | CPU % of a core | idle % | context switches/event | inputs/batch | RSS peak / end MiB | client drops | verify |"
+echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |"
 for rate in $RATES; do
   run="$OUT/rate-$rate"; mkdir -p "$run/discovery"
   "$NATS_BIN" -a 127.0.0.1 -p "$NATS_PORT" >"$run/nats.log" 2>&1 &
@@ -139,18 +139,21 @@ for rate in $RATES; do
       grep -v '^$' | head -400 >"$run/perf-report.txt" || true
   fi
   drops="$(metric kvrelay_event_plane_client_drops_total)"
+  # DC inputs per wake-up of the node over the whole run (relays before batching: "-").
+  inputs="$(metric kvrelay_dc_inputs_total)"; batches="$(metric kvrelay_dc_input_batches_total)"
   hwm="$(rss_kib "$relay" VmHWM)"; rss="$(rss_kib "$relay" VmRSS)"
   awk -v b="$before" -v a="$after" -v t0="$t0" -v t1="$t1" -v hz="$HZ" -v rate="$rate" \
     -v ach="${achieved:-0}" -v blocks="$BLOCKS" -v hwm="$hwm" -v rss="$rss" -v drops="$drops" \
-    -v verdict="$verdict" -v cs="$((cs_after - cs_before))" \
+    -v verdict="$verdict" -v cs="$((cs_after - cs_before))" -v inputs="$inputs" -v batches="$batches" \
     -v idle="$((idle_after - idle_before))" -v i0="$i0" -v i1="$i1" 'BEGIN {
       cpu = (a - b) / hz; wall = t1 - t0; events = ach * wall
       idle_rate = (idle / hz) / (i1 - i0)
       per = events > 0 ? cpu * 1e6 / events : 0
       net = events > 0 ? (cpu - idle_rate * wall) * 1e6 / events : 0
-      printf "| %d | %.1f | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f | %.0f / %.0f | %d | %s |\n",
+      per_batch = batches > 0 ? sprintf("%.2f", inputs / batches) : "-"
+      printf "| %d | %.1f | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f | %s | %.0f / %.0f | %d | %s |\n",
         rate, ach, per, net, per / blocks, 100 * cpu / wall, 100 * idle_rate,
-        (events > 0 ? cs / events : 0), hwm / 1024, rss / 1024, drops, verdict }'
+        (events > 0 ? cs / events : 0), per_batch, hwm / 1024, rss / 1024, drops, verdict }'
   stop_all
 done
 echo
