@@ -13,6 +13,9 @@
 //!   shuffled order, against a filter holding all `n` keys.
 //! - `remove/<n>`: remove all `n` keys from a copy of the filled filter (copied outside the
 //!   timed region).
+//! - `kvrelay/store16` in the `insert` and `remove` groups: the same keys 16 at a time through
+//!   kvrelay's batch path (the relay applies a store's or a removal's blocks together, loading
+//!   their buckets first so the cache misses overlap); the peers have no batch path.
 //!
 //! kvrelay's insertions and removals include recording the changed buckets for its next
 //! publication, which the relay's filter always does; nothing is published during a benchmark.
@@ -75,6 +78,44 @@ fn insert<F: BenchFilter>(group: &mut BenchmarkGroup<'_, WallTime>, keys: &[u64]
     });
 }
 
+/// Blocks of one store (and of one removal) in the batch benchmarks.
+const STORE_BLOCKS: usize = 16;
+
+/// Time inserting every key into a fresh filter, [`STORE_BLOCKS`] keys at a time through the
+/// filter's batch path (the relay inserts a store's blocks together).
+fn insert_stores<F: BenchFilter>(group: &mut BenchmarkGroup<'_, WallTime>, keys: &[u64]) {
+    group.bench_function(format!("{}/store{STORE_BLOCKS}", F::NAME), |bencher| {
+        bencher.iter_batched(
+            || F::with_key_count(keys.len()),
+            |mut filter| {
+                for store in keys.chunks(STORE_BLOCKS) {
+                    assert_eq!(filter.insert_batch(store), store.len(), "{}", F::NAME);
+                }
+                filter
+            },
+            BatchSize::PerIteration,
+        );
+    });
+}
+
+/// Time removing every key from a copy of a filter holding them, [`STORE_BLOCKS`] at a time.
+fn remove_stores<F: BenchFilter>(group: &mut BenchmarkGroup<'_, WallTime>, keys: &[u64]) {
+    let mut filled: Option<F> = None;
+    group.bench_function(format!("{}/store{STORE_BLOCKS}", F::NAME), |bencher| {
+        let filter = filled.get_or_insert_with(|| F::prefilled(keys));
+        bencher.iter_batched(
+            || filter.duplicate(),
+            |mut filter| {
+                for store in keys.chunks(STORE_BLOCKS) {
+                    assert_eq!(filter.remove_batch(store), store.len(), "{}", F::NAME);
+                }
+                filter
+            },
+            BatchSize::PerIteration,
+        );
+    });
+}
+
 /// Time a mixed batch of lookups against a filter holding every key.
 fn lookup<F: BenchFilter>(
     group: &mut BenchmarkGroup<'_, WallTime>,
@@ -126,6 +167,7 @@ fn ckf(criterion: &mut Criterion) {
         let mut insert_group = group(criterion, "insert", key_count);
         insert_group.throughput(Throughput::Elements(key_count as u64));
         insert::<Kvrelay>(&mut insert_group, &keys.present);
+        insert_stores::<Kvrelay>(&mut insert_group, &keys.present);
         insert::<Cuckoofilter>(&mut insert_group, &keys.present);
         insert::<Qfilter>(&mut insert_group, &keys.present);
         insert_group.finish();
@@ -141,6 +183,7 @@ fn ckf(criterion: &mut Criterion) {
         let mut remove_group = group(criterion, "remove", key_count);
         remove_group.throughput(Throughput::Elements(key_count as u64));
         remove::<Kvrelay>(&mut remove_group, &keys.present);
+        remove_stores::<Kvrelay>(&mut remove_group, &keys.present);
         remove::<Cuckoofilter>(&mut remove_group, &keys.present);
         remove::<Qfilter>(&mut remove_group, &keys.present);
         remove_group.finish();

@@ -188,6 +188,17 @@ pub trait BenchFilter: Sized {
     /// Remove one copy of `key`; whether a copy was found.
     fn remove(&mut self, key: u64) -> bool;
 
+    /// Insert the keys of one batch (one store's blocks); how many went in. A filter without a
+    /// batch path inserts them one by one.
+    fn insert_batch(&mut self, keys: &[u64]) -> usize {
+        keys.iter().filter(|&&key| self.insert(key)).count()
+    }
+
+    /// Remove the keys of one batch (one removal's blocks); how many were found.
+    fn remove_batch(&mut self, keys: &[u64]) -> usize {
+        keys.iter().filter(|&&key| self.remove(key)).count()
+    }
+
     /// An independent copy of the filter (setup of the removal benchmark).
     #[must_use]
     fn duplicate(&self) -> Self;
@@ -243,6 +254,18 @@ impl BenchFilter for Kvrelay {
     #[inline]
     fn remove(&mut self, key: u64) -> bool {
         self.0.remove(key).is_ok()
+    }
+
+    /// The relay's path for one store: the batch's buckets are loaded first
+    /// ([`CuckooFilter::warm`]), so their cache misses overlap, then each key is inserted.
+    fn insert_batch(&mut self, keys: &[u64]) -> usize {
+        self.0.warm(keys.iter().copied());
+        keys.iter().filter(|&&key| self.0.insert(key).is_ok()).count()
+    }
+
+    fn remove_batch(&mut self, keys: &[u64]) -> usize {
+        self.0.warm(keys.iter().copied());
+        keys.iter().filter(|&&key| self.0.remove(key).is_ok()).count()
     }
 
     fn duplicate(&self) -> Self {

@@ -531,6 +531,8 @@ impl PoolOwnership {
         if plan.new_mappings.is_empty() && plan.reoffers.is_empty() {
             return Ok(0);
         }
+        // The filter words of the new blocks load while the owner table is read below.
+        self.filter.warm(plan.new_mappings.iter().map(|&(_, canonical)| canonical));
         for &(_, canonical) in &plan.new_mappings {
             let owners = self.owners.get(canonical).map_or(0, |state| state.owners);
             if owners.saturating_add(plan.new_mappings.len() as u32) > OWNERS_MAX {
