@@ -17,7 +17,7 @@ use kvrelay_core::discovery::DiscoveryScope;
 use kvrelay_core::inputs::RecoveryTarget;
 use kvrelay_core::model::identity::{EndpointPath, PoolId, RelayIdentity, stable_dc_id};
 use kvrelay_core::pool::PoolStats;
-use kvrelay_core::rng::{derive_seed, rng_from_seed};
+use kvrelay_core::rng::{RelayRng, derive_seed, rng_from_seed};
 use kvrelay_core::sources::{RecoveryFailure, RecoveryRequest, RecoveryResponse};
 use kvrelay_core::wire;
 use kvrelay_dc::{Deployment, SimulatedDc, TrafficConfig, WorkerSpec};
@@ -76,6 +76,18 @@ fn node_config(exact_state_bytes_max: usize) -> NodeConfig {
     }
 }
 
+/// A simulated DC of `workers`, and the generator (seeded from `label`) that drives its traffic.
+fn simulated_dc(
+    workers: Vec<WorkerSpec>,
+    traffic: TrafficConfig,
+    label: &str,
+) -> (SharedDc, RelayRng) {
+    let mut rng = rng_from_seed(derive_seed(SEED, label));
+    let deployment = Deployment { workers };
+    let dc = SharedDc(Arc::new(Mutex::new(SimulatedDc::start(&deployment, traffic, &mut rng))));
+    (dc, rng)
+}
+
 /// The pool serving `serving` in the node's published catalog.
 fn pool_of(node: &NodeHandle, serving: &EndpointPath) -> Option<PoolId> {
     let catalog = wire::validate_catalog_update(&node.views.catalog.borrow()).ok()?;
@@ -105,9 +117,7 @@ async fn a_pool_past_its_byte_budget_reports_resource_failures_while_another_kee
         tail_tokens_max: 512,
         vocabulary: 32_000,
     };
-    let mut rng = rng_from_seed(derive_seed(SEED, "node-test/dc"));
-    let deployment = Deployment { workers: vec![hoarder, steady] };
-    let dc = SharedDc(Arc::new(Mutex::new(SimulatedDc::start(&deployment, traffic, &mut rng))));
+    let (dc, mut rng) = simulated_dc(vec![hoarder, steady], traffic, "node-test/dc");
     let hoarder_id = dc.with(|dc| dc.workers()[0].worker_id());
     let recovery = CountedRecovery { dc: dc.clone(), queries: Arc::default() };
     let clock = Arc::new(ManualWallClock::new(1_700_000_000_000_000));
@@ -214,9 +224,7 @@ async fn a_queued_burst_is_taken_in_batches_and_every_pool_stays_exact() {
         tail_tokens_max: 256,
         vocabulary: 32_000,
     };
-    let mut rng = rng_from_seed(derive_seed(SEED, "node-test/burst-dc"));
-    let deployment = Deployment { workers };
-    let dc = SharedDc(Arc::new(Mutex::new(SimulatedDc::start(&deployment, traffic, &mut rng))));
+    let (dc, mut rng) = simulated_dc(workers, traffic, "node-test/burst-dc");
     let recovery = CountedRecovery { dc: dc.clone(), queries: Arc::default() };
     let clock = Arc::new(ManualWallClock::new(1_700_000_000_000_000));
     let node =
