@@ -24,6 +24,14 @@ use kvrelay_core::sources::RankFence;
 /// fence requests, allocations, timers, the load window).
 pub const BATCH_INPUTS_MAX: usize = 64;
 
+/// Whether a batch that has taken `taken` inputs may take another: below the bound, with no
+/// shell report waiting and the control plane's timer not due (those go first, so a batch never
+/// delays a fault's fence or a deadline by more than the input in its step).
+#[must_use]
+pub fn may_take_another(taken: usize, report_waiting: bool, timer_due: bool) -> bool {
+    taken < BATCH_INPUTS_MAX && !report_waiting && !timer_due
+}
+
 /// A pool generation: its pool and layout generation.
 pub type Generation = (PoolId, u64);
 
@@ -91,6 +99,15 @@ mod tests {
                 residency_domain: None,
             })
             .collect()
+    }
+
+    #[test]
+    fn a_batch_ends_at_its_bound_or_when_a_report_or_the_timer_is_due() {
+        assert!(may_take_another(1, false, false));
+        assert!(may_take_another(BATCH_INPUTS_MAX - 1, false, false));
+        assert!(!may_take_another(BATCH_INPUTS_MAX, false, false), "the bound");
+        assert!(!may_take_another(1, true, false), "a waiting report goes first");
+        assert!(!may_take_another(1, false, true), "a due timer goes first");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
-use super::batch::{BATCH_INPUTS_MAX, PendingApplies};
+use super::batch::{PendingApplies, may_take_another};
 use super::input_queue::{
     INPUT_QUEUE_BYTES_MAX_DEFAULT, InputReceiver, InputSender, QueuedInput, input_queue,
 };
@@ -332,7 +332,9 @@ impl Node {
                         if !stepped {
                             break 'run;
                         }
-                        if taken < BATCH_INPUTS_MAX && self.nothing_else_due(&reports) {
+                        let timer_due =
+                            self.plane.poll_timeout().is_some_and(|at| at <= self.now());
+                        if may_take_another(taken, !reports.is_empty(), timer_due) {
                             next = inputs.try_recv();
                         }
                     }
@@ -376,12 +378,6 @@ impl Node {
             return self.apply_starts(after, allocations, shutdown).await;
         }
         true
-    }
-
-    /// Whether a batch may take another input: no shell report waits and the control plane's
-    /// timer is not due.
-    fn nothing_else_due(&self, reports: &mpsc::Receiver<ShellReport>) -> bool {
-        reports.is_empty() && self.plane.poll_timeout().is_none_or(|at| at > self.now())
     }
 
     /// Hand every held pool write to its actor (one command per generation) and release the
