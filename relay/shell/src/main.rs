@@ -185,7 +185,12 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> Result<()> {
+    // Before any thread starts or any large block is freed (see kvrelay_allocator).
+    let threshold = kvrelay_allocator::pin_mmap_threshold(
+        std::env::var_os(kvrelay_allocator::THRESHOLD_ENV).is_some(),
+    );
     kvrelay::logging::init();
+    tracing::debug!(?threshold, "malloc mmap threshold");
     let cli = Cli::parse();
     let runtime = runtime_builder(|name| std::env::var(name).ok())?.enable_all().build()?;
     let result = runtime.block_on(async move {

@@ -156,7 +156,8 @@ fn resolved(env: &BTreeMap<String, String>) -> Result<RelayConfig, String> {
     resolve(&CliValues::default(), &with_cluster).map_err(|error| error.to_string())
 }
 
-/// Variables the manifests set for the C library, not for the relay's configuration.
+/// Variables a manifest may set for the C library, not for the relay's configuration (the
+/// binary pins glibc's mmap threshold itself unless this one is set; `kvrelay_allocator`).
 const READ_BY_THE_C_LIBRARY: [&str; 1] = ["MALLOC_MMAP_THRESHOLD_"];
 
 /// Variables of the manifest the relay does not read (removing them changes nothing), or why
