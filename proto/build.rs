@@ -19,6 +19,8 @@ fn main() {
         .build_client(grpc)
         .build_server(grpc)
         .bytes(".dynamo.kvrelay.v1.FilterUpdate.payload")
+        // Each message reserved whole before it is encoded (`src/codec.rs`).
+        .codec_path("crate::codec::ExactCodec")
         .compile_fds(descriptors)
         .expect("code generation succeeds");
 }

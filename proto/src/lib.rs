@@ -11,6 +11,10 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/dynamo.kvrelay.v1.rs"));
 }
 
+/// The stubs' codec.
+#[cfg(feature = "grpc")]
+pub mod codec;
+
 /// The encoded `FileDescriptorSet` of the contract, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/kvrelay_v1_descriptor.bin"));

@@ -9,6 +9,7 @@
 mod admission;
 mod channels;
 mod counters;
+mod frame_hold;
 mod health;
 mod listener;
 mod outbound;

@@ -16,6 +16,7 @@ use tonic::transport::server::Connected;
 use tracing::warn;
 
 use super::admission::StreamAdmission;
+use super::frame_hold::HoldLatestFrameLayer;
 use super::listener::limited_incoming;
 
 use super::health::{HealthService, ReadinessProbe};
@@ -121,6 +122,7 @@ where
     let health = health.into_server().max_decoding_message_size(limits.max_request_bytes);
     let result = Server::builder()
         .layer(StreamAdmission::new(&limits, counters))
+        .layer(HoldLatestFrameLayer)
         .http2_keepalive_interval(Some(tuning.keepalive_interval))
         .http2_keepalive_timeout(Some(tuning.keepalive_timeout))
         .max_concurrent_streams(limits.max_streams_per_connection)
