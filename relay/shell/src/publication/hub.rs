@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{FRAME_OVERHEAD_BYTES, HubConfig, PublicationError};
 use crate::pool::{PoolActorHandle, Subscription};
+use kvrelay_core::filter::MirrorWords;
 use kvrelay_core::filter::cbi1::FrameEncoder;
 use kvrelay_core::model::identity::{LaneLease, ProducerIdentity};
 use kvrelay_core::pool::Delta;
@@ -40,8 +41,8 @@ pub struct HubFrame {
 pub struct MirrorSnapshot {
     /// The sequence of the last applied delta (or of the snapshot).
     pub sequence: u64,
-    /// Every bucket word.
-    pub words: Vec<u64>,
+    /// Every bucket word (sparse while few are non-zero).
+    pub words: MirrorWords,
 }
 
 /// A subscriber's end of its queue.
@@ -114,7 +115,7 @@ impl Hub {
             .map_err(|_| PublicationError::InvalidPublication)?;
         let mirror = MirrorSnapshot {
             sequence: subscription.snapshot.sequence,
-            words: subscription.snapshot.words,
+            words: MirrorWords::from_dense(subscription.snapshot.words),
         };
         let hub = Arc::new(Hub {
             identity,
@@ -171,6 +172,12 @@ impl Hub {
     #[must_use]
     pub fn is_stopped(&self) -> bool {
         self.lock().stopped.is_some()
+    }
+
+    /// Whether the mirror is kept sparse.
+    #[cfg(test)]
+    pub(crate) fn mirror_is_sparse(&self) -> bool {
+        self.lock().mirror.words.is_sparse()
     }
 
     /// The mirror's current sequence.
@@ -247,10 +254,12 @@ impl Hub {
             return Err(PublicationError::InvalidPublication);
         }
         for image in &delta.images {
-            let Some(word) = mirror.words.get_mut(image.bucket as usize) else {
+            let Ok(bucket) = usize::try_from(image.bucket) else {
                 return Err(PublicationError::InvalidPublication);
             };
-            *word = image.word;
+            if !mirror.words.set(bucket, image.word) {
+                return Err(PublicationError::InvalidPublication);
+            }
         }
         mirror.sequence = delta.sequence;
         let budget = self.config.subscriber_queue_bytes;
@@ -272,7 +281,7 @@ impl Hub {
     /// must reopen and get the new snapshot).
     fn reset_mirror(&self, sequence: u64, words: Vec<u64>) {
         let mut state = self.lock();
-        state.mirror = Arc::new(MirrorSnapshot { sequence, words });
+        state.mirror = Arc::new(MirrorSnapshot { sequence, words: MirrorWords::from_dense(words) });
         for sink in state.subscribers.drain(..) {
             let _ = sink.terminal.set(PublicationError::Unavailable);
         }

@@ -25,13 +25,30 @@ pub enum StreamItem {
     Frame(Arc<HubFrame>),
 }
 
-/// Words of a shared mirror, borrowed by the snapshot encoder.
+/// The words a bootstrap encodes: a dense mirror borrowed (shared copy-on-write with the hub),
+/// or a sparse one laid out densely for this bootstrap alone.
 #[derive(Debug, Clone)]
-struct SharedWords(Arc<MirrorSnapshot>);
+enum SnapshotWords {
+    Shared(Arc<MirrorSnapshot>),
+    LaidOut(Vec<u64>),
+}
 
-impl AsRef<[u64]> for SharedWords {
+impl SnapshotWords {
+    fn of(mirror: Arc<MirrorSnapshot>) -> Self {
+        if mirror.words.as_dense().is_some() {
+            SnapshotWords::Shared(mirror)
+        } else {
+            SnapshotWords::LaidOut(mirror.words.to_dense())
+        }
+    }
+}
+
+impl AsRef<[u64]> for SnapshotWords {
     fn as_ref(&self) -> &[u64] {
-        &self.0.words
+        match self {
+            SnapshotWords::Shared(mirror) => mirror.words.as_dense().unwrap_or_default(),
+            SnapshotWords::LaidOut(words) => words,
+        }
     }
 }
 
@@ -56,7 +73,7 @@ impl PoolStream {
     ) -> Result<PoolStream, PublicationError> {
         let (mirror, queue) = hub.add_subscriber()?;
         let sequence = mirror.sequence;
-        let snapshot = match hub.encoder().snapshot(sequence, SharedWords(mirror)) {
+        let snapshot = match hub.encoder().snapshot(sequence, SnapshotWords::of(mirror)) {
             Ok(snapshot) => snapshot,
             Err(_) => {
                 hub.fail(PublicationError::InvalidPublication);

@@ -7,6 +7,7 @@ use super::*;
 use crate::pool::{ActorConfig, FaultSink, PoolActorHandle, spawn_pool_actor};
 use crate::runtime::InlineExecutor;
 use kvrelay_core::filter::ckf::{CkfFormat, DEFAULT_SEED, MAX_KICKS_DEFAULT};
+use kvrelay_core::filter::{FilterFrame, FilterReplica};
 use kvrelay_core::model::hashing::{ExternalBlockHash, HashFormat, LocalBlockHash};
 use kvrelay_core::model::identity::{
     DcId, EndpointPath, PoolId, ProducerIdentity, resolve_indexer_domain,
@@ -374,4 +375,48 @@ fn a_configuration_recorded_before_the_encoder_bound_decodes_to_the_default() {
     assert_eq!(decoded, current);
     let bounded = HubConfig { encoding_concurrency: 1, ..current };
     assert_ne!(decoded, bounded, "a recording with another bound is refused");
+}
+
+/// Feed `frame` to `replica` as a consumer does.
+fn accept(replica: &mut FilterReplica, frame: &HubFrame) {
+    let payload = &frame.payload[..];
+    let filter_frame = match frame.kind {
+        FrameKind::SnapshotChunk => FilterFrame::SnapshotChunk {
+            base_sequence: frame.base_sequence,
+            sequence: frame.sequence,
+            payload,
+        },
+        FrameKind::Delta => FilterFrame::Delta {
+            base_sequence: frame.base_sequence,
+            sequence: frame.sequence,
+            payload,
+        },
+    };
+    replica.accept(filter_frame).unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sparse_mirror_serves_the_same_filter_as_it_fills_and_turns_dense() {
+    let identity = producer("ns/backend/generate", 64, 1);
+    let actor = actor(&identity);
+    let publications = publications(HubConfig::default());
+    publications.activate(identity, actor.clone());
+    let mut follower = publications.subscribe(&identity).await.unwrap();
+    let mut followed = FilterReplica::new(identity.format(), 7).unwrap();
+    accept(&mut followed, &*frame(&mut follower).await);
+    let hub = Arc::clone(follower.hub());
+    assert!(hub.mirror_is_sparse(), "an empty pool is mirrored sparse");
+    let mut saw_sparse_with_words = false;
+    for external in 1..=120 {
+        publish_one(&actor, external).await;
+        accept(&mut followed, &*frame(&mut follower).await);
+        // A new subscriber's snapshot, from the mirror as it is now, equals the followed filter.
+        let mut late = publications.subscribe(&identity).await.unwrap();
+        let mut joined = FilterReplica::new(identity.format(), 7).unwrap();
+        accept(&mut joined, &*frame(&mut late).await);
+        assert_eq!(joined.words(), followed.words(), "after block {external}");
+        saw_sparse_with_words |= hub.mirror_is_sparse();
+    }
+    assert!(saw_sparse_with_words, "the mirror was sparse while it held words");
+    assert!(!hub.mirror_is_sparse(), "120 blocks in 64 buckets turn it dense");
 }
