@@ -17,6 +17,7 @@ use tokio::sync::{Semaphore, mpsc};
 use super::hub::{FrameKind, Hub, HubFrame, MirrorSnapshot, SubscriberQueue};
 use super::{FRAME_OVERHEAD_BYTES, PublicationError};
 use crate::runtime::{BlockingExecutor, run_blocking};
+use kvrelay_core::filter::cbi1::{EncodeError, FrameEncoder, snapshot_chunk_count};
 
 /// What a pool stream yields.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,31 +26,23 @@ pub enum StreamItem {
     Frame(Arc<HubFrame>),
 }
 
-/// The words a bootstrap encodes: a dense mirror borrowed (shared copy-on-write with the hub),
-/// or a sparse one laid out densely for this bootstrap alone.
-#[derive(Debug, Clone)]
-enum SnapshotWords {
-    Shared(Arc<MirrorSnapshot>),
-    LaidOut(Vec<u64>),
-}
-
-impl SnapshotWords {
-    fn of(mirror: Arc<MirrorSnapshot>) -> Self {
-        if mirror.words.as_dense().is_some() {
-            SnapshotWords::Shared(mirror)
-        } else {
-            SnapshotWords::LaidOut(mirror.words.to_dense())
+/// Encode chunk `index` of the snapshot of `mirror`. A dense mirror is borrowed as it is; a
+/// sparse one is laid out densely for this encode alone, so at most one laid-out copy exists
+/// per encoder permit.
+fn encode_chunk(
+    encoder: FrameEncoder,
+    mirror: &MirrorSnapshot,
+    index: u32,
+) -> Result<Vec<u8>, EncodeError> {
+    let laid_out;
+    let words = match mirror.words.as_dense() {
+        Some(words) => words,
+        None => {
+            laid_out = mirror.words.to_dense();
+            &laid_out
         }
-    }
-}
-
-impl AsRef<[u64]> for SnapshotWords {
-    fn as_ref(&self) -> &[u64] {
-        match self {
-            SnapshotWords::Shared(mirror) => mirror.words.as_dense().unwrap_or_default(),
-            SnapshotWords::LaidOut(words) => words,
-        }
-    }
+    };
+    encoder.snapshot(mirror.sequence, words)?.encode_chunk(index)
 }
 
 /// A subscriber's ordered frames.
@@ -73,21 +66,18 @@ impl PoolStream {
     ) -> Result<PoolStream, PublicationError> {
         let (mirror, queue) = hub.add_subscriber()?;
         let sequence = mirror.sequence;
-        let snapshot = match hub.encoder().snapshot(sequence, SnapshotWords::of(mirror)) {
-            Ok(snapshot) => snapshot,
-            Err(_) => {
-                hub.fail(PublicationError::InvalidPublication);
-                return Err(PublicationError::InvalidPublication);
-            }
-        };
-        let chunk_count = snapshot.chunk_count();
+        let encoder = *hub.encoder();
+        if mirror.words.bucket_count() as u64 != encoder.format().bucket_count {
+            hub.fail(PublicationError::InvalidPublication);
+            return Err(PublicationError::InvalidPublication);
+        }
+        let chunk_count = snapshot_chunk_count(encoder.format().bucket_count);
         let (chunks, bootstrap) = mpsc::channel(1);
         let failure = Arc::new(OnceLock::new());
         let timeout = hub.config().snapshot_progress_timeout;
         let bootstrap_failure = Arc::clone(&failure);
         let failing = Arc::clone(&hub);
         crate::runtime::spawn(async move {
-            let snapshot = Arc::new(snapshot);
             for index in 0..chunk_count {
                 // A free encoder is taken without awaiting, so an uncontended bound (always the
                 // case with an inline executor) changes no scheduling.
@@ -103,9 +93,10 @@ impl PoolStream {
                     let _ = failure.set(PublicationError::Internal);
                     return;
                 };
-                let encoder = Arc::clone(&snapshot);
+                let words = Arc::clone(&mirror);
                 let encoded =
-                    run_blocking(executor.as_ref(), move || encoder.encode_chunk(index)).await;
+                    run_blocking(executor.as_ref(), move || encode_chunk(encoder, &words, index))
+                        .await;
                 drop(permit);
                 let payload = match encoded {
                     Ok(Ok(payload)) => payload,
