@@ -9,7 +9,9 @@
 # verifier checks every live key against loadgen's trace. Prints one table row per rate:
 # µs of relay CPU per stored event (and per stored block), peak and final RSS, the NATS client's
 # slow-consumer drops, and the verifier's verdict. A fresh relay per rate, so rates do not share
-# warm-up or memory.
+# warm-up or memory. Over the same window it also counts the bytes the workers published into
+# NATS (nats-server's /varz `in_bytes`) and the bytes the relay sent on its WAN port (the
+# kernel's `bytes_sent` of those sockets, `ss -ti`): the WAN's cost per byte of raw event stream.
 #
 # With PERF=1 the window is also recorded by `perf record -g` (Debian `linux-perf`) and the top of
 # `perf report --no-children` is written next to the logs.
@@ -26,7 +28,7 @@
 #   KVRELAY_ENV=""          extra NAME=VALUE settings for the relay (e.g. TOKIO_WORKER_THREADS=1)
 #   TASKSET=""              a CPU list to pin the relay to (e.g. 1), for "on one core"
 #   TARGET_DIR=target       where the release binaries are;  OUT=/tmp/kvrelay-ingest  logs
-#   NATS_PORT=4232 WAN_PORT=5572 OPS_PORT=9474
+#   NATS_PORT=4232 NATS_MONITOR_PORT=8232 WAN_PORT=5572 OPS_PORT=9474
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -40,6 +42,7 @@ KVRELAY_ENV="${KVRELAY_ENV:-}" TASKSET="${TASKSET:-}"
 TARGET_DIR="${TARGET_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}}"
 OUT="${OUT:-/tmp/kvrelay-ingest}"
 NATS_PORT="${NATS_PORT:-4232}" WAN_PORT="${WAN_PORT:-5572}" OPS_PORT="${OPS_PORT:-9474}"
+NATS_MONITOR_PORT="${NATS_MONITOR_PORT:-8232}"
 KVRELAY="$TARGET_DIR/release/kvrelay"
 LOADGEN="$TARGET_DIR/release/loadgen"
 
@@ -74,6 +77,13 @@ switches() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches:/ { 
 rss_kib() { awk -v key="$2:" '$1 == key { print $2 }' "/proc/$1/status"; }
 metric() { curl -fsS -m 3 "http://127.0.0.1:$OPS_PORT/metrics" 2>/dev/null |
   awk -v name="$1" '$1 == name || index($1, name "{") == 1 { sum += $2 } END { printf "%d", sum }'; }
+# Bytes published into NATS so far (every client's messages in).
+nats_in_bytes() { curl -fsS -m 3 "http://127.0.0.1:$NATS_MONITOR_PORT/varz" 2>/dev/null |
+  sed -n 's/.*"in_bytes": *\([0-9]*\).*/\1/p' | head -1; }
+# Bytes the relay's WAN sockets have sent so far (connections open now).
+wan_sent_bytes() { ss -tinH state established "( sport = :$WAN_PORT )" 2>/dev/null |
+  awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^bytes_sent:/) { split($i, kv, ":"); sum += kv[2] } }
+       END { printf "%d", sum }'; }
 wait_for() { # SECONDS COMMAND...: poll until COMMAND succeeds
   local seconds="$1"; shift
   for ((i = 0; i < seconds * 10; i++)); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
@@ -82,11 +92,11 @@ wait_for() { # SECONDS COMMAND...: poll until COMMAND succeeds
 
 HZ="$(getconf CLK_TCK)"
 rm -rf "$OUT"; mkdir -p "$OUT"
-echo "| rate asked | achieved | relay µs/event | net of idle | µs/block | CPU % of a core | idle % | context switches/event | inputs/batch | RSS peak / end MiB | client drops | verify |"
-echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |"
+echo "| rate asked | achieved | relay µs/event | net of idle | µs/block | CPU % of a core | idle % | context switches/event | inputs/batch | RSS peak / end MiB | WAN B/block | NATS B/block | client drops | verify |"
+echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |"
 for rate in $RATES; do
   run="$OUT/rate-$rate"; mkdir -p "$run/discovery"
-  "$NATS_BIN" -a 127.0.0.1 -p "$NATS_PORT" >"$run/nats.log" 2>&1 &
+  "$NATS_BIN" -a 127.0.0.1 -p "$NATS_PORT" -m "$NATS_MONITOR_PORT" >"$run/nats.log" 2>&1 &
   PIDS[nats]=$!
   wait_for 10 bash -c "exec 3<>/dev/tcp/127.0.0.1/$NATS_PORT" || die "nats-server did not listen"
   pin=(); [[ -n "$TASKSET" ]] && pin=(taskset -c "$TASKSET")
@@ -120,9 +130,11 @@ for rate in $RATES; do
     perf record -g -o "$run/perf.data" -p "$relay" -- sleep "$MEASURE_SECS" >"$run/perf.log" 2>&1 &
     PIDS[perf]=$!
   fi
+  nats_before="$(nats_in_bytes)"; wan_before="$(wan_sent_bytes)"
   before="$(cpu_ticks "$relay")"; cs_before="$(switches "$relay")"; t0="$EPOCHREALTIME"
   sleep "$MEASURE_SECS"
   after="$(cpu_ticks "$relay")"; cs_after="$(switches "$relay")"; t1="$EPOCHREALTIME"
+  nats_after="$(nats_in_bytes)"; wan_after="$(wan_sent_bytes)"
   # loadgen keeps its workers registered (--linger-secs) until the verifier is done.
   wait_for 60 grep -q 'done:' "$run/loadgen.err" || echo "ingest-cpu: loadgen did not finish ($run/loadgen.err)" >&2
   achieved="$(sed -n 's/.* = \([0-9.]*\)\/s (asked.*/\1/p' "$run/loadgen.err")"
@@ -145,15 +157,18 @@ for rate in $RATES; do
   awk -v b="$before" -v a="$after" -v t0="$t0" -v t1="$t1" -v hz="$HZ" -v rate="$rate" \
     -v ach="${achieved:-0}" -v blocks="$BLOCKS" -v hwm="$hwm" -v rss="$rss" -v drops="$drops" \
     -v verdict="$verdict" -v cs="$((cs_after - cs_before))" -v inputs="$inputs" -v batches="$batches" \
-    -v idle="$((idle_after - idle_before))" -v i0="$i0" -v i1="$i1" 'BEGIN {
+    -v idle="$((idle_after - idle_before))" -v i0="$i0" -v i1="$i1" \
+    -v nats="$(( ${nats_after:-0} - ${nats_before:-0} ))" -v wan="$(( ${wan_after:-0} - ${wan_before:-0} ))" 'BEGIN {
       cpu = (a - b) / hz; wall = t1 - t0; events = ach * wall
       idle_rate = (idle / hz) / (i1 - i0)
       per = events > 0 ? cpu * 1e6 / events : 0
       net = events > 0 ? (cpu - idle_rate * wall) * 1e6 / events : 0
       per_batch = batches > 0 ? sprintf("%.2f", inputs / batches) : "-"
-      printf "| %d | %.1f | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f | %s | %.0f / %.0f | %d | %s |\n",
+      stored = events * blocks
+      printf "| %d | %.1f | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f | %s | %.0f / %.0f | %.1f | %.1f | %d | %s |\n",
         rate, ach, per, net, per / blocks, 100 * cpu / wall, 100 * idle_rate,
-        (events > 0 ? cs / events : 0), per_batch, hwm / 1024, rss / 1024, drops, verdict }'
+        (events > 0 ? cs / events : 0), per_batch, hwm / 1024, rss / 1024,
+        (stored > 0 ? wan / stored : 0), (stored > 0 ? nats / stored : 0), drops, verdict }'
   stop_all
 done
 echo
