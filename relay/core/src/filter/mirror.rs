@@ -22,6 +22,12 @@ const NO_PAGE: u32 = u32::MAX;
 
 type Page = [u64; PAGE_WORDS];
 
+/// Most pages a sparse mirror of `bucket_count` buckets allocates: while pages and index
+/// together take at most about half the dense words' bytes (and the index can name them).
+fn pages_max(bucket_count: usize) -> usize {
+    (bucket_count / PAGE_WORDS / 2).min(NO_PAGE as usize)
+}
+
 /// Bucket words of one filter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MirrorWords {
@@ -40,17 +46,18 @@ impl MirrorWords {
     #[must_use]
     pub fn from_dense(words: Vec<u64>) -> Self {
         let bucket_count = words.len();
-        let mut mirror = MirrorWords { bucket_count, repr: Repr::Dense(Vec::new()) };
         let filled_pages =
             words.chunks(PAGE_WORDS).filter(|page| page.iter().any(|word| *word != 0)).count();
-        if filled_pages > mirror.pages_max() {
-            mirror.repr = Repr::Dense(words);
-            return mirror;
+        if filled_pages > pages_max(bucket_count) {
+            return MirrorWords { bucket_count, repr: Repr::Dense(words) };
         }
-        mirror.repr = Repr::Sparse {
-            index: vec![NO_PAGE; bucket_count.div_ceil(PAGE_WORDS)],
-            pages: Vec::with_capacity(filled_pages),
-            free: Vec::new(),
+        let mut mirror = MirrorWords {
+            bucket_count,
+            repr: Repr::Sparse {
+                index: vec![NO_PAGE; bucket_count.div_ceil(PAGE_WORDS)],
+                pages: Vec::with_capacity(filled_pages),
+                free: Vec::new(),
+            },
         };
         for (bucket, word) in words.iter().enumerate().filter(|(_, word)| **word != 0) {
             mirror.set(bucket, *word);
@@ -58,11 +65,10 @@ impl MirrorWords {
         mirror
     }
 
-    /// Most pages a sparse mirror allocates: while pages and index together take at most about
-    /// half the dense words' bytes (and the index can name them).
+    /// Most pages this mirror allocates while sparse ([`pages_max`]).
     #[must_use]
     pub fn pages_max(&self) -> usize {
-        (self.bucket_count / PAGE_WORDS / 2).min(NO_PAGE as usize)
+        pages_max(self.bucket_count)
     }
 
     /// Buckets mirrored.

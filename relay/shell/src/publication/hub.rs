@@ -254,10 +254,7 @@ impl Hub {
             return Err(PublicationError::InvalidPublication);
         }
         for image in &delta.images {
-            let Ok(bucket) = usize::try_from(image.bucket) else {
-                return Err(PublicationError::InvalidPublication);
-            };
-            if !mirror.words.set(bucket, image.word) {
+            if !mirror.words.set(image.bucket as usize, image.word) {
                 return Err(PublicationError::InvalidPublication);
             }
         }
