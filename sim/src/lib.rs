@@ -52,7 +52,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use kvrelay::config::WanTuning;
 use kvrelay::demo::SharedDc;
 use kvrelay::node::{NodeConfig, NodeHandle, RecoveryTransport, start_node_with_tap};
-use kvrelay::pool::ActorConfig;
+use kvrelay::pool::PoolConfig;
 use kvrelay::publication::{HubConfig, PoolPublications};
 use kvrelay::runtime::{InlineExecutor, WallClock};
 use kvrelay::wan::{WanViews, serve};
@@ -368,7 +368,7 @@ impl Sim {
     ///   exactly the truth model's catalog ([`settled::truth_catalog`]), the expected pool count
     ///   (every replica ready) and exactly the expected readiness;
     /// - **replica-equals-relay**: every replica of every long-lived consumer has the producer,
-    ///   sequence and filter words of the relay's own pool (read from its pool actors);
+    ///   sequence and filter words of the relay's own pool (read from its pools);
     /// - **no-false-negatives**: every canonical block the truth model says a pool's listed
     ///   workers hold is in every long-lived consumer's replica (with expected capacity
     ///   omissions: at most the distinct blocks beyond what the filter's format must hold);
@@ -534,7 +534,7 @@ fn node_config(seed: u64, boot: u64, scenario: &Scenario) -> NodeConfig {
     control.expected_unique_blocks = scenario.workload.expected_unique_blocks;
     NodeConfig {
         control,
-        actor: ActorConfig::default(),
+        pool: PoolConfig::default(),
         hub: hub_config(&wan_tuning(scenario.relay)),
         max_kicks: kvrelay_core::filter::ckf::MAX_KICKS_DEFAULT,
         rng_seed: derive_seed(seed, &format!("sim/node/{boot}")),
@@ -1295,8 +1295,8 @@ fn load_converged(
     settled::load_converges(&seen)
 }
 
-/// The relay's own state of each pool `catalogued` shows, read from the current boot's pool
-/// actors (an empty map while the relay is down).
+/// The relay's own state of each pool `catalogued` shows, read from the current boot's
+/// pools (an empty map while the relay is down).
 async fn relay_digests(
     world: &World,
     catalogued: &ConsumerSnapshot,
@@ -1314,7 +1314,7 @@ async fn relay_digests(
 }
 
 /// Every replica of `consumer` of a pool `catalogued` shows has the relay's producer, sequence
-/// and filter words (`relay`, read from the relay's pool actors).
+/// and filter words (`relay`, read from the relay's pools).
 fn replica_equals_relay(
     consumer: &RelayConsumer,
     catalogued: &ConsumerSnapshot,

@@ -90,7 +90,7 @@ enum Command {
         #[arg(long)]
         twice: bool,
         /// Connect the WAN consumer only after the journal's end, to look at a window without
-        /// WAN traffic (the checkpoints reproduce with or without it: the replayed pool actors
+        /// WAN traffic (the checkpoints reproduce with or without it: the replayed pools
         /// follow their recorded publication points, a replay subscriber moves nothing).
         #[arg(long)]
         consumer_after_end: bool,

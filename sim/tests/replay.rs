@@ -13,7 +13,7 @@ use kvrelay::journal::{
     Record, RecorderConfig, SegmentLimits, SegmentWriter, read_journal, start_recorder,
 };
 use kvrelay::node::{NodeConfig, start_node_with_tap};
-use kvrelay::pool::ActorConfig;
+use kvrelay::pool::PoolConfig;
 use kvrelay::publication::HubConfig;
 use kvrelay::runtime::{InlineExecutor, ManualWallClock, WallClock};
 use kvrelay_core::control::ControlConfig;
@@ -35,7 +35,7 @@ fn recorded_node() -> NodeConfig {
     control.expected_unique_blocks = 4096;
     NodeConfig {
         control,
-        actor: ActorConfig::default(),
+        pool: PoolConfig::default(),
         hub: HubConfig::default(),
         max_kicks: kvrelay_core::filter::ckf::MAX_KICKS_DEFAULT,
         rng_seed: derive_seed(SEED, "replay-test/node"),

@@ -21,7 +21,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvrelay::config::WanTuning;
-use kvrelay::pool::{ActorConfig, FaultSink, PoolActorHandle, spawn_pool_actor};
+use kvrelay::pool::{
+    FaultSink, PoolConfig, PublicationMode, StandalonePool, spawn_standalone_pool,
+};
 use kvrelay::publication::{HubConfig, PoolPublications};
 use kvrelay::runtime::{SystemWallClock, TokioBlockingExecutor};
 use kvrelay::wan::{RelayService, wan_channels};
@@ -123,18 +125,19 @@ fn measure(subscribers: usize, warmup: &[RouterEvent], batches: &[Vec<RouterEven
     let (actor, address, _shutdown) = relay_runtime.block_on(async {
         let executor = Arc::new(TokioBlockingExecutor);
         let pool = PoolOwnership::new(format, MAX_KICKS_DEFAULT, rng_from_seed(1)).expect("pool");
-        let (actor, _) = spawn_pool_actor(
+        let (actor, _) = spawn_standalone_pool(
+            (identity.pool_id(), identity.layout_generation()),
             pool,
-            ActorConfig::default(),
-            executor.clone(),
+            PoolConfig::default(),
             Arc::clone(&faults) as Arc<dyn FaultSink>,
+            PublicationMode::Free,
         );
         for chunk in warmup.chunks(256) {
             actor.apply(RankFence(1), chunk.to_vec()).await.expect("the actor runs");
         }
         let publications =
             Arc::new(PoolPublications::new(HubConfig::from_tuning(&tuning), executor));
-        publications.activate(identity, actor.clone());
+        publications.activate(identity, actor.handle().clone());
         let relay = RelayIdentity { drt_instance_id: 0xbe, relay_incarnation: 1 };
         let (_publisher, views) = wan_channels(&relay, tuning.load_fanout_capacity);
         let service =
@@ -197,7 +200,7 @@ fn measure(subscribers: usize, warmup: &[RouterEvent], batches: &[Vec<RouterEven
 
 /// Publish every batch as one delta, staying within [`WINDOW`] of the slowest subscriber; the
 /// last sequence, once every subscriber has applied it.
-async fn drive(actor: &PoolActorHandle, progress: &Progress, batches: &[Vec<RouterEvent>]) -> u64 {
+async fn drive(actor: &StandalonePool, progress: &Progress, batches: &[Vec<RouterEvent>]) -> u64 {
     let mut sequence = 0;
     for batch in batches {
         actor.apply(RankFence(1), batch.clone()).await.expect("the actor runs");

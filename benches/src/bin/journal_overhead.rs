@@ -12,7 +12,7 @@ use std::time::Duration;
 use kvrelay::demo::SharedDc;
 use kvrelay::journal::{RecorderConfig, RecorderStats, start_recorder};
 use kvrelay::node::{NodeConfig, RecoveryTransport, start_node_with_tap};
-use kvrelay::pool::ActorConfig;
+use kvrelay::pool::PoolConfig;
 use kvrelay::publication::HubConfig;
 use kvrelay::runtime::{BlockingExecutor, SystemWallClock, TokioBlockingExecutor, WallClock};
 use kvrelay_core::control::ControlConfig;
@@ -34,7 +34,7 @@ fn node_config() -> NodeConfig {
     control.expected_unique_blocks = 1 << 20;
     NodeConfig {
         control,
-        actor: ActorConfig::default(),
+        pool: PoolConfig::default(),
         hub: HubConfig::default(),
         max_kicks: kvrelay_core::filter::ckf::MAX_KICKS_DEFAULT,
         rng_seed: derive_seed(SEED, "overhead/node"),

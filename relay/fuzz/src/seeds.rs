@@ -23,7 +23,7 @@ use kvrelay_core::model::kv_events::{
     StoredBlock,
 };
 use kvrelay::node::NodeConfig;
-use kvrelay::pool::ActorConfig;
+use kvrelay::pool::PoolConfig;
 use kvrelay::publication::HubConfig;
 use kvrelay::request_plane::PayloadCodec;
 use kvrelay::request_plane::answer::answer_stream;
@@ -235,7 +235,7 @@ fn journal() {
     control.expected_unique_blocks = 4096;
     let node = NodeConfig {
         control,
-        actor: ActorConfig::default(),
+        pool: PoolConfig::default(),
         hub: HubConfig::default(),
         max_kicks: kvrelay_core::filter::ckf::MAX_KICKS_DEFAULT,
         rng_seed: 3,

@@ -8,7 +8,7 @@ use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
 use crate::node::{NodeConfig, NodeHandle, RecoveryTransport, start_node};
-use crate::pool::ActorConfig;
+use crate::pool::PoolConfig;
 use crate::publication::HubConfig;
 use crate::runtime::{BlockingExecutor, WallClock};
 use kvrelay_core::control::ControlConfig;
@@ -92,7 +92,7 @@ impl Demo {
         control.expected_unique_blocks = options.expected_unique_blocks;
         let config = NodeConfig {
             control,
-            actor: ActorConfig::default(),
+            pool: PoolConfig::default(),
             hub: HubConfig::default(),
             max_kicks: kvrelay_core::filter::ckf::MAX_KICKS_DEFAULT,
             rng_seed: derive_seed(options.seed, "demo/node"),

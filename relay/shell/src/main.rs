@@ -209,7 +209,7 @@ fn run() -> Result<()> {
 
 /// The async runtime's worker threads when neither `DYN_RELAY_WORKER_THREADS` nor tokio's own
 /// `TOKIO_WORKER_THREADS` is set. The relay's hot path is a pipeline of tasks (event plane,
-/// node, pool actor, publication, streams) handing each event on; on one thread a hand-off is a
+/// node with its pools, publication, streams) handing each event on; on one thread a hand-off is a
 /// queue push, on several it often wakes a parked thread. Measured with `scripts/ingest-cpu.sh`
 /// (README, "Ingest cost"): about a quarter less CPU per event at 5,000 events/s. Snapshot
 /// encoding and filter allocation run on the blocking pool either way.

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use kvrelay::config::WanTuning;
-use kvrelay::pool::PoolActorHandle;
+use kvrelay::pool::StandalonePool;
 use kvrelay_consumer::render::snapshot_lines;
 use kvrelay_consumer::{
     BackoffPolicy, ConsumerConfig, ConsumerSnapshot, FaultKind, FilterStatus, IdleTimeouts, Plane,
@@ -185,7 +185,7 @@ fn block(external: u64, tokens_hash: u64) -> StoredBlock {
 
 /// Rounds of random single-block stores and batched removals, flushed after every round.
 /// Returns the last published sequence.
-async fn random_workload(actor: &PoolActorHandle, seed: u64, rounds: u64, base: u64) -> u64 {
+async fn random_workload(actor: &StandalonePool, seed: u64, rounds: u64, base: u64) -> u64 {
     let mut rng = rng_from_seed(seed);
     let mut live: Vec<u64> = Vec::new();
     let mut last = 0;
@@ -212,7 +212,7 @@ async fn random_workload(actor: &PoolActorHandle, seed: u64, rounds: u64, base: 
 /// Store the first `blocks` blocks of `tokens` as one chain, hashed for `lora` (the runtime
 /// adapter name, as the engine salts them).
 async fn store_prompt(
-    actor: &PoolActorHandle,
+    actor: &StandalonePool,
     tokens: &[u32],
     blocks: usize,
     lora: Option<&str>,

@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use kvrelay::config::WanTuning;
-use kvrelay::pool::PoolActorHandle;
+use kvrelay::pool::StandalonePool;
 use kvrelay_core::filter::FilterReplica;
 use kvrelay_core::model::identity::ProducerIdentity;
 use kvrelay_core::rng::rng_from_seed;
@@ -25,7 +25,7 @@ use tonic::transport::Channel;
 /// One pool on a loopback relay, its catalog published, and a client.
 struct Harness {
     client: KvEventRelayClient<Channel>,
-    actor: PoolActorHandle,
+    actor: StandalonePool,
     identity: ProducerIdentity,
     server: LoopbackRelay,
 }

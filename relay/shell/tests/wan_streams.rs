@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 
 use kvrelay::config::WanTuning;
-use kvrelay::pool::PoolActorHandle;
+use kvrelay::pool::StandalonePool;
 use kvrelay::wan::{LimitScope, StreamType};
 use kvrelay_consumer::endpoint;
 use kvrelay_core::filter::FilterReplica;
@@ -86,7 +86,7 @@ impl Follower {
 
 /// Apply `events` and publish them; the sequence the actor is at afterwards.
 async fn publish(
-    actor: &PoolActorHandle,
+    actor: &StandalonePool,
     events: Vec<kvrelay_core::model::kv_events::RouterEvent>,
 ) -> u64 {
     actor.apply(RankFence(1), events).await.unwrap();

@@ -489,8 +489,9 @@ impl PoolMachine {
         self.pool.check_invariants()
     }
 
-    /// The O(1) part of the invariants.
-    fn check_cadence(&self) -> Result<(), String> {
+    /// The O(1) part of the invariants (the cadence and the held subscriptions; the ownership
+    /// tables are not walked).
+    pub fn check_cadence(&self) -> Result<(), String> {
         if self.deadline.is_some() && !self.pool.has_unpublished_writes() {
             return Err("the publication timer is armed with nothing to publish".into());
         }

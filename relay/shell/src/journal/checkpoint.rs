@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::pool::PoolActorHandle;
+use crate::node::NodePools;
 use kvrelay_core::control::ControlPlane;
 use kvrelay_core::control::wire::{KvPoolDescriptorView, TopologyEntryView};
 use kvrelay_core::model::identity::PoolId;
@@ -46,7 +46,7 @@ pub struct Checkpoint {
     pub readiness_revision: u64,
     /// Each readiness entry as JSON, in entry order.
     pub readiness: Vec<String>,
-    /// Active pool generations in `(pool, generation)` order; a gone actor is left out.
+    /// Active pool generations in `(pool, generation)` order; a stopped one is left out.
     pub pools: Vec<PoolCheckpoint>,
 }
 
@@ -77,20 +77,22 @@ fn json<T: Serialize>(value: &T) -> String {
     serde_json::to_string(value).unwrap_or_else(|error| format!("<unrenderable: {error}>"))
 }
 
-/// Take a checkpoint of `plane` and the pool actors. Each actor answers after the commands
-/// queued before the request, so the digests include everything the node has sent.
-pub async fn capture_checkpoint(
+/// Take a checkpoint of `plane` and the node's pools (the caller applies every held write
+/// first, so the digests include everything the plane has issued).
+pub(crate) fn capture_checkpoint(
     plane: &ControlPlane,
-    actors: &BTreeMap<(PoolId, u64), PoolActorHandle>,
+    pools: &mut NodePools,
     inputs_handled: u64,
 ) -> Checkpoint {
     let catalog = plane.catalog_snapshot();
     let topology = plane.topology_snapshot();
-    let mut pools = Vec::with_capacity(actors.len());
-    for ((pool_id, layout_generation), actor) in actors {
-        let Ok(digest) = actor.digest().await else { continue };
-        pools.push(pool_checkpoint(pool_id, *layout_generation, digest));
-    }
+    let pools = pools
+        .digests()
+        .into_iter()
+        .map(|((pool_id, layout_generation), digest)| {
+            pool_checkpoint(&pool_id, layout_generation, digest)
+        })
+        .collect();
     Checkpoint {
         inputs_handled,
         catalog_revision: catalog.revision,

@@ -155,18 +155,18 @@ pub enum Record {
         /// How many records were lost.
         lost: u64,
     },
-    /// A pool actor's publication point that its commands do not determine (version 3).
+    /// A pool's publication point that its commands do not determine (version 3).
     Publication {
-        /// When the actor reported it.
+        /// When the pool reported it.
         at: Stamp,
         /// The pool id (`<domain>/<dc>`).
         pool: String,
         /// The generation.
         layout_generation: u64,
-        /// What happened, after which of the actor's deterministic commands.
+        /// What happened, after which of the pool's deterministic commands.
         point: PublicationPoint,
     },
-    /// A pool start applied by the node: where in its step sequence, and whether the actor
+    /// A pool start applied by the node: where in its step sequence, and whether the pool
     /// started (version 5). The allocation runs off the node's loop, so this point is not a
     /// function of the inputs.
     PoolStart {
@@ -178,7 +178,7 @@ pub enum Record {
         layout_generation: u64,
         /// Where it was applied.
         point: StartPoint,
-        /// The actor started (`false`: the allocation failed).
+        /// The pool started (`false`: the allocation failed).
         started: bool,
     },
 }

@@ -5,10 +5,10 @@
 //! recorded: every [`DcInput`](kvrelay_core::inputs::DcInput) as the node takes it, every recovery
 //! answer as the transport delivers it, each with the node's monotonic time and the wall clock;
 //! plus the seed and configuration in the header. Everything the node's own tasks report back
-//! (actor faults, fences, host recovery acknowledgements) is a deterministic function of those
-//! and is regenerated on replay, not recorded, except what timing decides: the pool actors'
+//! (pool faults, fences, host recovery acknowledgements) is a deterministic function of those
+//! and is regenerated on replay, not recorded, except what timing decides: the pools'
 //! publication points that timing or WAN subscribers decide (`Record::Publication`), which a
-//! replay's actors perform at the same command counts, and the point of the node's step
+//! replay's pools perform at the same command counts, and the point of the node's step
 //! sequence where each pool start (allocated off the node's loop) was applied
 //! (`Record::PoolStart`), where a replay applies it. Periodic [`Checkpoint`]s of the logical
 //! state, taken after inputs on their recorded times, let a replay prove it reproduced the
@@ -33,9 +33,9 @@ mod tap;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use checkpoint::capture_checkpoint;
 pub use checkpoint::{
-    Checkpoint, CheckpointDiff, CheckpointSchedule, NO_CADENCE, PoolCheckpoint, capture_checkpoint,
-    compare_checkpoints,
+    Checkpoint, CheckpointDiff, CheckpointSchedule, NO_CADENCE, PoolCheckpoint, compare_checkpoints,
 };
 pub use format::{
     FORMAT_VERSION, FORMAT_VERSION_POOL_STARTS, JournalHeader, Record, RecoveryOutcome, Stamp,

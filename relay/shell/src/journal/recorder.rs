@@ -1,4 +1,4 @@
-//! The recorder: a [`NodeTap`], a recovery-transport wrapper and the pool actors' publication
+//! The recorder: a [`NodeTap`], a recovery-transport wrapper and the pools' publication
 //! sinks that queue records, and a writer task that drains the queue into segment files.
 //!
 //! Serving never waits for the disk: taps `try_send` into a queue bounded twice, by
@@ -370,7 +370,7 @@ impl NodeTap for RecorderTap {
     }
 }
 
-/// Records one pool actor's publication points (queued like every record: never waits).
+/// Records one pool's publication points (queued like every record: never waits).
 #[derive(Debug)]
 struct PoolRecorder {
     shared: Arc<Shared>,

@@ -9,8 +9,8 @@
 //! node's own timeout decides, as it did when recording), and takes checkpoints on the same
 //! schedule. Pool starts are applied at the points of the step sequence the recording applied
 //! them ([`Record::PoolStart`]), the node waiting there for the allocation. Other internal
-//! reports (actor faults, fences) are not read from the journal: the node regenerates them.
-//! Pool actors run scripted: each performs its recorded publication points after the same
+//! reports (pool faults, fences) are not read from the journal: the node regenerates them.
+//! Pools run scripted: each performs its recorded publication points after the same
 //! commands, with no timer, until the end of the replayed window.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -163,7 +163,7 @@ struct ReplayShared {
 /// Where the recording applied its pool starts.
 #[derive(Debug, Default)]
 struct RecordedStarts {
-    /// `(pool, layout generation)` → the point and whether the actor started.
+    /// `(pool, layout generation)` → the point and whether the pool started.
     points: BTreeMap<(String, u64), (StartPoint, bool)>,
     /// The journal records every start it applied (format 5 on, not a window): a start it has
     /// no record of was still allocating when it ended. Otherwise a start without a record

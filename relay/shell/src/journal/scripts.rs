@@ -1,5 +1,5 @@
 //! What a recording decided that its replay must follow, beyond the inputs themselves: when
-//! each input was taken (the checkpoint schedule runs on those times), and each pool actor's
+//! each input was taken (the checkpoint schedule runs on those times), and each pool's
 //! publication points.
 
 use std::collections::BTreeMap;
@@ -13,9 +13,9 @@ use kvrelay_core::model::identity::PoolId;
 use kvrelay_core::pool::PublicationPoint;
 
 /// The recorded input times, and the recorded [`PublicationPoint`]s per `(pool, generation)`,
-/// handed to each actor as the replaying node starts it. A journal with no point at all (a
-/// window cut out of a recording, whose actors' command counts start elsewhere) replays with
-/// free actors.
+/// handed to each pool as the replaying node starts it. A journal with no point at all (a
+/// window cut out of a recording, whose pools' command counts start elsewhere) replays with
+/// free pools.
 #[derive(Debug, Default)]
 pub(super) struct RecordedTiming {
     inputs: Vec<Duration>,
@@ -49,12 +49,12 @@ impl RecordedTiming {
             .push(point);
     }
 
-    /// The node time from which actors run free (the end of the replayed window).
+    /// The node time from which pools run free (the end of the replayed window).
     pub(super) fn end_at(&mut self, end: Duration) {
         self.end = end;
     }
 
-    /// The mode of the actor of `(pool_id, layout_generation)` starting now, for a node whose
+    /// The mode of the pool `(pool_id, layout_generation)` starting now, for a node whose
     /// time counts from `origin`: its script (taken: a second start gets an empty one).
     pub(super) fn mode(
         &self,

@@ -32,7 +32,7 @@ pub trait NodeTap: Send + Sync + Debug + 'static {
     /// `at`.
     fn checkpoint(&self, at: Duration, checkpoint: Checkpoint);
 
-    /// How the actor of `(pool_id, layout_generation)`, about to start, publishes: reported to
+    /// How the pool `(pool_id, layout_generation)`, about to start, publishes: reported to
     /// a recorder, scripted from a journal, or free (the default).
     fn publication_mode(&self, pool_id: &PoolId, layout_generation: u64) -> PublicationMode {
         let _ = (pool_id, layout_generation);
@@ -50,7 +50,7 @@ pub trait NodeTap: Send + Sync + Debug + 'static {
     ) -> StartTiming;
 
     /// The node applied the start of `(pool_id, layout_generation)` at `point` (time `at`):
-    /// its actor runs (`started`) or its allocation failed.
+    /// its pool runs (`started`) or its allocation failed.
     fn pool_started(
         &self,
         at: Duration,

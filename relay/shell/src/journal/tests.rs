@@ -9,7 +9,7 @@ use super::segments::{list_segments, segment_path};
 use super::*;
 use crate::demo::SharedDc;
 use crate::node::{CKF_ALLOCATION_CONCURRENCY, NodeConfig, start_node_with_tap};
-use crate::pool::ActorConfig;
+use crate::pool::PoolConfig;
 use crate::publication::HubConfig;
 use crate::runtime::{InlineExecutor, ManualWallClock, WallClock};
 use kvrelay_core::control::ControlConfig;
@@ -563,7 +563,7 @@ fn node_config() -> NodeConfig {
     control.expected_unique_blocks = 4096;
     NodeConfig {
         control,
-        actor: ActorConfig::default(),
+        pool: PoolConfig::default(),
         hub: HubConfig::default(),
         max_kicks: kvrelay_core::filter::ckf::MAX_KICKS_DEFAULT,
         rng_seed: derive_seed(SEED, "journal-test/node"),

@@ -1,6 +1,6 @@
 //! The node task.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,10 +10,11 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
-use super::batch::{PendingApplies, may_take_another};
+use super::batch::{BATCH_BLOCKS_MAX, PendingApplies, may_take_another};
 use super::input_queue::{
     INPUT_QUEUE_BYTES_MAX_DEFAULT, InputReceiver, InputSender, QueuedInput, input_queue,
 };
+use super::pools::NodePools;
 use super::recovery::{RecoveryCalls, RecoveryTransport};
 use super::starts::{
     CKF_ALLOCATION_CONCURRENCY, DoneReceiver, Due, PendingStart, PoolStarts, Ready, StartPoint,
@@ -21,16 +22,14 @@ use super::starts::{
 };
 use crate::config::WanTuning;
 use crate::journal::{NodeTap, capture_checkpoint};
-use crate::pool::{
-    ActorConfig, FaultSink, PoolActorHandle, PublicationMode, spawn_pool_actor_with,
-};
+use crate::pool::{FaultSink, PoolConfig, PoolRequest, PublicationMode};
 use crate::publication::{FenceRequests, HubConfig, PoolPublications};
 use crate::runtime::{BlockingExecutor, WallClock};
 use crate::wan::{RelayService, WanPublisher, WanViews, wan_channels};
 use kvrelay_core::control::{
     ControlCommand, ControlConfig, ControlError, ControlPlane, ShellReport,
 };
-use kvrelay_core::host::{HostCommand, StopMode};
+use kvrelay_core::host::HostCommand;
 use kvrelay_core::model::identity::{EndpointPath, PoolId, RelayIdentity};
 use kvrelay_core::pool::{PoolFault, PoolOwnership};
 use kvrelay_core::rng::{RelayRng, rng_from_seed};
@@ -42,8 +41,8 @@ use kvrelay_core::wire::encode;
 pub struct NodeConfig {
     /// The control plane's configuration (relay identity, DC, scope, sizing, policies).
     pub control: ControlConfig,
-    /// Pool actor bounds and cadence.
-    pub actor: ActorConfig,
+    /// Pool bounds and cadence.
+    pub pool: PoolConfig,
     /// Publication bounds.
     pub hub: HubConfig,
     /// Cuckoo kick bound of every pool.
@@ -121,7 +120,7 @@ impl NodeHandle {
         )
     }
 
-    /// Withdraw every pool, stop every actor, and end the task.
+    /// Withdraw every pool, stop every pool generation, and end the task.
     pub async fn shutdown(self) {
         self.shutdown.cancel();
         let _ = self.task.await;
@@ -164,7 +163,7 @@ struct Node {
     rng: RelayRng,
     origin: Instant,
     config: NodeConfig,
-    actors: BTreeMap<(PoolId, u64), PoolActorHandle>,
+    pools: NodePools,
     /// Generations withdrawn by the commands being executed whose streams are still open:
     /// they end right after the catalog update that withdraws them is published.
     withdrawn: Vec<(PoolId, u64)>,
@@ -173,21 +172,20 @@ struct Node {
     starts: PoolStarts,
     /// The point of the step being executed: where a start issued now was issued.
     point: StartPoint,
-    /// Pool writes of the current batch not yet handed to their actors.
+    /// Pool writes of the current batch not yet applied.
     pending: PendingApplies,
     /// Batches of inputs taken so far.
     input_batches: u64,
     reports: mpsc::Sender<ShellReport>,
     publications: Arc<PoolPublications>,
     wan: WanPublisher,
-    executor: Arc<dyn BlockingExecutor>,
     recovery: Arc<dyn RecoveryTransport>,
     clock: Arc<dyn WallClock>,
     status: watch::Sender<NodeStatus>,
     tap: Option<Arc<dyn NodeTap>>,
 }
 
-/// Reports buffered from actors and recovery calls.
+/// Reports buffered from pool drivers and recovery calls.
 const REPORT_QUEUE_CAPACITY: usize = 4096;
 
 /// Start a node. The returned handle's `views` and `publications` feed a
@@ -203,7 +201,7 @@ pub fn start_node(
 
 /// [`start_node`] with a journal tap at the input boundary: the tap sees every input as the
 /// node takes it, is asked after every input's step whether to take a checkpoint (with that
-/// input's time, so the decision is a function of the input stream), and gives each pool actor
+/// input's time, so the decision is a function of the input stream), and gives each pool
 /// its publication mode.
 pub fn start_node_with_tap(
     config: NodeConfig,
@@ -226,13 +224,14 @@ pub fn start_node_with_tap(
     if let Some(tap) = &tap {
         tap.node_started(origin);
     }
+    let (pools, pool_requests) = NodePools::new(config.pool, origin);
     let node = Node {
         plane,
         relay,
         rng: rng_from_seed(config.rng_seed),
         origin,
         config,
-        actors: BTreeMap::new(),
+        pools,
         withdrawn: Vec::new(),
         recoveries: RecoveryCalls::default(),
         starts,
@@ -242,14 +241,18 @@ pub fn start_node_with_tap(
         reports,
         publications: Arc::clone(&publications),
         wan,
-        executor,
         recovery,
         clock,
         status,
         tap,
     };
-    let task =
-        crate::runtime::spawn(node.run(inputs_rx, reports_rx, allocations, shutdown.clone()));
+    let task = crate::runtime::spawn(node.run(
+        inputs_rx,
+        reports_rx,
+        pool_requests,
+        allocations,
+        shutdown.clone(),
+    ));
     Ok(NodeHandle { inputs, views, publications, status: status_rx, relay, shutdown, task })
 }
 
@@ -262,6 +265,7 @@ impl Node {
         mut self,
         mut inputs: InputReceiver,
         mut reports: mpsc::Receiver<ShellReport>,
+        mut pool_requests: mpsc::Receiver<PoolRequest>,
         mut allocations: DoneReceiver,
         shutdown: CancellationToken,
     ) {
@@ -271,7 +275,7 @@ impl Node {
         let fences = self.publications.fence_requests().clone();
         let mut inputs_handled = 0u64;
         'run: loop {
-            let wake = self.plane.poll_timeout().map(|at| self.origin + at);
+            let wake = self.poll_timeout().map(|at| self.origin + at);
             let woken = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
@@ -290,8 +294,10 @@ impl Node {
                     self.starts.completed(done);
                     Wake::Commands(Vec::new())
                 }
-                () = sleep_until(wake), if wake.is_some() => {
-                    Wake::Commands(self.plane.handle_timeout(self.now(), &mut self.rng))
+                () = sleep_until(wake), if wake.is_some() => Wake::Commands(self.handle_timeout()),
+                Some(request) = pool_requests.recv() => {
+                    self.pools.serve(request);
+                    Wake::Commands(Vec::new())
                 }
                 _ = load_ticks.tick() => {
                     self.publish_load();
@@ -332,25 +338,57 @@ impl Node {
                         if !stepped {
                             break 'run;
                         }
-                        let timer_due =
-                            self.plane.poll_timeout().is_some_and(|at| at <= self.now());
-                        if may_take_another(taken, !reports.is_empty(), timer_due) {
+                        let timer_due = self.poll_timeout().is_some_and(|at| at <= self.now());
+                        let held = self.pending.blocks();
+                        if may_take_another(taken, held, !reports.is_empty(), timer_due) {
                             next = inputs.try_recv();
                         }
                     }
                 }
             }
-            self.flush_applies().await;
+            let heavy = self.pending.blocks() >= BATCH_BLOCKS_MAX;
+            self.flush_applies();
+            if heavy {
+                // The batch kept the thread for a block bound's worth of writes: let the
+                // transports' readers (and every other task) run before the next wake-up.
+                tokio::task::yield_now().await;
+            }
+            self.debug_check();
             self.publish_status(inputs_handled, false);
         }
-        self.flush_applies().await;
+        self.flush_applies();
         let commands = self.plane.begin_shutdown(self.now(), &mut self.rng);
         self.execute(commands).await;
         self.recoveries.abort_all();
-        for (_, actor) in std::mem::take(&mut self.actors) {
-            let _ = actor.shutdown().await;
-        }
+        self.pools.shutdown_all();
         self.publish_status(inputs_handled, true);
+    }
+
+    /// When the node's next timer is due: the control plane's or a pool's, whichever is first.
+    fn poll_timeout(&self) -> Option<Duration> {
+        match (self.plane.poll_timeout(), self.pools.poll_timeout()) {
+            (Some(plane), Some(pools)) => Some(plane.min(pools)),
+            (plane, pools) => plane.or(pools),
+        }
+    }
+
+    /// Fire every timer due now: the pools' first (their publications are outputs of writes
+    /// already applied), then the control plane's.
+    fn handle_timeout(&mut self) -> Vec<ControlCommand> {
+        let now = self.now();
+        self.pools.handle_timeout(now);
+        if self.plane.poll_timeout().is_some_and(|at| at <= now) {
+            return self.plane.handle_timeout(now, &mut self.rng);
+        }
+        Vec::new()
+    }
+
+    /// In debug builds, after every wake-up: the relations between the pools' states hold.
+    fn debug_check(&self) {
+        #[cfg(debug_assertions)]
+        if let Err(error) = self.pools.check_invariants() {
+            panic!("pool invariant failed: {error}");
+        }
     }
 
     /// One step: run `commands` (of the input taken at `input_at`, or of other work), then the
@@ -380,18 +418,17 @@ impl Node {
         true
     }
 
-    /// Hand every held pool write to its actor (one command per generation) and release the
-    /// bytes of the inputs that carried them. A write for a generation without an actor (its
-    /// start failed, or it already stopped) is dropped, as it would have been unbatched.
-    async fn flush_applies(&mut self) {
+    /// Apply every held pool write (one call per generation) and release the bytes of the
+    /// inputs that carried them. A write for a generation not driven (its start failed, or it
+    /// already stopped) is dropped, as it would have been unbatched.
+    fn flush_applies(&mut self) {
         if self.pending.is_empty() {
             return;
         }
         let (writes, charges) = self.pending.take();
+        let now = self.now();
         for (key, segments) in writes {
-            if let Some(actor) = self.actors.get(&key) {
-                let _ = actor.apply_segments(segments).await;
-            }
+            self.pools.apply(&key, &segments, now);
         }
         drop(charges);
     }
@@ -427,7 +464,7 @@ impl Node {
         }
     }
 
-    /// Commit a start (spawn its actor; the control plane catalogs it) or roll it back (the
+    /// Commit a start (drive its pool; the control plane catalogs it) or roll it back (the
     /// host releases the generation and retries).
     fn finish_start(&mut self, ready: Ready, point: StartPoint) -> Vec<ControlCommand> {
         let now = self.now();
@@ -453,15 +490,8 @@ impl Node {
         let mode = self.tap.as_ref().map_or(PublicationMode::Free, |tap| {
             tap.publication_mode(&producer.pool_id(), generation)
         });
-        let (actor, _task) = spawn_pool_actor_with(
-            pool,
-            self.config.actor,
-            Arc::clone(&self.executor),
-            faults,
-            mode,
-        );
-        self.publications.activate(producer, actor.clone());
-        self.actors.insert((producer.pool_id(), generation), actor);
+        let handle = self.pools.start((producer.pool_id(), generation), pool, faults, mode);
+        self.publications.activate(producer, handle);
         self.plane.start_succeeded(&endpoint, generation, now, &mut self.rng)
     }
 
@@ -493,7 +523,7 @@ impl Node {
             return Vec::new();
         }
         if reaches_pools(&command) {
-            self.flush_applies().await;
+            self.flush_applies();
         }
         match command {
             ControlCommand::Host(command) => self.execute_host(command).await,
@@ -542,21 +572,14 @@ impl Node {
             }
             HostCommand::StopActor { pool_id, layout_generation, mode, .. } => {
                 // A withdrawal is always followed by its catalog; should one not be, the
-                // streams still end before their actor stops.
+                // streams still end before their pool stops.
                 self.retire_withdrawn().await;
-                if let Some(actor) = self.actors.remove(&(pool_id, layout_generation)) {
-                    match mode {
-                        StopMode::Graceful => {
-                            let _ = actor.shutdown().await;
-                        }
-                        StopMode::Fence => actor.fence(),
-                    }
-                }
+                self.pools.stop(&(pool_id, layout_generation), mode);
                 Vec::new()
             }
             HostCommand::ReleasePool { pool_id, layout_generation, .. } => {
                 self.publications.retire(pool_id, layout_generation).await;
-                self.actors.remove(&(pool_id, layout_generation));
+                self.pools.release(&(pool_id, layout_generation));
                 Vec::new()
             }
             HostCommand::RecoverSource { .. } => {
@@ -573,9 +596,7 @@ impl Node {
         layout_generation: u64,
         command: SourceCommand,
     ) -> Vec<ControlCommand> {
-        let Some(actor) = self.actors.get(&(pool_id, layout_generation)).cloned() else {
-            return Vec::new();
-        };
+        let key = (pool_id, layout_generation);
         let now = self.now();
         match command {
             SourceCommand::ApplyEvents { .. } => {
@@ -583,12 +604,12 @@ impl Node {
                 Vec::new()
             }
             SourceCommand::ResetRank { source, fence, .. } => {
-                let _ = actor.reset_rank(source, fence).await;
+                self.pools.reset_rank(&key, source, fence);
                 Vec::new()
             }
             SourceCommand::ReplaceRanks { ranks } => {
-                // The actor reports each rank it leaves unreplaced (`FaultSink::refused`).
-                let _ = actor.replace_ranks(ranks).await;
+                // The driver reports each rank it leaves unreplaced (`FaultSink::refused`).
+                self.pools.replace_ranks(&key, ranks);
                 Vec::new()
             }
             SourceCommand::RequestRecovery(call) => {
@@ -634,9 +655,9 @@ impl Node {
     async fn checkpoint_if_due(&mut self, at: Duration, inputs_handled: u64) {
         let Some(tap) = self.tap.clone() else { return };
         if tap.checkpoint_due(at, inputs_handled) {
-            // The checkpoint reads the actors: every write of the steps before it goes first.
-            self.flush_applies().await;
-            let checkpoint = capture_checkpoint(&self.plane, &self.actors, inputs_handled).await;
+            // The checkpoint reads the pools: every write of the steps before it goes first.
+            self.flush_applies();
+            let checkpoint = capture_checkpoint(&self.plane, &mut self.pools, inputs_handled);
             tap.checkpoint(at, checkpoint);
         }
     }
@@ -692,7 +713,7 @@ enum Wake {
     Input(QueuedInput),
 }
 
-/// Whether a command reaches a pool actor or a publication (so the held writes go first).
+/// Whether a command reaches a pool or a publication (so the held writes go first).
 fn reaches_pools(command: &ControlCommand) -> bool {
     match command {
         ControlCommand::Host(_) => true,

@@ -8,7 +8,7 @@
 //!    start here: it gets a ticket and an allocation job, launched at once while fewer than
 //!    [`CKF_ALLOCATION_CONCURRENCY`] jobs run, queued otherwise.
 //! 2. **Commit or roll back.** The job's outcome comes back on the completion channel. The node
-//!    applies it at a point of its step sequence ([`StartTiming`]): success spawns the actor and
+//!    applies it at a point of its step sequence ([`StartTiming`]): success starts driving the pool and
 //!    reports `StartSucceeded` (the catalog names the pool from then on), failure reports
 //!    `StartFailed` (the host releases the generation and retries with back-off).
 //!

@@ -9,7 +9,7 @@ use futures::future::BoxFuture;
 
 use super::{NodeConfig, NodeHandle, RecoveryTransport, start_node};
 use crate::demo::SharedDc;
-use crate::pool::ActorConfig;
+use crate::pool::PoolConfig;
 use crate::publication::HubConfig;
 use crate::runtime::{InlineExecutor, ManualWallClock};
 use kvrelay_core::control::ControlConfig;
@@ -62,9 +62,9 @@ fn node_config(exact_state_bytes_max: usize) -> NodeConfig {
     control.expected_unique_blocks = 4096;
     NodeConfig {
         control,
-        actor: ActorConfig {
+        pool: PoolConfig {
             exact_state_bytes_max: Some(exact_state_bytes_max),
-            ..ActorConfig::default()
+            ..PoolConfig::default()
         },
         hub: HubConfig::default(),
         max_kicks: kvrelay_core::filter::ckf::MAX_KICKS_DEFAULT,
@@ -270,5 +270,66 @@ async fn a_queued_burst_is_taken_in_batches_and_every_pool_stays_exact() {
         assert_eq!(stats.owned_blocks, blocks, "pool of worker {worker}: {stats:?}");
         assert_eq!(stats.counters.events_rejected, 0);
     }
+    node.shutdown().await;
+}
+
+/// A pool's publication timer is the node's: with the threshold out of reach, a write waits
+/// unpublished until the delay passes, and then the node's loop publishes it with no other
+/// input, report or request to wake it.
+#[tokio::test(start_paused = true)]
+async fn a_pool_publishes_on_its_own_timer_from_the_node_loop() {
+    let serving = endpoint("timer/backend/generate");
+    let mut worker = WorkerSpec::aggregated(serving.clone(), "timer-llm");
+    worker.capacity_blocks_per_rank = 256;
+    let traffic =
+        TrafficConfig { prefix_count: 2, prefix_tokens: 32, tail_tokens_max: 64, vocabulary: 1000 };
+    let (dc, mut rng) = simulated_dc(vec![worker], traffic, "node-test/timer-dc");
+    let recovery = CountedRecovery { dc: dc.clone(), queries: Arc::default() };
+    let clock = Arc::new(ManualWallClock::new(1_700_000_000_000_000));
+    let mut config = node_config(64 << 20);
+    config.pool.publication_threshold_events = 1_000_000;
+    let delay = config.pool.publication_delay;
+    let node = start_node(config, Arc::new(InlineExecutor), clock, Arc::new(recovery))
+        .expect("node starts");
+    for fact in dc.with(|dc| dc.discovery_facts()) {
+        node.inputs.send(fact).await.expect("node runs");
+    }
+    let mut pool = None;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        pool = pool_of(&node, &serving);
+        if pool.is_some() {
+            break;
+        }
+    }
+    let pool = pool.expect("the pool is published");
+    // A subscriber gives the pool a lease, so its publications are numbered.
+    let producer = node.publications.producer(&pool).expect("active");
+    let mut stream = node.publications.subscribe(&producer).await.expect("subscribes");
+    let reader = crate::runtime::spawn(async move { while stream.next().await.is_ok() {} });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let before = stats(&node, &pool).await;
+
+    let mut status = node.status.clone();
+    let mut written = before;
+    for _ in 0..50 {
+        let facts = dc.with(|dc| dc.step(1, &mut rng));
+        let target = status.borrow().inputs_handled + facts.len() as u64;
+        for fact in facts {
+            node.inputs.send(fact).await.expect("node runs");
+        }
+        status.wait_for(|s| s.inputs_handled == target).await.expect("node runs");
+        written = stats(&node, &pool).await;
+        if written.counters.events_applied > before.counters.events_applied {
+            break;
+        }
+    }
+    assert!(written.counters.events_applied > before.counters.events_applied, "a write arrived");
+    assert_eq!(written.sequence, before.sequence, "below the threshold nothing is published yet");
+    tokio::time::sleep(delay + Duration::from_millis(1)).await;
+    let published = stats(&node, &pool).await;
+    assert_eq!(published.sequence, before.sequence + 1, "the delay published the write");
+    assert_eq!(published.counters.events_applied, written.counters.events_applied);
+    reader.abort();
     node.shutdown().await;
 }

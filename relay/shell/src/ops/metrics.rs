@@ -302,7 +302,7 @@ fn relay_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
     }
     let pools = &snapshot.pools;
     for (name, help, value) in [
-        ("kvrelay_pool_count", "Active pools whose actor reported its counters.", pools.pools),
+        ("kvrelay_pool_count", "Active pools that reported their counters.", pools.pools),
         ("kvrelay_pool_owned_blocks", "Distinct canonical blocks owned.", pools.owned_blocks),
         ("kvrelay_pool_resident_blocks", "Occupied filter slots.", pools.resident_blocks),
         (

@@ -1,11 +1,16 @@
-//! The pool actor: the task that drives one pool's `kvrelay_core::pool::PoolMachine`, and how
-//! it journals.
+//! Pools in the shell: the driver that carries one pool machine's effects out (the node owns
+//! one per pool generation), the handle requests reach it through, how it journals, and a
+//! standalone task around one driver for tests and benches.
 
-mod actor;
+mod driver;
 mod mode;
+mod standalone;
+mod totals;
 
-pub use actor::{
-    ActorConfig, ActorExit, ActorGone, ApplySegment, FaultSink, PoolActorHandle, PoolTotals,
-    SubscribeError, Subscription, spawn_pool_actor, spawn_pool_actor_with,
+pub use driver::{
+    ApplySegment, FaultSink, GenerationKey, PoolAsk, PoolConfig, PoolDriver, PoolGone, PoolHandle,
+    PoolRequest, SubscribeError, Subscription,
 };
 pub use mode::{PublicationMode, PublicationSink};
+pub use standalone::{StandaloneExit, StandalonePool, spawn_standalone_pool};
+pub use totals::PoolTotals;

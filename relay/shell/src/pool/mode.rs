@@ -1,4 +1,4 @@
-//! How a spawned pool actor journals its publication points (the points themselves and the
+//! How a pool driver journals its publication points (the points themselves and the
 //! machine that performs a script are in `kvrelay_core::pool`).
 
 use std::fmt::Debug;
@@ -8,14 +8,14 @@ use tokio::time::Instant;
 
 use kvrelay_core::pool::PublicationPoint;
 
-/// Where a reporting actor sends its points. Called from the actor's task (or its snapshot
-/// job); must not block.
+/// Where a reporting driver sends its points. Called from the loop that drives the pool; must
+/// not block.
 pub trait PublicationSink: Send + Sync + Debug + 'static {
     /// Record one point.
     fn point(&self, point: PublicationPoint);
 }
 
-/// How an actor decides when to publish.
+/// How a pool decides when to publish.
 #[derive(Debug, Clone, Default)]
 pub enum PublicationMode {
     /// Production: the threshold, the delay timer, a barrier per subscription.
@@ -24,7 +24,7 @@ pub enum PublicationMode {
     /// As [`PublicationMode::Free`], and every point goes to the sink.
     Reported(Arc<dyn PublicationSink>),
     /// Replay: the recorded points are performed after the same commands until `until`, then
-    /// the actor runs free (`kvrelay_core::pool::PoolMachine` says how subscribers are held).
+    /// the pool runs free (`kvrelay_core::pool::PoolMachine` says how subscribers are held).
     Scripted {
         /// The points in recorded order (delivery failures included).
         points: Vec<PublicationPoint>,

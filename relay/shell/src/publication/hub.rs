@@ -8,7 +8,7 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::{FRAME_OVERHEAD_BYTES, HubConfig, PublicationError};
-use crate::pool::{PoolActorHandle, Subscription};
+use crate::pool::{PoolHandle, Subscription};
 use kvrelay_core::filter::MirrorWords;
 use kvrelay_core::filter::cbi1::FrameEncoder;
 use kvrelay_core::model::identity::{LaneLease, ProducerIdentity};
@@ -79,7 +79,7 @@ impl std::fmt::Debug for FenceHook {
 /// A running hub of one producer generation.
 ///
 /// Once stopped it stays stopped. A stop caused by a publication failure ([`Hub::fail`]: an
-/// invariant drift, a snapshot that cannot be built or encoded, the actor's stream closing)
+/// invariant drift, a snapshot that cannot be built or encoded, the pool's delta stream closing)
 /// also asks the host to fence the generation, so consumers see it withdrawn and a new
 /// producer published instead of retrying a generation that cannot serve them.
 #[derive(Debug)]
@@ -94,13 +94,13 @@ pub struct Hub {
 }
 
 impl Hub {
-    /// Start a hub from a barrier subscription of `actor` and spawn its delta task. `on_failure`
+    /// Start a hub from a barrier subscription of `pool` and spawn its delta task. `on_failure`
     /// is called once if the hub fails (the caller fences the generation).
     pub(crate) fn start(
         identity: ProducerIdentity,
         config: HubConfig,
         subscription: Subscription,
-        actor: PoolActorHandle,
+        pool: PoolHandle,
         on_failure: Arc<dyn Fn() + Send + Sync>,
     ) -> Result<Arc<Hub>, PublicationError> {
         let lease = identity.publication_lease();
@@ -130,7 +130,7 @@ impl Hub {
             stop: CancellationToken::new(),
             fence: FenceHook(on_failure),
         });
-        crate::runtime::spawn(run(Arc::clone(&hub), subscription.deltas, actor));
+        crate::runtime::spawn(run(Arc::clone(&hub), subscription.deltas, pool));
         Ok(hub)
     }
 
@@ -285,7 +285,7 @@ impl Hub {
     }
 }
 
-async fn run(hub: Arc<Hub>, mut deltas: broadcast::Receiver<Arc<Delta>>, actor: PoolActorHandle) {
+async fn run(hub: Arc<Hub>, mut deltas: broadcast::Receiver<Arc<Delta>>, pool: PoolHandle) {
     loop {
         let received = tokio::select! {
             biased;
@@ -294,31 +294,31 @@ async fn run(hub: Arc<Hub>, mut deltas: broadcast::Receiver<Arc<Delta>>, actor: 
         };
         let outcome = match received {
             Ok(delta) if delta.images.len() > hub.config.max_delta_images => {
-                resnapshot(&hub, &actor, &mut deltas).await
+                resnapshot(&hub, &pool, &mut deltas).await
             }
             Ok(delta) => hub.publish(&delta),
             Err(broadcast::error::RecvError::Lagged(_)) => {
-                resnapshot(&hub, &actor, &mut deltas).await
+                resnapshot(&hub, &pool, &mut deltas).await
             }
             Err(broadcast::error::RecvError::Closed) => Err(PublicationError::Unavailable),
         };
         if let Err(error) = outcome {
-            // Both mean the generation cannot go on: its publication broke or its actor is gone.
+            // Both mean the generation cannot go on: its publication broke or its pool is gone.
             hub.fail(error);
             break;
         }
     }
-    let _ = actor.retire_lease(hub.lease).await;
+    let _ = pool.retire_lease(hub.lease).await;
 }
 
 /// Take a new barrier snapshot under the same lease and swap it in.
 async fn resnapshot(
     hub: &Hub,
-    actor: &PoolActorHandle,
+    pool: &PoolHandle,
     deltas: &mut broadcast::Receiver<Arc<Delta>>,
 ) -> Result<(), PublicationError> {
     let subscription =
-        actor.subscribe(hub.lease).await.map_err(|_| PublicationError::InvalidPublication)?;
+        pool.subscribe(hub.lease).await.map_err(|_| PublicationError::InvalidPublication)?;
     if subscription.snapshot.lease != hub.lease {
         return Err(PublicationError::InvalidPublication);
     }

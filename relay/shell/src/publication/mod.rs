@@ -1,7 +1,7 @@
-//! Publication: fan one pool actor's deltas out to many WAN subscribers (relay-facts §8).
+//! Publication: fan one pool's deltas out to many WAN subscribers (relay-facts §8).
 //!
 //! Per producer generation there is at most one hub, created lazily by the first subscriber: it
-//! holds the actor's publication lease, a mirror of the filter (snapshot + applied deltas) and a
+//! holds the pool's publication lease, a mirror of the filter (snapshot + applied deltas) and a
 //! bounded queue per subscriber. A subscriber gets the mirror as CBI1 snapshot chunks, then every
 //! delta from the mirror's sequence on. Bounds and behaviour at the bound:
 //! - per subscriber, [`HubConfig::subscriber_queue_frames`] frames and
@@ -15,7 +15,7 @@
 //!   at once; a subscriber whose chunk is next waits for a free encoder.
 //!
 //! Any publication failure (identity, lease, sequence or bucket drift; a snapshot that cannot
-//! be built or whose encoder fails; the actor's stream closing) fails the hub and asks the host
+//! be built or whose encoder fails; the pool's delta stream closing) fails the hub and asks the host
 //! to fence the generation, which withdraws it and publishes a new one.
 
 mod hub;

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::hub::Hub;
 use super::stream::PoolStream;
 use super::{HubConfig, PublicationError};
-use crate::pool::{PoolActorHandle, PoolTotals};
+use crate::pool::{PoolHandle, PoolTotals};
 use crate::runtime::BlockingExecutor;
 use kvrelay_core::model::identity::{PoolId, ProducerIdentity};
 use kvrelay_core::pool::{PoolDigest, PoolStats};
@@ -55,7 +55,7 @@ enum HubSlot {
 #[derive(Debug)]
 struct PoolEntry {
     identity: ProducerIdentity,
-    actor: PoolActorHandle,
+    pool: PoolHandle,
     slot: tokio::sync::Mutex<HubSlot>,
     retired: CancellationToken,
 }
@@ -110,10 +110,10 @@ impl PoolPublications {
 
     /// Make a started generation subscribable. A previous generation of the same pool must have
     /// been retired first; if not, it is replaced and its hub stopped.
-    pub fn activate(&self, identity: ProducerIdentity, actor: PoolActorHandle) {
+    pub fn activate(&self, identity: ProducerIdentity, pool: PoolHandle) {
         let entry = Arc::new(PoolEntry {
             identity,
-            actor,
+            pool,
             slot: tokio::sync::Mutex::new(HubSlot::Vacant),
             retired: CancellationToken::new(),
         });
@@ -123,7 +123,7 @@ impl PoolPublications {
     }
 
     /// Retire a generation: no new subscriber is admitted and the current ones end as
-    /// unavailable. The hub retires its actor lease on the way out.
+    /// unavailable. The hub retires its lease on the way out.
     pub async fn retire(&self, pool_id: PoolId, layout_generation: u64) {
         let entry = {
             let mut pools = self.pools();
@@ -149,26 +149,26 @@ impl PoolPublications {
     }
 
     /// The current generation of a pool and its logical state in digest form (filter words and
-    /// published sequence), after every command queued to its actor before; `None` when the
-    /// pool has no generation or its actor has stopped.
+    /// published sequence), after every write the node applied before; `None` when the pool
+    /// has no generation or it has stopped.
     pub async fn digest(&self, pool_id: &PoolId) -> Option<(ProducerIdentity, PoolDigest)> {
-        let (identity, actor) = {
+        let (identity, pool) = {
             let pools = self.pools();
             let entry = pools.get(pool_id)?;
-            (entry.identity, entry.actor.clone())
+            (entry.identity, entry.pool.clone())
         };
-        actor.digest().await.ok().map(|digest| (identity, digest))
+        pool.digest().await.ok().map(|digest| (identity, digest))
     }
 
-    /// The current generation of a pool and its counters, after every command queued to its
-    /// actor before; `None` when the pool has no generation or its actor has stopped.
+    /// The current generation of a pool and its counters, after every write the node
+    /// applied before; `None` when the pool has no generation or it has stopped.
     pub async fn stats(&self, pool_id: &PoolId) -> Option<(ProducerIdentity, PoolStats)> {
-        let (identity, actor) = {
+        let (identity, pool) = {
             let pools = self.pools();
             let entry = pools.get(pool_id)?;
-            (entry.identity, entry.actor.clone())
+            (entry.identity, entry.pool.clone())
         };
-        actor.stats().await.ok().map(|stats| (identity, stats))
+        pool.stats().await.ok().map(|stats| (identity, stats))
     }
 
     /// Number of hubs holding a mirror.
@@ -200,13 +200,13 @@ impl PoolPublications {
         counts
     }
 
-    /// Ownership totals over the active pool generations; an actor that has stopped is skipped.
+    /// Ownership totals over the active pool generations; a pool that has stopped is skipped.
     pub async fn pool_totals(&self) -> PoolTotals {
-        let actors: Vec<PoolActorHandle> =
-            self.pools().values().map(|entry| entry.actor.clone()).collect();
+        let handles: Vec<PoolHandle> =
+            self.pools().values().map(|entry| entry.pool.clone()).collect();
         let mut totals = PoolTotals::default();
-        for actor in actors {
-            if let Ok(stats) = actor.stats().await {
+        for pool in handles {
+            if let Ok(stats) = pool.stats().await {
                 totals.add(&stats);
             }
         }
@@ -243,7 +243,7 @@ impl PoolPublications {
         let subscription = tokio::select! {
             biased;
             () = entry.retired.cancelled() => return Err(PublicationError::Unavailable),
-            subscription = entry.actor.subscribe(lease) => subscription,
+            subscription = entry.pool.subscribe(lease) => subscription,
         }
         .map_err(|_| PublicationError::Unavailable)?;
         let fences = self.fences.clone();
@@ -254,7 +254,7 @@ impl PoolPublications {
             entry.identity,
             self.config,
             subscription,
-            entry.actor.clone(),
+            entry.pool.clone(),
             on_failure,
         ) {
             Ok(hub) => hub,

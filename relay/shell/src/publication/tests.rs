@@ -1,10 +1,10 @@
-//! Publication tests: real pool actors, real hubs, paused tokio time.
+//! Publication tests: real pool drivers (standalone), real hubs, paused tokio time.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::pool::{ActorConfig, FaultSink, PoolActorHandle, spawn_pool_actor};
+use crate::pool::{FaultSink, PoolConfig, PublicationMode, StandalonePool, spawn_standalone_pool};
 use crate::runtime::InlineExecutor;
 use kvrelay_core::filter::ckf::{CkfFormat, DEFAULT_SEED, MAX_KICKS_DEFAULT};
 use kvrelay_core::filter::{FilterFrame, FilterReplica};
@@ -36,10 +36,11 @@ fn producer(endpoint: &str, buckets: u64, generation: u64) -> ProducerIdentity {
     ProducerIdentity::new(pool_id, 42, generation, CkfFormat::v1(DEFAULT_SEED, buckets)).unwrap()
 }
 
-fn actor(identity: &ProducerIdentity) -> PoolActorHandle {
+fn actor(identity: &ProducerIdentity) -> StandalonePool {
     let pool = PoolOwnership::new(identity.format(), MAX_KICKS_DEFAULT, rng_from_seed(5)).unwrap();
-    spawn_pool_actor(pool, ActorConfig::default(), Arc::new(InlineExecutor), Arc::new(IgnoreFaults))
-        .0
+    let key = (identity.pool_id(), identity.layout_generation());
+    let faults = Arc::new(IgnoreFaults);
+    spawn_standalone_pool(key, pool, PoolConfig::default(), faults, PublicationMode::Free).0
 }
 
 fn store(external: u64) -> RouterEvent {
@@ -63,7 +64,7 @@ fn store(external: u64) -> RouterEvent {
 }
 
 /// Store one block and publish it as one delta.
-async fn publish_one(actor: &PoolActorHandle, external: u64) {
+async fn publish_one(actor: &StandalonePool, external: u64) {
     actor.apply(RankFence(1), vec![store(external)]).await.unwrap();
     actor.flush().await.unwrap().unwrap();
 }
@@ -82,7 +83,7 @@ async fn first_subscriber_gets_the_snapshot_then_contiguous_deltas() {
     let identity = producer("ns/backend/generate", 1024, 1);
     let actor = actor(&identity);
     let publications = publications(HubConfig::default());
-    publications.activate(identity, actor.clone());
+    publications.activate(identity, actor.handle().clone());
     publish_one(&actor, 1).await; // no lease yet: the sequence stays at 0
     let mut stream = publications.subscribe(&identity).await.unwrap();
     let chunk = frame(&mut stream).await;
@@ -107,7 +108,7 @@ async fn slow_subscriber_is_dropped_as_lagged_while_a_fast_one_continues() {
     let actor = actor(&identity);
     let publications =
         publications(HubConfig { subscriber_queue_frames: 2, ..HubConfig::default() });
-    publications.activate(identity, actor.clone());
+    publications.activate(identity, actor.handle().clone());
     let mut fast = publications.subscribe(&identity).await.unwrap();
     let mut slow = publications.subscribe(&identity).await.unwrap();
     frame(&mut fast).await;
@@ -130,7 +131,7 @@ async fn byte_budget_lags_a_subscriber_before_its_frame_capacity() {
     // One small delta fits (48 + 12 + 12 + 256 bytes); a second does not.
     let publications =
         publications(HubConfig { subscriber_queue_bytes: 400, ..HubConfig::default() });
-    publications.activate(identity, actor.clone());
+    publications.activate(identity, actor.handle().clone());
     let mut stream = publications.subscribe(&identity).await.unwrap();
     frame(&mut stream).await;
     publish_one(&actor, 1).await;
@@ -144,7 +145,7 @@ async fn subscriber_limit_is_enforced_per_pool() {
     let identity = producer("ns/backend/generate", 1024, 1);
     let publications =
         publications(HubConfig { subscribers_per_pool_max: 1, ..HubConfig::default() });
-    publications.activate(identity, actor(&identity));
+    publications.activate(identity, actor(&identity).handle().clone());
     let first = publications.subscribe(&identity).await.unwrap();
     assert_eq!(
         publications.subscribe(&identity).await.err(),
@@ -160,8 +161,8 @@ async fn idle_hub_is_evicted_and_its_pool_resnapshots_at_the_same_generation() {
     let b = producer("ns/b/generate", 1024, 2);
     let actor_a = actor(&a);
     let publications = publications(HubConfig { initialized_hubs_max: 1, ..HubConfig::default() });
-    publications.activate(a, actor_a.clone());
-    publications.activate(b, actor(&b));
+    publications.activate(a, actor_a.handle().clone());
+    publications.activate(b, actor(&b).handle().clone());
     let mut stream_a = publications.subscribe(&a).await.unwrap();
     frame(&mut stream_a).await;
     publish_one(&actor_a, 1).await;
@@ -185,7 +186,7 @@ async fn oversized_delta_resnapshots_and_closes_subscribers() {
     let identity = producer("ns/backend/generate", 1024, 1);
     let actor = actor(&identity);
     let publications = publications(HubConfig { max_delta_images: 2, ..HubConfig::default() });
-    publications.activate(identity, actor.clone());
+    publications.activate(identity, actor.handle().clone());
     let mut stream = publications.subscribe(&identity).await.unwrap();
     frame(&mut stream).await;
     actor.apply(RankFence(1), (1..=8).map(store).collect()).await.unwrap();
@@ -199,7 +200,7 @@ async fn oversized_delta_resnapshots_and_closes_subscribers() {
 async fn stalled_snapshot_bootstrap_times_out_without_fencing() {
     let identity = producer("ns/backend/generate", 1 << 20, 1); // two chunks
     let publications = publications(HubConfig::default());
-    publications.activate(identity, actor(&identity));
+    publications.activate(identity, actor(&identity).handle().clone());
     let mut stream = publications.subscribe(&identity).await.unwrap();
     tokio::time::sleep(Duration::from_secs(61)).await;
     assert_eq!(frame(&mut stream).await.kind, FrameKind::SnapshotChunk);
@@ -215,14 +216,14 @@ async fn stalled_snapshot_bootstrap_times_out_without_fencing() {
 async fn retired_generation_ends_streams_and_rejects_stale_subscribers() {
     let old = producer("ns/backend/generate", 1024, 1);
     let publications = publications(HubConfig::default());
-    publications.activate(old, actor(&old));
+    publications.activate(old, actor(&old).handle().clone());
     let mut stream = publications.subscribe(&old).await.unwrap();
     frame(&mut stream).await;
     publications.retire(old.pool_id(), 1).await;
     assert_eq!(stream.next().await, Err(PublicationError::Unavailable));
     assert_eq!(publications.subscribe(&old).await.err(), Some(PublicationError::NotFound));
     let new = producer("ns/backend/generate", 1024, 2);
-    publications.activate(new, actor(&new));
+    publications.activate(new, actor(&new).handle().clone());
     assert_eq!(publications.subscribe(&old).await.err(), Some(PublicationError::ProducerChanged));
     let mut current = publications.subscribe(&new).await.unwrap();
     assert_eq!(frame(&mut current).await.sequence, 0, "a new generation starts at sequence 0");
@@ -233,7 +234,7 @@ async fn actor_death_fails_the_hub_and_requests_a_fence() {
     let identity = producer("ns/backend/generate", 1024, 1);
     let actor = actor(&identity);
     let publications = publications(HubConfig::default());
-    publications.activate(identity, actor.clone());
+    publications.activate(identity, actor.handle().clone());
     let mut stream = publications.subscribe(&identity).await.unwrap();
     frame(&mut stream).await;
     actor.fence();
@@ -290,7 +291,7 @@ async fn a_snapshot_encoder_that_dies_fails_the_hub_and_requests_a_fence() {
     );
     let identity = producer("ns/backend/generate", 1024, 1);
     let actor = actor(&identity);
-    publications.activate(identity, actor.clone());
+    publications.activate(identity, actor.handle().clone());
     let mut dying = publications.subscribe(&identity).await.unwrap();
     let mut bystander = publications.subscribe(&identity).await.unwrap();
     settle().await;
@@ -325,7 +326,7 @@ async fn encodes_in_flight(encoding_concurrency: usize) -> Vec<usize> {
     let mut streams = Vec::new();
     for (index, endpoint) in ["a/b/c", "d/e/f", "g/h/i"].into_iter().enumerate() {
         let identity = producer(endpoint, 1024, index as u64 + 1);
-        publications.activate(identity, actor(&identity));
+        publications.activate(identity, actor(&identity).handle().clone());
         streams.push(publications.subscribe(&identity).await.unwrap());
     }
     let mut in_flight = Vec::new();
@@ -400,7 +401,7 @@ async fn a_sparse_mirror_serves_the_same_filter_as_it_fills_and_turns_dense() {
     let identity = producer("ns/backend/generate", 64, 1);
     let actor = actor(&identity);
     let publications = publications(HubConfig::default());
-    publications.activate(identity, actor.clone());
+    publications.activate(identity, actor.handle().clone());
     let mut follower = publications.subscribe(&identity).await.unwrap();
     let mut followed = FilterReplica::new(identity.format(), 7).unwrap();
     accept(&mut followed, &*frame(&mut follower).await);

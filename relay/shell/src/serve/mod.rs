@@ -10,7 +10,7 @@
 //!    up to 500 ms to do so before anything else changes);
 //! 2. cancel the input planes and wait for them, so no fact is half-delivered;
 //! 3. shut the node down: pools are withdrawn from the catalog (catalog streams receive the
-//!    withdrawal) and every actor stops after its last complete publication (nothing
+//!    withdrawal) and every pool stops after its last complete publication (nothing
 //!    half-published; pool streams end with UNAVAILABLE);
 //! 4. stop the WAN listener: every open stream ends with UNAVAILABLE and the connections drain (those still open after the drain
 //!    timeout are closed);
@@ -56,7 +56,7 @@ use crate::node::{NodeConfig, NodeHandle, RecoveryTransport, start_node_with_tap
 use crate::ops::{
     self, OpsSnapshot, RecordingSnapshot, SourcesSnapshot, TopologyCounts, WanSnapshot,
 };
-use crate::pool::{ActorConfig, PoolTotals};
+use crate::pool::{PoolConfig, PoolTotals};
 use crate::publication::{HubConfig, PoolPublications};
 use crate::request_plane::{RecoveryClient, RecoveryClientConfig, RecoveryError};
 use crate::runtime::{BlockingExecutor, WallClock};
@@ -153,11 +153,11 @@ pub fn node_config(config: &RelayConfig, relay: RelayIdentity, seed: u64) -> Nod
             .unwrap_or(std::num::NonZeroU64::MIN);
     NodeConfig {
         control,
-        actor: ActorConfig {
+        pool: PoolConfig {
             publication_threshold_events: config.producer.publication_threshold_events,
             publication_delay: config.producer.publication_delay,
             exact_state_bytes_max: Some(config.memory.pool_exact_state_bytes_max),
-            ..ActorConfig::default()
+            ..PoolConfig::default()
         },
         hub: HubConfig::from_tuning(&config.wan),
         max_kicks: kvrelay_core::filter::ckf::MAX_KICKS_DEFAULT,
@@ -531,9 +531,9 @@ pub async fn start(config: RelayConfig, options: ServeOptions) -> Result<Running
                 "input planes did not stop within the shutdown bound (a hung discovery read?); abandoned"
             );
         }
-        // 3. Pools withdrawn from the catalog, actors stopped (pool streams end UNAVAILABLE).
+        // 3. Pools withdrawn from the catalog, pools stopped (pool streams end UNAVAILABLE).
         if tokio::time::timeout_at(node_until, node.shutdown()).await.is_err() {
-            warn!("pool actors did not stop within the shutdown bound; abandoned");
+            warn!("pools did not stop within the shutdown bound; abandoned");
         }
         // 4. Every remaining stream ends UNAVAILABLE; connections drain or are closed.
         wan_stop.cancel();
@@ -625,10 +625,10 @@ async fn bind(setting: &'static str, address: SocketAddr) -> Result<TcpListener,
     TcpListener::bind(address).await.map_err(|error| ServeError::Bind { setting, address, error })
 }
 
-/// How often the pool gauges of `/metrics` are refreshed from the pool actors.
+/// How often the pool gauges of `/metrics` are refreshed from the pools.
 const POOL_TOTALS_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Keep `totals` current until `stop`: each round asks every active pool actor for its counters
+/// Keep `totals` current until `stop`: each round asks every active pool for its counters
 /// (behind the commands already queued to it), so the metrics page itself never waits on them.
 async fn poll_pool_totals(
     publications: Arc<PoolPublications>,

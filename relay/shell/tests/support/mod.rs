@@ -10,7 +10,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use kvrelay::config::WanTuning;
-use kvrelay::pool::{ActorConfig, FaultSink, PoolActorHandle, spawn_pool_actor};
+use kvrelay::pool::{
+    FaultSink, PoolConfig, PublicationMode, StandalonePool, spawn_standalone_pool,
+};
 use kvrelay::publication::{HubConfig, PoolPublications};
 use kvrelay::runtime::{ManualWallClock, TokioBlockingExecutor};
 use kvrelay::wan::{RelayService, WanPublisher, serve, wan_channels};
@@ -198,17 +200,19 @@ impl LoopbackRelay {
         }
     }
 
-    /// Start a pool actor for `producer` (kick choices from `seed`) and make it subscribable.
-    pub fn activate(&self, producer: ProducerIdentity, seed: u64) -> PoolActorHandle {
+    /// Start a standalone pool for `producer` (kick choices from `seed`) and make it
+    /// subscribable.
+    pub fn activate(&self, producer: ProducerIdentity, seed: u64) -> StandalonePool {
         let pool =
             PoolOwnership::new(producer.format(), MAX_KICKS_DEFAULT, rng_from_seed(seed)).unwrap();
-        let (actor, _) = spawn_pool_actor(
+        let (actor, _) = spawn_standalone_pool(
+            (producer.pool_id(), producer.layout_generation()),
             pool,
-            ActorConfig::default(),
-            self.executor.clone(),
+            PoolConfig::default(),
             Arc::new(IgnoreFaults),
+            PublicationMode::Free,
         );
-        self.publications.activate(producer, actor.clone());
+        self.publications.activate(producer, actor.handle().clone());
         actor
     }
 

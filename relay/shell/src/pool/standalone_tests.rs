@@ -1,19 +1,24 @@
-//! Tests of the pool actor on tokio's paused clock.
+//! Tests of the pool driver, through a standalone pool on tokio's paused clock.
 
 use std::sync::Mutex;
 
 use super::*;
-use crate::pool::{PublicationMode, PublicationSink};
-use crate::runtime::InlineExecutor;
+use std::time::Duration;
+
+use crate::pool::PublicationSink;
 use kvrelay_core::filter::ckf::{CkfFormat, DEFAULT_SEED, MAX_KICKS_DEFAULT};
+use kvrelay_core::model::hashing::HashFormat;
 use kvrelay_core::model::hashing::{ExternalBlockHash, LocalBlockHash};
+use kvrelay_core::model::identity::{DcId, LaneLease, PoolId, resolve_indexer_domain};
 use kvrelay_core::model::kv_events::{
     KvCacheEvent, KvCacheEventData, StorageTier, StoreData, StoredBlock,
 };
 use kvrelay_core::pool::{
     ApplyError, FenceReason, PublicationPoint, PublicationStep, ScriptPosition,
 };
+use kvrelay_core::pool::{Delta, PoolDigest, PoolFault, PublishError, Snapshot};
 use kvrelay_core::rng::rng_from_seed;
+use tokio::sync::broadcast;
 
 #[derive(Debug, Default)]
 struct RecordedFaults(Mutex<Vec<PoolFault>>, Mutex<Vec<PoolFault>>);
@@ -52,18 +57,26 @@ fn store(external: u64, parent: Option<u64>) -> RouterEvent {
     }
 }
 
-fn start(config: ActorConfig) -> (PoolActorHandle, JoinHandle<ActorExit>, Arc<RecordedFaults>) {
+fn start(config: PoolConfig) -> (StandalonePool, JoinHandle<StandaloneExit>, Arc<RecordedFaults>) {
     let pool =
         PoolOwnership::new(CkfFormat::v1(DEFAULT_SEED, 1024), MAX_KICKS_DEFAULT, rng_from_seed(2))
             .expect("pool");
     let faults = Arc::new(RecordedFaults::default());
-    let (handle, task) = spawn_pool_actor(pool, config, Arc::new(InlineExecutor), faults.clone());
+    let (handle, task) =
+        spawn_standalone_pool(key(), pool, config, faults.clone(), PublicationMode::Free);
     (handle, task, faults)
+}
+
+fn key() -> GenerationKey {
+    let endpoint = "ns/backend/generate".parse().expect("a valid endpoint");
+    let indexer_domain =
+        resolve_indexer_domain("model", 16, HashFormat::StandardV1, &endpoint, None).unwrap();
+    (PoolId { indexer_domain, dc_id: DcId(1) }, 1)
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_batch_is_cut_at_the_threshold_or_after_the_delay() {
-    let (actor, _task, _) = start(ActorConfig::default());
+    let (actor, _task, _) = start(PoolConfig::default());
     let mut subscription = actor.subscribe(lease(1)).await.unwrap();
     assert_eq!(subscription.snapshot.sequence, 0);
     actor.apply(RankFence(1), (1..=16).map(|i| store(i, None)).collect()).await.unwrap();
@@ -80,7 +93,7 @@ async fn a_batch_is_cut_at_the_threshold_or_after_the_delay() {
 
 #[tokio::test(start_paused = true)]
 async fn the_first_delta_after_a_barrier_continues_the_snapshot_sequence() {
-    let (actor, _task, _) = start(ActorConfig::default());
+    let (actor, _task, _) = start(PoolConfig::default());
     let mut first = actor.subscribe(lease(1)).await.unwrap();
     actor.apply(RankFence(1), vec![store(1, None)]).await.unwrap();
     assert_eq!(actor.flush().await.unwrap(), Ok(1));
@@ -112,7 +125,7 @@ async fn the_first_delta_after_a_barrier_continues_the_snapshot_sequence() {
 
 #[tokio::test(start_paused = true)]
 async fn without_a_lease_the_sequence_does_not_advance() {
-    let (actor, _task, _) = start(ActorConfig::default());
+    let (actor, _task, _) = start(PoolConfig::default());
     actor.apply(RankFence(1), (1..=40).map(|i| store(i, None)).collect()).await.unwrap();
     assert_eq!(actor.flush().await.unwrap(), Ok(0));
     let subscription = actor.subscribe(lease(1)).await.unwrap();
@@ -122,29 +135,29 @@ async fn without_a_lease_the_sequence_does_not_advance() {
 
 #[tokio::test(start_paused = true)]
 async fn fencing_discards_the_unpublished_tail() {
-    let (actor, task, _) = start(ActorConfig::default());
+    let (actor, task, _) = start(PoolConfig::default());
     let mut subscription = actor.subscribe(lease(1)).await.unwrap();
     actor.apply(RankFence(1), vec![store(1, None)]).await.unwrap();
     actor.stats().await.unwrap();
     actor.fence();
-    assert_eq!(task.await.unwrap(), ActorExit::Fenced);
+    assert_eq!(task.await.unwrap(), StandaloneExit::Fenced);
     assert!(matches!(subscription.deltas.recv().await, Err(broadcast::error::RecvError::Closed)));
-    assert_eq!(actor.flush().await, Err(ActorGone));
+    assert_eq!(actor.flush().await, Err(PoolGone));
 }
 
 #[tokio::test(start_paused = true)]
 async fn graceful_shutdown_publishes_the_tail_then_retires_the_lease() {
-    let (actor, task, _) = start(ActorConfig::default());
+    let (actor, task, _) = start(PoolConfig::default());
     let mut subscription = actor.subscribe(lease(1)).await.unwrap();
     actor.apply(RankFence(1), vec![store(1, None)]).await.unwrap();
     actor.shutdown().await.unwrap();
-    assert_eq!(task.await.unwrap(), ActorExit::Graceful);
+    assert_eq!(task.await.unwrap(), StandaloneExit::Graceful);
     assert_eq!(subscription.deltas.recv().await.unwrap().sequence, 1);
 }
 
 #[tokio::test(start_paused = true)]
 async fn rejected_events_are_reported_and_later_ones_still_apply() {
-    let (actor, _task, faults) = start(ActorConfig::default());
+    let (actor, _task, faults) = start(PoolConfig::default());
     actor.apply(RankFence(1), vec![store(2, Some(99)), store(3, None)]).await.unwrap();
     let stats = actor.stats().await.unwrap();
     assert_eq!(stats.owned_blocks, 1);
@@ -156,7 +169,7 @@ async fn rejected_events_are_reported_and_later_ones_still_apply() {
 
 #[tokio::test(start_paused = true)]
 async fn a_delta_nobody_receives_fences_delivery_until_a_new_barrier() {
-    let (actor, _task, _) = start(ActorConfig::default());
+    let (actor, _task, _) = start(PoolConfig::default());
     let subscription = actor.subscribe(lease(1)).await.unwrap();
     drop(subscription);
     actor.apply(RankFence(1), vec![store(1, None)]).await.unwrap();
@@ -168,21 +181,8 @@ async fn a_delta_nobody_receives_fences_delivery_until_a_new_barrier() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn admission_is_weighted_by_blocks_and_never_exceeds_the_pool() {
-    let config = ActorConfig { pending_block_permits: 4, ..ActorConfig::default() };
-    let (actor, _task, _) = start(config);
-    // A batch heavier than the whole permit pool is clamped and still admitted.
-    actor.apply(RankFence(1), (1..=10).map(|i| store(i, None)).collect()).await.unwrap();
-    for round in 0..20u64 {
-        actor.apply(RankFence(1), vec![store(100 + round, None)]).await.unwrap();
-    }
-    assert_eq!(actor.stats().await.unwrap().owned_blocks, 30);
-    assert_eq!(actor.permits.available_permits(), 4, "every permit returned after processing");
-}
-
-#[tokio::test(start_paused = true)]
 async fn replace_and_reset_rank_publish_at_once() {
-    let (actor, _task, faults) = start(ActorConfig::default());
+    let (actor, _task, faults) = start(PoolConfig::default());
     let mut subscription = actor.subscribe(lease(1)).await.unwrap();
     actor.apply(RankFence(1), vec![store(1, None)]).await.unwrap();
     actor.flush().await.unwrap().unwrap();
@@ -210,7 +210,7 @@ async fn replace_and_reset_rank_publish_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn a_dump_that_does_not_build_is_refused_to_the_sink_and_the_rank_keeps_its_blocks() {
-    let (actor, _task, faults) = start(ActorConfig::default());
+    let (actor, _task, faults) = start(PoolConfig::default());
     let source = SourceKey { worker_id: 1, dp_rank: 0 };
     actor.apply(RankFence(1), vec![store(1, None)]).await.unwrap();
     // Block 8's parent was never stored: the dump does not build.
@@ -226,12 +226,12 @@ async fn a_dump_that_does_not_build_is_refused_to_the_sink_and_the_rank_keeps_it
     let refused = faults.1.lock().unwrap().clone();
     assert_eq!(refused.len(), 1, "{refused:?}");
     assert_eq!((refused[0].source, refused[0].fence), (source, RankFence(3)));
-    assert!(faults.0.lock().unwrap().is_empty(), "a refusal is not an actor fault");
+    assert!(faults.0.lock().unwrap().is_empty(), "a refusal is not a pool fault");
 }
 
 #[tokio::test(start_paused = true)]
 async fn the_digest_follows_the_commands_queued_before_it() {
-    let (actor, _task, _) = start(ActorConfig::default());
+    let (actor, _task, _) = start(PoolConfig::default());
     let empty = actor.digest().await.unwrap();
     assert_eq!(empty.owned_blocks, 0);
     actor.apply(RankFence(1), (1..=5).map(|i| store(i, None)).collect()).await.unwrap();
@@ -257,12 +257,12 @@ impl PublicationSink for RecordedPoints {
     }
 }
 
-fn start_with(mode: PublicationMode) -> (PoolActorHandle, JoinHandle<ActorExit>) {
+fn start_with(mode: PublicationMode) -> (StandalonePool, JoinHandle<StandaloneExit>) {
     let pool =
         PoolOwnership::new(CkfFormat::v1(DEFAULT_SEED, 1024), MAX_KICKS_DEFAULT, rng_from_seed(2))
             .expect("pool");
     let faults = Arc::new(RecordedFaults::default());
-    spawn_pool_actor_with(pool, ActorConfig::default(), Arc::new(InlineExecutor), faults, mode)
+    spawn_standalone_pool(key(), pool, PoolConfig::default(), faults, mode)
 }
 
 fn at(commands: u64, digests: u64) -> ScriptPosition {
@@ -278,7 +278,7 @@ fn scripted(points: Vec<PublicationPoint>, after: Duration) -> PublicationMode {
 }
 
 /// The deterministic commands both runs below send: events and digests, nothing else.
-async fn deterministic_commands(actor: &PoolActorHandle, sleep: bool) -> Vec<PoolDigest> {
+async fn deterministic_commands(actor: &StandalonePool, sleep: bool) -> Vec<PoolDigest> {
     let mut digests = Vec::new();
     let pause = || async move {
         if sleep {
@@ -417,7 +417,7 @@ async fn a_replay_subscriber_waits_for_a_published_state_and_adds_no_publication
 
 #[test]
 fn a_configuration_recorded_before_the_exact_state_budget_decodes_to_the_derived_default() {
-    /// `ActorConfig` as journals recorded it before `exact_state_bytes_max` existed.
+    /// `PoolConfig` as journals recorded it before `exact_state_bytes_max` existed.
     #[derive(serde::Serialize)]
     struct Recorded {
         mailbox_capacity: usize,
@@ -426,7 +426,7 @@ fn a_configuration_recorded_before_the_exact_state_budget_decodes_to_the_derived
         publication_delay: Duration,
         delta_broadcast_capacity: usize,
     }
-    let current = ActorConfig::default();
+    let current = PoolConfig::default();
     let recorded = Recorded {
         mailbox_capacity: current.mailbox_capacity,
         pending_block_permits: current.pending_block_permits,
@@ -435,18 +435,18 @@ fn a_configuration_recorded_before_the_exact_state_budget_decodes_to_the_derived
         delta_broadcast_capacity: current.delta_broadcast_capacity,
     };
     let bytes = rmp_serde::to_vec(&recorded).unwrap();
-    let decoded: ActorConfig = rmp_serde::from_slice(&bytes).unwrap();
+    let decoded: PoolConfig = rmp_serde::from_slice(&bytes).unwrap();
     assert_eq!(decoded, current);
     assert_eq!(decoded.exact_state_bytes_max, None);
-    let bounded = ActorConfig { exact_state_bytes_max: Some(1 << 20), ..current };
-    let round_trip: ActorConfig =
+    let bounded = PoolConfig { exact_state_bytes_max: Some(1 << 20), ..current };
+    let round_trip: PoolConfig =
         rmp_serde::from_slice(&rmp_serde::to_vec(&bounded).unwrap()).unwrap();
     assert_eq!(round_trip, bounded, "a recorded budget replays as recorded");
 }
 
 #[tokio::test(start_paused = true)]
 async fn the_configured_exact_state_budget_reaches_the_pool_and_refusals_are_faults() {
-    let config = ActorConfig { exact_state_bytes_max: Some(2048), ..ActorConfig::default() };
+    let config = PoolConfig { exact_state_bytes_max: Some(2048), ..PoolConfig::default() };
     let (actor, _task, faults) = start(config);
     let stats = actor.stats().await.unwrap();
     assert_eq!((stats.exact_state_bytes, stats.exact_state_bytes_max), (0, 2048));
