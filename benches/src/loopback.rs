@@ -23,7 +23,7 @@ use tonic::transport::Channel;
 /// Largest message a client decodes (a full snapshot chunk plus headers).
 pub const MAX_MESSAGE_BYTES: usize = 8 << 20;
 
-/// Thread name of the relay side's runtime (node, actors, hubs, gRPC server).
+/// Thread name of the relay side's runtime (node and its pools, hubs, gRPC server).
 pub const RELAY_THREADS: &str = "kvr-relay";
 /// Thread name of the client side's runtime (subscribers).
 pub const CLIENT_THREADS: &str = "kvr-client";

@@ -3,15 +3,15 @@
 //!
 //! Run: `cargo run --release -p kvrelay-benches --bin fanout`.
 //!
-//! Setup: one pool actor (filter sized for 65,536 blocks, warmed to that live set) fed the
-//! steady ingest mix of `kvrelay_benches::ingest`, 16 events per delta (the actor's publication
+//! Setup: one standalone pool (filter sized for 65,536 blocks, warmed to that live set) fed the
+//! steady ingest mix of `kvrelay_benches::ingest`, 16 events per delta (the pool's publication
 //! threshold); the real `PoolPublications` and `RelayService` on 127.0.0.1; N raw tonic
 //! subscribers, each on its own HTTP/2 connection, that check every frame against the expected
 //! producer and apply it to a `FilterReplica`, as a consumer does. The producer stays at most
 //! [`WINDOW`] deltas ahead of the slowest subscriber (below the 16-frame queue bound), so nobody
 //! lags: the figure is the rate at which every subscriber applies every delta.
 //!
-//! The relay side (actor, hub, gRPC server) runs on one runtime thread and the subscribers on
+//! The relay side (pool, hub, gRPC server) runs on one runtime thread and the subscribers on
 //! another, so the machine's two cores are both used; CPU is read per thread from
 //! `/proc/self/task/*/stat` (10 ms ticks) and for the whole process from `/proc/self/stat`.
 //! Relay CPU includes applying the 16 events of every delta (reported per delta, too).
@@ -43,7 +43,7 @@ use tokio::sync::Notify;
 
 /// Live blocks of the pool (and its filter sizing).
 const LIVE_BLOCKS: usize = 65_536;
-/// Events per delta: the actor's publication threshold.
+/// Events per delta: the pool's publication threshold.
 const EVENTS_PER_DELTA: usize = 16;
 /// Most deltas the producer runs ahead of the slowest subscriber.
 const WINDOW: u64 = 8;
@@ -133,7 +133,7 @@ fn measure(subscribers: usize, warmup: &[RouterEvent], batches: &[Vec<RouterEven
             PublicationMode::Free,
         );
         for chunk in warmup.chunks(256) {
-            actor.apply(RankFence(1), chunk.to_vec()).await.expect("the actor runs");
+            actor.apply(RankFence(1), chunk.to_vec()).await.expect("the pool runs");
         }
         let publications =
             Arc::new(PoolPublications::new(HubConfig::from_tuning(&tuning), executor));
@@ -203,8 +203,8 @@ fn measure(subscribers: usize, warmup: &[RouterEvent], batches: &[Vec<RouterEven
 async fn drive(actor: &StandalonePool, progress: &Progress, batches: &[Vec<RouterEvent>]) -> u64 {
     let mut sequence = 0;
     for batch in batches {
-        actor.apply(RankFence(1), batch.clone()).await.expect("the actor runs");
-        sequence = actor.flush().await.expect("the actor runs").expect("publication works");
+        actor.apply(RankFence(1), batch.clone()).await.expect("the pool runs");
+        sequence = actor.flush().await.expect("the pool runs").expect("publication works");
         progress.reached(sequence.saturating_sub(WINDOW)).await;
     }
     progress.reached(sequence).await;

@@ -3,7 +3,7 @@
 //!
 //! Run: `cargo run --release -p kvrelay-benches --bin latency`.
 //!
-//! Setup: the demo's relay node (default actor cadence: a delta after 16 events or 1 ms) and its
+//! Setup: the demo's relay node (default pool cadence: a delta after 16 events or 1 ms) and its
 //! simulated DC (aggregated, P/D and LoRA workers, prefix-sharing traffic), served by the real
 //! `RelayService` on 127.0.0.1; one raw tonic subscriber per pool that checks and applies every
 //! frame as a consumer does. The bench serves one request at a time on the simulated DC and

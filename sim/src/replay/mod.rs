@@ -47,7 +47,7 @@ pub struct ReplaySetup {
     pub expect: Option<Expect>,
     /// Connect the WAN consumer only once the journal's end has passed (to look at a window
     /// without WAN traffic). Checkpoints reproduce either way: until the journal's end every
-    /// pool actor performs its recorded publication points and a replay subscriber moves none.
+    /// pool performs its recorded publication points and a replay subscriber moves none.
     pub consumer_after_end: bool,
 }
 

@@ -8,11 +8,14 @@
 //! handled one at a time; the commands each produces run to completion, in order, before the
 //! next is taken (the control plane's protocol). Inputs come in batches: one wake-up takes every
 //! input queued, up to [`batch::BATCH_INPUTS_MAX`], each in its own step, and ends early when a
-//! shell report waits or a timer is due. Within a batch the pool writes are held and each pool
-//! is given them at once when the batch ends, or earlier, before any command that reaches a
-//! pool or a publication and before a checkpoint ([`batch`] has the invariants); the pool
-//! applies them as separate inputs, so publication cadence and journal positions are as if
-//! unbatched. In debug builds every pool's invariants are checked after every wake-up. A pool start's filter is allocated off the loop, at most
+//! shell report waits or the control plane's timer is due (a pool's publication timer waits for
+//! the batch's end: the writes it would publish are held until then). Within a batch the pool
+//! writes are held and each pool is given them at once when the batch ends, or earlier, before
+//! any command that reaches a pool or a publication and before a checkpoint ([`batch`] has the
+//! invariants); the pool applies them as separate inputs, so publication cadence and journal
+//! positions are as if unbatched. A batch also ends at [`batch::BATCH_BLOCKS_MAX`] held blocks,
+//! and then yields: applying runs on this loop. In debug builds every pool's invariants are
+//! checked after every wake-up. A pool start's filter is allocated off the loop, at most
 //! [`CKF_ALLOCATION_CONCURRENCY`] at once, and its outcome applied at a recorded point of the
 //! step sequence ([`starts`](self::starts) has the two phases). Queues: DC inputs wait in a queue
 //! bounded in items and in bytes (senders wait; [`input_queue`]; an input stays charged until

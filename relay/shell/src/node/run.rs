@@ -338,7 +338,12 @@ impl Node {
                         if !stepped {
                             break 'run;
                         }
-                        let timer_due = self.poll_timeout().is_some_and(|at| at <= self.now());
+                        // The plane's deadlines end a batch; the pools' publication timers
+                        // wait for its end (the writes they would publish are held until then,
+                        // and a batch is bounded), as they did when pools ran on their own
+                        // tasks behind the node's.
+                        let timer_due =
+                            self.plane.poll_timeout().is_some_and(|at| at <= self.now());
                         let held = self.pending.blocks();
                         if may_take_another(taken, held, !reports.is_empty(), timer_due) {
                             next = inputs.try_recv();
@@ -385,8 +390,9 @@ impl Node {
 
     /// In debug builds, after every wake-up: the relations between the pools' states hold.
     fn debug_check(&self) {
-        #[cfg(debug_assertions)]
-        if let Err(error) = self.pools.check_invariants() {
+        if cfg!(debug_assertions)
+            && let Err(error) = self.pools.check_invariants()
+        {
             panic!("pool invariant failed: {error}");
         }
     }

@@ -94,6 +94,31 @@ fn pool_of(node: &NodeHandle, serving: &EndpointPath) -> Option<PoolId> {
     catalog.pools.iter().find(|pool| pool.serving_endpoint == *serving).map(|pool| pool.pool_id())
 }
 
+/// Start a node on `dc` (its recovery answers counted) and hand it the DC's discovery facts.
+async fn start_on(dc: &SharedDc, config: NodeConfig) -> NodeHandle {
+    let recovery = CountedRecovery { dc: dc.clone(), queries: Arc::default() };
+    let clock = Arc::new(ManualWallClock::new(1_700_000_000_000_000));
+    let node =
+        start_node(config, Arc::new(InlineExecutor), clock, Arc::new(recovery)).expect("starts");
+    for fact in dc.with(|dc| dc.discovery_facts()) {
+        node.inputs.send(fact).await.expect("node runs");
+    }
+    node
+}
+
+/// The pools serving `endpoints`, once the node's catalog lists every one (at most 2 s).
+async fn published(node: &NodeHandle, endpoints: &[EndpointPath]) -> Vec<PoolId> {
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let pools: Option<Vec<PoolId>> =
+            endpoints.iter().map(|serving| pool_of(node, serving)).collect();
+        if let Some(pools) = pools {
+            return pools;
+        }
+    }
+    panic!("the pools of {endpoints:?} were never published");
+}
+
 async fn stats(node: &NodeHandle, pool: &PoolId) -> PoolStats {
     node.publications.stats(pool).await.expect("the pool's actor runs").1
 }
@@ -225,23 +250,8 @@ async fn a_queued_burst_is_taken_in_batches_and_every_pool_stays_exact() {
         vocabulary: 32_000,
     };
     let (dc, mut rng) = simulated_dc(workers, traffic, "node-test/burst-dc");
-    let recovery = CountedRecovery { dc: dc.clone(), queries: Arc::default() };
-    let clock = Arc::new(ManualWallClock::new(1_700_000_000_000_000));
-    let node =
-        start_node(node_config(64 << 20), Arc::new(InlineExecutor), clock, Arc::new(recovery))
-            .expect("node starts");
-    for fact in dc.with(|dc| dc.discovery_facts()) {
-        node.inputs.send(fact).await.expect("node runs");
-    }
-    let mut pools = None;
-    for _ in 0..100 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        pools = pool_of(&node, &endpoints[0]).zip(pool_of(&node, &endpoints[1]));
-        if pools.is_some() {
-            break;
-        }
-    }
-    let (one, two) = pools.expect("both pools are published");
+    let node = start_on(&dc, node_config(64 << 20)).await;
+    let [one, two] = published(&node, &endpoints).await[..] else { unreachable!() };
     let before = node.status.borrow().clone();
 
     // Queue the burst without yielding: the node takes none of it until the test waits.
@@ -284,25 +294,11 @@ async fn a_pool_publishes_on_its_own_timer_from_the_node_loop() {
     let traffic =
         TrafficConfig { prefix_count: 2, prefix_tokens: 32, tail_tokens_max: 64, vocabulary: 1000 };
     let (dc, mut rng) = simulated_dc(vec![worker], traffic, "node-test/timer-dc");
-    let recovery = CountedRecovery { dc: dc.clone(), queries: Arc::default() };
-    let clock = Arc::new(ManualWallClock::new(1_700_000_000_000_000));
     let mut config = node_config(64 << 20);
     config.pool.publication_threshold_events = 1_000_000;
     let delay = config.pool.publication_delay;
-    let node = start_node(config, Arc::new(InlineExecutor), clock, Arc::new(recovery))
-        .expect("node starts");
-    for fact in dc.with(|dc| dc.discovery_facts()) {
-        node.inputs.send(fact).await.expect("node runs");
-    }
-    let mut pool = None;
-    for _ in 0..100 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        pool = pool_of(&node, &serving);
-        if pool.is_some() {
-            break;
-        }
-    }
-    let pool = pool.expect("the pool is published");
+    let node = start_on(&dc, config).await;
+    let [pool] = published(&node, &[serving]).await[..] else { unreachable!() };
     // A subscriber gives the pool a lease, so its publications are numbered.
     let producer = node.publications.producer(&pool).expect("active");
     let mut stream = node.publications.subscribe(&producer).await.expect("subscribes");
