@@ -15,6 +15,7 @@
 //! - [`readiness`]: serving readiness per `(namespace, model)` and its topology projection;
 //! - [`load`]: pool KV occupancy windows with rank coverage;
 //! - [`control`]: the composition of the above into one state machine;
+//! - [`relay`]: the control plane and the running pool machines as one state machine;
 //! - [`wire`]: the mapping to and from the `dynamo.kvrelay.v1` messages.
 //!
 //! Time enters as `now` arguments and randomness as an explicitly seeded [`rng::RelayRng`].
@@ -35,5 +36,6 @@ pub mod load;
 pub mod readiness;
 
 pub mod control;
+pub mod relay;
 pub mod rng;
 pub mod wire;

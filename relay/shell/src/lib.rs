@@ -2,9 +2,8 @@
 //!
 //! The core decides; this crate moves inputs in and effects out: the production transports
 //! (`discovery_plane`, `event_plane`, `request_plane`), the node task that drives the core's
-//! control plane and every pool machine (`node`), the pool drivers and publication hubs (`pool`,
-//! `publication`), the
-//! tonic WAN service (`wan`), the input journal (`journal`), `serve`'s wiring with its
+//! relay (control plane and pool machines, `node`), what the shell keeps beside each pool and
+//! the publication hubs (`pool`, `publication`), the tonic WAN service (`wan`), the input journal (`journal`), `serve`'s wiring with its
 //! operations surface (`serve`, `ops`), the in-process `demo`, and configuration (`config`).
 //! Time and blocking work enter through the `runtime` seams.
 

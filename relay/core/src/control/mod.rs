@@ -3,7 +3,7 @@
 //!
 //! [`ControlPlane`] takes every fact the relay learns about its data center ([`DcInput`]s) and
 //! every outcome the async shell reports back ([`ShellReport`]s: pool starts, recovery answers,
-//! actor faults), each with the current monotonic time, and returns the [`ControlCommand`]s the
+//! pool faults), each with the current monotonic time, and returns the [`ControlCommand`]s the
 //! shell must carry out, in order. Inside it:
 //!
 //! - a [`DiscoveryView`] turns cards into endpoint memberships;
@@ -37,7 +37,7 @@ mod protocol;
 pub mod wire;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use config::{
     ControlConfig, ControlError, EXPECTED_UNIQUE_BLOCKS_DEFAULT, INSTANCE_LISTINGS_MAX,

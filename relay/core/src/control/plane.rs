@@ -19,8 +19,8 @@
 //!
 //! | command | the shell |
 //! | --- | --- |
-//! | [`ControlCommand::Host`] | carries out the [`HostCommand`] as documented there (withdraw, publish the catalog snapshot, stop an actor, release, start a pool and report the outcome); the host's `RecoverSource` never reaches the shell: the plane answers it from the pool's tracker (below) |
-//! | [`ControlCommand::Source`] | applies the [`SourceCommand`] to the actor of `(pool_id, layout_generation)` or sends the recovery query, and reports answers and failures back with that endpoint and generation |
+//! | [`ControlCommand::Host`] | carries out the [`HostCommand`] as documented there (withdraw, publish the catalog snapshot, stop a pool, release, start a pool and report the outcome); the host's `RecoverSource` never reaches the shell: the plane answers it from the pool's tracker (below) |
+//! | [`ControlCommand::Source`] | applies the [`SourceCommand`] to the pool of `(pool_id, layout_generation)` or sends the recovery query, and reports answers and failures back with that endpoint and generation |
 //! | [`ControlCommand::PublishTopology`] | publishes [`ControlPlane::topology_snapshot`] at that revision |
 //!
 //! Within one call the host's commands come first, in the host's order (withdrawals and catalog
@@ -53,9 +53,9 @@
 //!   generation the host holds as active.
 //! - A pool's tracker and load entry exist iff its generation is in the catalog, so source
 //!   commands only ever name published generations, and every load window has exactly one entry
-//!   per cataloged producer. A generation leaves the catalog (withdrawal) before its actor is
+//!   per cataloged producer. A generation leaves the catalog (withdrawal) before its pool is
 //!   stopped; its tracker is dropped at that moment, so no source command names a generation
-//!   after its `StopActor`.
+//!   after its `StopPool`.
 //! - KV event batches reach exactly the trackers whose pool's KV-state endpoint is the batch's
 //!   endpoint scope; load reports reach the pool of the serving endpoint they were published on.
 //! - Availability is written only under the host's current slot incarnation of the endpoint; a
@@ -394,7 +394,7 @@ impl ControlPlane {
         out
     }
 
-    /// Shortcut for [`ShellReport::StartSucceeded`]: the generation's actor runs. The host
+    /// Shortcut for [`ShellReport::StartSucceeded`]: the generation's pool runs. The host
     /// publishes it (unless its binding changed meanwhile), and its tracker starts from the
     /// endpoint's current source view (cold reset and recovery of every active rank).
     #[must_use = "commands must be executed in order"]
@@ -952,7 +952,7 @@ impl ControlPlane {
                 }
                 HostCommand::WithdrawPool { .. }
                 | HostCommand::PublishCatalog { .. }
-                | HostCommand::StopActor { .. } => {}
+                | HostCommand::StopPool { .. } => {}
             }
             out.push(ControlCommand::Host(command));
         }
@@ -1166,7 +1166,10 @@ impl ControlPlane {
         self.now_last
     }
 
-    fn is_starting(&self, endpoint: &EndpointPath, layout_generation: u64) -> bool {
+    /// Whether `layout_generation` of `endpoint` is a start the plane waits for (its outcome
+    /// is not yet reported, and nothing gave it up meanwhile).
+    #[must_use]
+    pub fn is_starting(&self, endpoint: &EndpointPath, layout_generation: u64) -> bool {
         self.starting
             .get(endpoint)
             .is_some_and(|start| start.layout_generation == layout_generation)

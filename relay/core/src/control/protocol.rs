@@ -14,7 +14,7 @@ use crate::sources::{RecoveryFailure, RecoveryRequestId, RecoveryResponse, Sourc
 /// active are ignored (and counted in [`ControlCounters::shell_reports_stale`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ShellReport {
-    /// A `StartPool` finished: the generation's actor runs.
+    /// A `StartPool` finished: the generation's pool runs.
     StartSucceeded {
         /// The endpoint.
         endpoint: EndpointPath,
@@ -50,14 +50,14 @@ pub enum ShellReport {
         /// What failed.
         failure: RecoveryFailure,
     },
-    /// A pool actor reported a failed write ([`PoolEffect::Fault`](crate::pool::PoolEffect)).
+    /// A pool reported a failed write ([`PoolEffect::Fault`](crate::pool::PoolEffect)).
     /// It reaches the rank's tracker as [`ShellReport::ApplyFailed`] and the host's fault
     /// coalescing as [`ShellReport::ActorFault`], both under the fence the failed command
     /// carried.
     PoolFault {
         /// The endpoint.
         endpoint: EndpointPath,
-        /// The generation whose actor reported it.
+        /// The generation whose pool reported it.
         layout_generation: u64,
         /// The fault.
         fault: PoolFault,
@@ -73,7 +73,7 @@ pub enum ShellReport {
         /// The refusal, under the fence the refused command carried.
         fault: PoolFault,
     },
-    /// The generation's actor reported a fault for the host to coalesce.
+    /// The generation's pool reported a fault for the host to coalesce.
     ActorFault {
         /// The endpoint.
         endpoint: EndpointPath,
@@ -110,7 +110,7 @@ pub enum ControlCommand {
         endpoint: EndpointPath,
         /// The pool.
         pool_id: PoolId,
-        /// The generation whose actor the command is for.
+        /// The generation whose pool the command is for.
         layout_generation: u64,
         /// The command.
         command: SourceCommand,

@@ -30,19 +30,19 @@ use crate::sources::{
     SourceCommand, SourceTracker, TreeDumpScope,
 };
 
-const BACKEND: &str = "dynamo/backend/generate";
+pub(crate) const BACKEND: &str = "dynamo/backend/generate";
 const PREFILL: &str = "dynamo/prefill/generate";
-const MODEL: &str = "tiny-llm";
-const WORKER: u64 = 0xc068_c014_57d2_3c43;
+pub(crate) const MODEL: &str = "tiny-llm";
+pub(crate) const WORKER: u64 = 0xc068_c014_57d2_3c43;
 const PREFILL_WORKER: u64 = 0x51;
-const PUBLISHER: u64 = 0x1a_0878_c30c_67ae;
+pub(crate) const PUBLISHER: u64 = 0x1a_0878_c30c_67ae;
 const PREFILL_PUBLISHER: u64 = 0x52;
 
-fn endpoint(path: &str) -> EndpointPath {
+pub(crate) fn endpoint(path: &str) -> EndpointPath {
     path.parse().unwrap()
 }
 
-fn card(worker_type: WorkerType, needs: Vec<Vec<WorkerType>>) -> ModelCard {
+pub(crate) fn card(worker_type: WorkerType, needs: Vec<Vec<WorkerType>>) -> ModelCard {
     ModelCard {
         display_name: MODEL.to_owned(),
         aliases: Vec::new(),
@@ -62,21 +62,21 @@ fn card(worker_type: WorkerType, needs: Vec<Vec<WorkerType>>) -> ModelCard {
     }
 }
 
-fn card_input(path: &str, worker_id: u64, card: ModelCard) -> DcInput {
+pub(crate) fn card_input(path: &str, worker_id: u64, card: ModelCard) -> DcInput {
     DcInput::CardUpserted {
         id: CardInstanceId { endpoint: endpoint(path), instance_id: worker_id, model_suffix: None },
         card: Box::new(card),
     }
 }
 
-fn instances(path: &str, workers: &[u64]) -> DcInput {
+pub(crate) fn instances(path: &str, workers: &[u64]) -> DcInput {
     DcInput::Instances(EndpointInstances {
         endpoint: endpoint(path),
         live_workers: Some(workers.iter().copied().collect()),
     })
 }
 
-fn advert(path: &str, worker_id: u64, publisher_id: u64, recoverable: bool) -> DcInput {
+pub(crate) fn advert(path: &str, worker_id: u64, publisher_id: u64, recoverable: bool) -> DcInput {
     let recovery_target = recoverable.then(|| RecoveryTarget {
         endpoint: endpoint(&format!("dynamo/backend/worker_kv_query_source_{publisher_id:x}")),
         instance_id: worker_id,
@@ -99,7 +99,7 @@ fn cleared(worker_id: u64, event_id: u64) -> RouterEvent {
     }
 }
 
-fn stored(worker_id: u64, event_id: u64, block: u64) -> RouterEvent {
+pub(crate) fn stored(worker_id: u64, event_id: u64, block: u64) -> RouterEvent {
     RouterEvent {
         worker_id,
         storage_tier: StorageTier::Device,
@@ -119,7 +119,7 @@ fn stored(worker_id: u64, event_id: u64, block: u64) -> RouterEvent {
     }
 }
 
-fn events(path: &str, publisher_id: u64, events: Vec<RouterEvent>) -> DcInput {
+pub(crate) fn events(path: &str, publisher_id: u64, events: Vec<RouterEvent>) -> DcInput {
     DcInput::KvEvents(KvEventBatch {
         endpoint: endpoint(path),
         publisher_id,
@@ -141,7 +141,7 @@ fn load(path: &str, worker_id: u64, used: Option<u64>) -> DcInput {
     }
 }
 
-fn relay() -> RelayIdentity {
+pub(crate) fn relay() -> RelayIdentity {
     RelayIdentity::start(0x1111, &mut rng_from_seed(7))
 }
 
@@ -320,11 +320,11 @@ fn worker_leaving_withdraws_before_it_stops_and_turns_unavailable() {
     let publish = position(&commands, |c| {
         is_host(c, |h| matches!(h, HostCommand::PublishCatalog { revision: 2 }))
     });
-    let stop = position(&commands, |c| is_host(c, |h| matches!(h, HostCommand::StopActor { .. })));
+    let stop = position(&commands, |c| is_host(c, |h| matches!(h, HostCommand::StopPool { .. })));
     let release =
         position(&commands, |c| is_host(c, |h| matches!(h, HostCommand::ReleasePool { .. })));
     assert!(withdraw < publish && publish < stop && stop < release);
-    // No source command names the retired generation after its actor stopped.
+    // No source command names the retired generation after its pool stopped.
     assert!(commands[stop..].iter().all(|c| !matches!(
         c,
         ControlCommand::Source { layout_generation, .. } if *layout_generation == producer.layout_generation()
@@ -516,7 +516,7 @@ fn an_alias_change_refreshes_the_descriptor_under_the_same_producer() {
     let mut aliased = card(WorkerType::Aggregated, vec![]);
     aliased.aliases = vec!["tiny".to_owned()];
     let commands = shell.input(card_input(BACKEND, WORKER, aliased));
-    assert!(commands.iter().all(|c| !is_host(c, |h| matches!(h, HostCommand::StopActor { .. }))));
+    assert!(commands.iter().all(|c| !is_host(c, |h| matches!(h, HostCommand::StopPool { .. }))));
     assert_eq!(shell.producer(BACKEND), before);
     let catalog = shell.plane.catalog_snapshot();
     assert_eq!(catalog.revision, 2);
@@ -647,7 +647,7 @@ fn random_input_sequences_keep_every_invariant_and_are_deterministic() {
         "StartPool",
         "PublishCatalog",
         "WithdrawPool",
-        "StopActor",
+        "StopPool",
         "RequestRecovery",
         "ReplaceRanks",
         "ApplyEvents",

@@ -3,8 +3,8 @@
 //!
 //! The catalog is what `WatchKvPoolCatalog` streams: a complete snapshot after every change, no
 //! tombstones (a pool missing from the next snapshot is withdrawn). It holds only pools whose
-//! actor runs and whose generation is publishable; withdrawal is the authoritative signal that a
-//! generation is gone, so it always happens before the actor is torn down (the host orders that).
+//! pool machine runs and whose generation is publishable; withdrawal is the authoritative signal that a
+//! generation is gone, so it always happens before the pool is torn down (the host orders that).
 //!
 //! Invariants:
 //! - one serving endpoint has at most one active pool, and one [`PoolId`] at most one endpoint;

@@ -1,6 +1,6 @@
-//! Coalescing of one endpoint's pending actor faults (relay-facts §9.6, §4.5).
+//! Coalescing of one endpoint's pending pool faults (relay-facts §9.6, §4.5).
 //!
-//! A pool actor reports faults it cannot handle itself: a source that broke the protocol, a
+//! A pool reports faults it cannot handle itself: a source that broke the protocol, a
 //! rank whose state could not be allocated, or a producer whose exact state and filter
 //! disagree. The host works through source faults one recovery call at a time, and while a call
 //! is in flight more faults arrive. [`PendingActorFaults`] holds them in a bounded set:
@@ -26,7 +26,7 @@ use crate::pool::FailureDisposition;
 /// Most distinct sources with a pending fault per endpoint; one more fences the producer.
 pub const PENDING_SOURCE_FAULTS_MAX: usize = 16;
 
-/// What an actor asks the host to do about a failed event (the §4.5 actions an actor reports).
+/// What a pool asks the host to do about a failed event (the §4.5 actions a pool reports).
 ///
 /// The declaration order is the strength order of the source-level actions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -53,14 +53,14 @@ impl From<FailureDisposition> for ActorFaultAction {
     }
 }
 
-/// One fault an actor reported.
+/// One fault a pool reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ActorFault {
     /// The source whose event failed.
     pub source: SourceKey,
     /// The source epoch the event belonged to (higher = newer incarnation of the source).
     pub source_epoch: u64,
-    /// What the actor asks for.
+    /// What the pool asks for.
     pub action: ActorFaultAction,
 }
 
@@ -89,7 +89,7 @@ pub struct SourceFault {
 /// Why the producer must be fenced and rebuilt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProducerFenceCause {
-    /// An actor reported `FenceAndRebuildProducer` for this fault.
+    /// A pool reported `FenceAndRebuildProducer` for this fault.
     InvariantViolation {
         /// The source whose event exposed the inconsistency.
         source: SourceKey,
@@ -126,7 +126,7 @@ struct Pending {
     action: SourceFaultAction,
 }
 
-/// The bounded set of one endpoint's pending actor faults. See the module docs.
+/// The bounded set of one endpoint's pending pool faults. See the module docs.
 ///
 /// Invariants: at most [`PENDING_SOURCE_FAULTS_MAX`] pending source faults; no source fault is
 /// pending while a producer fence is installed.

@@ -4,7 +4,7 @@
 //! Discovery says what each endpoint serves; KV source membership says whether it publishes KV
 //! events. This module decides, per endpoint, whether a pool exists, and keeps the catalog
 //! honest about it. It is sans-IO: values in, [`HostCommand`]s out; the async shell starts and
-//! stops pool actors, calls the recovery client and streams the catalog.
+//! stops pool machines, calls the recovery client and streams the catalog.
 //!
 //! - [`Catalog`]: the active [`PoolDescriptor`]s under a revision counter (0 when empty, +1 per
 //!   change), one pool per endpoint and one endpoint per pool;
@@ -13,12 +13,12 @@
 //! - [`EndpointHost`]: one slot per endpoint with its [`SlotLifecycle`] and slot incarnation;
 //!   materializes a pool behind the `desired_binding` gate, refreshes metadata in place,
 //!   retires withdraw-first, retries failed starts and fenced generations with backoff;
-//! - [`PendingActorFaults`]: per-endpoint coalescing of actor faults into at most 16 source
+//! - [`PendingActorFaults`]: per-endpoint coalescing of pool faults into at most 16 source
 //!   faults or one producer-fence trigger.
 //!
 //! The invariants are stated on each type; the ones that matter most to consumers are that no
 //! endpoint without an active KV source is ever in the catalog, that a generation is withdrawn
-//! before its actor stops, and that a producer identity is never reused or given new serving
+//! before its pool stops, and that a producer identity is never reused or given new serving
 //! bindings.
 
 mod catalog;

@@ -4,11 +4,11 @@
 //! A pool generation goes through three registry steps, and the registry enforces their order:
 //!
 //! 1. [`PoolRegistry::attach`] reserves the pool for an endpoint and allocates the next layout
-//!    generation, giving the [`ProducerIdentity`] the new actor is built for;
+//!    generation, giving the [`ProducerIdentity`] the new pool is built for;
 //! 2. [`PoolRegistry::publish`] upserts the generation's descriptor into the catalog once the
-//!    actor runs (and later refreshes its metadata in place);
+//!    pool machine runs (and later refreshes its metadata in place);
 //! 3. [`PoolRegistry::withdraw`] removes it from the catalog, and only then
-//!    [`PoolRegistry::release`] drops the reservation (after the actor was torn down).
+//!    [`PoolRegistry::release`] drops the reservation (after the pool was torn down).
 //!
 //! Invariants:
 //! - layout generations come from one registry-wide counter starting at 1; every attach takes

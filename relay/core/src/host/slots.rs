@@ -2,7 +2,7 @@
 //! its pool, as a sans-IO state machine (relay-facts §9.5, §9.6, §8.5).
 //!
 //! The async shell feeds values in and executes the [`HostCommand`]s that come out, **in the
-//! order given, each finished before the next starts** (in particular a `StopActor` completes
+//! order given, each finished before the next starts** (in particular a `StopPool` completes
 //! before the following `ReleasePool` or `StartPool`). Inputs:
 //!
 //! - [`EndpointHost::reconcile`]: the current discovery memberships and, per serving endpoint,
@@ -23,9 +23,9 @@
 //!   at least one expected rank has an active KV source. No KV source, no descriptor (no phantom
 //!   pools);
 //! - **withdraw before teardown**: a published generation is withdrawn from the catalog and the
-//!   catalog published before its actor is stopped, and the actor is stopped before the
+//!   catalog published before its pool is stopped, and the pool is stopped before the
 //!   registry releases it. Every `StartPool` is matched by exactly one `ReleasePool`; a
-//!   `StopActor` precedes it iff the start succeeded;
+//!   `StopPool` precedes it iff the start succeeded;
 //! - **no new model under an old producer**: a binding change (pool id, KV-state endpoint or
 //!   base model) retires the generation and attaches a new one; only metadata (registrations,
 //!   aliases, roles) is refreshed in place under the same producer;
@@ -88,7 +88,7 @@ pub enum SlotLifecycle {
     /// The endpoint could back a pool and waits: for an active KV source, or for another
     /// endpoint to release the pool.
     Discovered,
-    /// A generation was attached and its actor is being started.
+    /// A generation was attached and its pool is being started.
     Starting,
     /// A generation is published in the catalog.
     Active,
@@ -128,7 +128,7 @@ pub enum RetireReason {
     BindingChanged,
     /// A terminal publication failure fenced the generation ([`EndpointHost::fence_generation`]).
     PublicationFailed,
-    /// The actor's faults installed a producer-fence trigger.
+    /// The pool's faults installed a producer-fence trigger.
     ProducerFence(ProducerFenceCause),
     /// A rank-level recovery call answered that the target is fenced.
     TargetFenced,
@@ -137,7 +137,7 @@ pub enum RetireReason {
 }
 
 impl RetireReason {
-    /// How the actor is stopped: fences skip the graceful drain.
+    /// How the pool is stopped: fences skip the graceful drain.
     #[must_use]
     pub fn stop_mode(self) -> StopMode {
         match self {
@@ -156,7 +156,7 @@ impl RetireReason {
     }
 }
 
-/// How an actor is stopped.
+/// How a pool is stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopMode {
     /// Flush and end publication streams normally.
@@ -192,9 +192,9 @@ pub enum HostCommand {
         /// The catalog revision to publish ([`EndpointHost::catalog_snapshot`]).
         revision: u64,
     },
-    /// Stop the generation's actor, recovery subscriber and load collector, and cancel any
+    /// Stop the generation's pool, recovery subscriber and load collector, and cancel any
     /// recovery call in flight for it.
-    StopActor {
+    StopPool {
         /// The endpoint.
         endpoint: EndpointPath,
         /// The pool.
@@ -214,7 +214,7 @@ pub enum HostCommand {
         /// The generation.
         layout_generation: u64,
     },
-    /// Build the generation's CKF state and actor, start recovery and load collection, then
+    /// Build the generation's CKF state and pool machine, start recovery and load collection, then
     /// report [`EndpointHost::start_succeeded`] or [`EndpointHost::start_failed`].
     StartPool {
         /// The endpoint.
@@ -808,7 +808,7 @@ impl EndpointHost {
         commands
     }
 
-    /// The shell started the actor of `layout_generation` for `endpoint`. Publishes it, unless
+    /// The shell started the pool of `layout_generation` for `endpoint`. Publishes it, unless
     /// the binding changed meanwhile (then it is stopped unpublished and the current binding
     /// attached). Reports for any other generation are ignored.
     #[must_use = "commands must be executed in order"]
@@ -850,7 +850,7 @@ impl EndpointHost {
                 slot.held = None;
                 slot.faults.clear();
                 slot.recovery_in_flight = false;
-                commands.push(HostCommand::StopActor {
+                commands.push(HostCommand::StopPool {
                     endpoint: endpoint.clone(),
                     pool_id: producer.pool_id(),
                     layout_generation,
@@ -889,7 +889,7 @@ impl EndpointHost {
     }
 
     /// A terminal publication failure of `pool_id`'s `layout_generation`: withdraw it, stop
-    /// its actor as fenced, and attach a new generation once the retry is due. Stale
+    /// its pool as fenced, and attach a new generation once the retry is due. Stale
     /// generations are ignored.
     #[must_use = "commands must be executed in order"]
     pub fn fence_generation(
@@ -912,7 +912,7 @@ impl EndpointHost {
         commands
     }
 
-    /// An actor fault of `endpoint`'s active `layout_generation`. Source faults are coalesced
+    /// A pool fault of `endpoint`'s active `layout_generation`. Source faults are coalesced
     /// and handed to the recovery client one at a time; a producer-fence trigger retires the
     /// generation as fenced. Faults of other generations are ignored.
     #[must_use = "commands must be executed in order"]
@@ -1037,7 +1037,7 @@ impl EndpointHost {
     }
 
     /// Move every slot toward its desire, in three phases whose order is the protocol:
-    /// catalog changes (withdrawals and in-place refreshes) and one publication; then actor
+    /// catalog changes (withdrawals and in-place refreshes) and one publication; then pool
     /// teardown and registry release of the withdrawn generations; then new attaches.
     fn converge(&mut self, now: Duration, commands: &mut Vec<HostCommand>) {
         let shutting_down = self.shutting_down;
@@ -1106,7 +1106,7 @@ impl EndpointHost {
 
         // Phase 2: teardown, then registry removal, of what was withdrawn.
         for (endpoint, producer, mode) in &retired {
-            commands.push(HostCommand::StopActor {
+            commands.push(HostCommand::StopPool {
                 endpoint: endpoint.clone(),
                 pool_id: producer.pool_id(),
                 layout_generation: producer.layout_generation(),

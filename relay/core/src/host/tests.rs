@@ -233,8 +233,8 @@ fn kinds(commands: &[HostCommand]) -> Vec<&'static str> {
         .map(|command| match command {
             HostCommand::WithdrawPool { .. } => "withdraw",
             HostCommand::PublishCatalog { .. } => "publish",
-            HostCommand::StopActor { mode: StopMode::Graceful, .. } => "stop",
-            HostCommand::StopActor { mode: StopMode::Fence, .. } => "stop-fence",
+            HostCommand::StopPool { mode: StopMode::Graceful, .. } => "stop",
+            HostCommand::StopPool { mode: StopMode::Fence, .. } => "stop-fence",
             HostCommand::ReleasePool { .. } => "release",
             HostCommand::StartPool { .. } => "start",
             HostCommand::RecoverSource { .. } => "recover",
@@ -334,7 +334,7 @@ fn pool_is_withdrawn_before_teardown() {
                 reason: RetireReason::EndpointRemoved,
             },
             HostCommand::PublishCatalog { revision: 2 },
-            HostCommand::StopActor {
+            HostCommand::StopPool {
                 endpoint: endpoint(BACKEND),
                 pool_id,
                 layout_generation: 1,
@@ -692,7 +692,7 @@ fn fenced_generation_is_withdrawn_and_replaced_by_a_new_generation() {
                 reason: RetireReason::PublicationFailed,
             },
             HostCommand::PublishCatalog { revision: 2 },
-            HostCommand::StopActor {
+            HostCommand::StopPool {
                 endpoint: endpoint(BACKEND),
                 pool_id,
                 layout_generation: 1,

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::identity::LaneLease;
 
-/// Where in an actor's deterministic command stream a point lies: after this many commands and
+/// Where in a pool's deterministic command stream a point lies: after this many commands and
 /// digests (the two only grow).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ScriptPosition {
@@ -61,7 +61,7 @@ pub enum PublicationStep {
     Barrier(LeaseRecord),
     /// This lease was retired.
     RetireLease(LeaseRecord),
-    /// The delta with this ordinal (counting every delta the actor offered, from 0) found no
+    /// The delta with this ordinal (counting every delta the pool offered, from 0) found no
     /// receiver; the publisher fenced itself.
     DeliveryFailed(u64),
 }

@@ -10,11 +10,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::node::NodePools;
-use kvrelay_core::control::ControlPlane;
+use crate::pool::BroadcastOutlet;
 use kvrelay_core::control::wire::{KvPoolDescriptorView, TopologyEntryView};
 use kvrelay_core::model::identity::PoolId;
 use kvrelay_core::pool::PoolDigest;
+use kvrelay_core::relay::Relay;
+use kvrelay_core::rng::RelayRng;
 
 /// One pool generation's state in digest form.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,17 +78,18 @@ fn json<T: Serialize>(value: &T) -> String {
     serde_json::to_string(value).unwrap_or_else(|error| format!("<unrenderable: {error}>"))
 }
 
-/// Take a checkpoint of `plane` and the node's pools (the caller applies every held write
-/// first, so the digests include everything the plane has issued).
+/// Take a checkpoint of the node's relay: its plane and its pools (the relay applies every held
+/// write first, so the digests include everything the plane has issued).
 pub(crate) fn capture_checkpoint(
-    plane: &ControlPlane,
-    pools: &mut NodePools,
+    relay: &mut Relay<BroadcastOutlet>,
+    now: Duration,
+    rng: &mut RelayRng,
     inputs_handled: u64,
 ) -> Checkpoint {
-    let catalog = plane.catalog_snapshot();
-    let topology = plane.topology_snapshot();
+    let pools = relay.digests(now, rng);
+    let catalog = relay.plane().catalog_snapshot();
+    let topology = relay.plane().topology_snapshot();
     let pools = pools
-        .digests()
         .into_iter()
         .map(|((pool_id, layout_generation), digest)| {
             pool_checkpoint(&pool_id, layout_generation, digest)

@@ -580,7 +580,7 @@ async fn record_simulated_run(dir: &Path, ticks: u64) -> RecorderStats {
     record_simulated_run_with(dir, ticks, false).await
 }
 
-/// A tap that forwards to the recorder's and remembers the pools whose actors started.
+/// A tap that forwards to the recorder's and remembers the pools whose pools started.
 #[derive(Debug)]
 struct PoolsSeen {
     inner: Arc<dyn NodeTap>,

@@ -1,6 +1,6 @@
 //! The node task.
 
-use std::collections::VecDeque;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,11 +10,10 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
-use super::batch::{BATCH_BLOCKS_MAX, PendingApplies, may_take_another};
+use super::batch::{BATCH_BLOCKS_MAX, may_take_another};
 use super::input_queue::{
-    INPUT_QUEUE_BYTES_MAX_DEFAULT, InputReceiver, InputSender, QueuedInput, input_queue,
+    INPUT_QUEUE_BYTES_MAX_DEFAULT, InputCharge, InputReceiver, InputSender, input_queue,
 };
-use super::pools::NodePools;
 use super::recovery::{RecoveryCalls, RecoveryTransport};
 use super::starts::{
     CKF_ALLOCATION_CONCURRENCY, DoneReceiver, Due, PendingStart, PoolStarts, Ready, StartPoint,
@@ -22,8 +21,11 @@ use super::starts::{
 };
 use crate::config::WanTuning;
 use crate::journal::{NodeTap, capture_checkpoint};
-use crate::pool::{FaultSink, PoolConfig, PoolRequest, PublicationMode};
-use crate::publication::{FenceRequests, HubConfig, PoolPublications};
+use crate::pool::{
+    BroadcastOutlet, GenerationKey, PoolConfig, PoolHandle, PoolLink, PoolRequest, PublicationMode,
+    pool_machine,
+};
+use crate::publication::{HubConfig, PoolPublications};
 use crate::runtime::{BlockingExecutor, WallClock};
 use crate::wan::{RelayService, WanPublisher, WanViews, wan_channels};
 use kvrelay_core::control::{
@@ -31,7 +33,8 @@ use kvrelay_core::control::{
 };
 use kvrelay_core::host::HostCommand;
 use kvrelay_core::model::identity::{EndpointPath, PoolId, RelayIdentity};
-use kvrelay_core::pool::{PoolFault, PoolOwnership};
+use kvrelay_core::pool::{PoolEffect, PoolOwnership};
+use kvrelay_core::relay::{Relay, RelayEffect};
 use kvrelay_core::rng::{RelayRng, rng_from_seed};
 use kvrelay_core::sources::{RecoveryFailure, SourceCommand};
 use kvrelay_core::wire::encode;
@@ -127,44 +130,19 @@ impl NodeHandle {
     }
 }
 
-#[derive(Debug)]
-struct NodeFaults {
-    endpoint: EndpointPath,
-    pool_id: PoolId,
-    layout_generation: u64,
-    reports: mpsc::Sender<ShellReport>,
-    fences: FenceRequests,
-}
-
-impl NodeFaults {
-    fn send(&self, report: ShellReport) {
-        if self.reports.try_send(report).is_err() {
-            // Losing a fault would leave the exact state unexplained: fence instead.
-            self.fences.request(self.pool_id, self.layout_generation);
-        }
-    }
-}
-
-impl FaultSink for NodeFaults {
-    fn report(&self, fault: PoolFault) {
-        let (endpoint, layout_generation) = (self.endpoint.clone(), self.layout_generation);
-        self.send(ShellReport::PoolFault { endpoint, layout_generation, fault });
-    }
-
-    fn refused(&self, fault: PoolFault) {
-        let (endpoint, layout_generation) = (self.endpoint.clone(), self.layout_generation);
-        self.send(ShellReport::ApplyFailed { endpoint, layout_generation, fault });
-    }
-}
-
 struct Node {
-    plane: ControlPlane,
-    relay: RelayIdentity,
+    /// The control plane and every running pool machine.
+    relay: Relay<BroadcastOutlet>,
+    /// The reply side of every running generation (held subscriptions, the journal's points),
+    /// pruned to the running ones after every carry-out.
+    links: BTreeMap<GenerationKey, PoolLink>,
+    relay_id: RelayIdentity,
     rng: RelayRng,
     origin: Instant,
     config: NodeConfig,
-    pools: NodePools,
-    /// Generations withdrawn by the commands being executed whose streams are still open:
+    /// Where pool handles send their requests.
+    pool_requests: mpsc::Sender<PoolRequest>,
+    /// Generations withdrawn by the effects being carried out whose streams are still open:
     /// they end right after the catalog update that withdraws them is published.
     withdrawn: Vec<(PoolId, u64)>,
     recoveries: RecoveryCalls,
@@ -172,8 +150,8 @@ struct Node {
     starts: PoolStarts,
     /// The point of the step being executed: where a start issued now was issued.
     point: StartPoint,
-    /// Pool writes of the current batch not yet applied.
-    pending: PendingApplies,
+    /// Charges of the inputs whose writes the relay holds for the batch's end.
+    charges: Vec<InputCharge>,
     /// Batches of inputs taken so far.
     input_batches: u64,
     reports: mpsc::Sender<ShellReport>,
@@ -185,7 +163,7 @@ struct Node {
     tap: Option<Arc<dyn NodeTap>>,
 }
 
-/// Reports buffered from pool drivers and recovery calls.
+/// Reports buffered from recovery calls.
 const REPORT_QUEUE_CAPACITY: usize = 4096;
 
 /// Start a node. The returned handle's `views` and `publications` feed a
@@ -211,32 +189,33 @@ pub fn start_node_with_tap(
     tap: Option<Arc<dyn NodeTap>>,
 ) -> Result<NodeHandle, ControlError> {
     let plane = ControlPlane::new(config.control.clone())?;
-    let relay = plane.relay();
+    let relay_id = plane.relay();
     let (inputs, inputs_rx) =
         input_queue(config.input_queue_capacity, config.input_queue_bytes_max);
     let (reports, reports_rx) = mpsc::channel(REPORT_QUEUE_CAPACITY);
-    let (wan, views) = wan_channels(&relay, config.load_fanout_capacity);
+    let (wan, views) = wan_channels(&relay_id, config.load_fanout_capacity);
     let publications = Arc::new(PoolPublications::new(config.hub, Arc::clone(&executor)));
     let (starts, allocations) = PoolStarts::new(Arc::clone(&executor), CKF_ALLOCATION_CONCURRENCY);
+    let (pool_requests, pool_requests_rx) = mpsc::channel(config.pool.mailbox_capacity.max(1));
     let (status, status_rx) = watch::channel(NodeStatus::default());
     let shutdown = CancellationToken::new();
     let origin = Instant::now();
     if let Some(tap) = &tap {
         tap.node_started(origin);
     }
-    let (pools, pool_requests) = NodePools::new(config.pool, origin);
     let node = Node {
-        plane,
-        relay,
+        relay: Relay::new(plane),
+        links: BTreeMap::new(),
+        relay_id,
         rng: rng_from_seed(config.rng_seed),
         origin,
         config,
-        pools,
+        pool_requests,
         withdrawn: Vec::new(),
         recoveries: RecoveryCalls::default(),
         starts,
         point: StartPoint { inputs_handled: 0, between_steps: true },
-        pending: PendingApplies::default(),
+        charges: Vec::new(),
         input_batches: 0,
         reports,
         publications: Arc::clone(&publications),
@@ -249,11 +228,19 @@ pub fn start_node_with_tap(
     let task = crate::runtime::spawn(node.run(
         inputs_rx,
         reports_rx,
-        pool_requests,
+        pool_requests_rx,
         allocations,
         shutdown.clone(),
     ));
-    Ok(NodeHandle { inputs, views, publications, status: status_rx, relay, shutdown, task })
+    Ok(NodeHandle {
+        inputs,
+        views,
+        publications,
+        status: status_rx,
+        relay: relay_id,
+        shutdown,
+        task,
+    })
 }
 
 impl Node {
@@ -275,47 +262,51 @@ impl Node {
         let fences = self.publications.fence_requests().clone();
         let mut inputs_handled = 0u64;
         'run: loop {
-            let wake = self.poll_timeout().map(|at| self.origin + at);
+            let wake = self.relay.poll_timeout().map(|at| self.origin + at);
+            // Every branch but an input's hands its work to the relay at once; the effects are
+            // carried out below.
             let woken = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
                 Some(report) = reports.recv() => {
-                    Wake::Commands(self.plane.report(report, self.now(), &mut self.rng))
+                    self.relay.report(report, self.now(), &mut self.rng);
+                    None
                 }
                 () = fences.notified() => {
-                    let mut commands = Vec::new();
                     for (pool_id, layout_generation) in fences.take() {
                         let report = ShellReport::GenerationFenced { pool_id, layout_generation };
-                        commands.extend(self.plane.report(report, self.now(), &mut self.rng));
+                        self.relay.report(report, self.now(), &mut self.rng);
                     }
-                    Wake::Commands(commands)
+                    None
                 }
                 Some(done) = allocations.recv(), if self.starts.in_flight() > 0 => {
                     self.starts.completed(done);
-                    Wake::Commands(Vec::new())
+                    None
                 }
-                () = sleep_until(wake), if wake.is_some() => Wake::Commands(self.handle_timeout()),
+                () = sleep_until(wake), if wake.is_some() => {
+                    self.relay.handle_timeout(self.now(), &mut self.rng);
+                    None
+                }
                 Some(request) = pool_requests.recv() => {
-                    self.pools.serve(request);
-                    Wake::Commands(Vec::new())
+                    self.serve(request);
+                    None
                 }
                 _ = load_ticks.tick() => {
                     self.publish_load();
-                    Wake::Commands(Vec::new())
+                    None
                 }
                 input = inputs.recv() => match input {
-                    Some(queued) => Wake::Input(queued),
+                    Some(queued) => Some(queued),
                     None => break,
                 },
             };
             match woken {
-                Wake::Commands(commands) => {
-                    if !self.step(commands, None, inputs_handled, &mut allocations, &shutdown).await
-                    {
+                None => {
+                    if !self.step(None, inputs_handled, &mut allocations, &shutdown).await {
                         break;
                     }
                 }
-                Wake::Input(queued) => {
+                Some(queued) => {
                     self.input_batches += 1;
                     // A batch: every input queued now, up to the bound, each in its own step;
                     // other work that became due ends it early.
@@ -325,34 +316,32 @@ impl Node {
                         let (input, charge) = queued.into_parts();
                         inputs_handled += 1;
                         taken += 1;
-                        // One reading: the journal's stamp is the time the plane is given.
+                        // One reading: the journal's stamp is the time the relay is given.
                         let now = self.now();
                         if let Some(tap) = &self.tap {
                             tap.input(now, &input);
                         }
-                        let commands = self.plane.handle(input, now, &mut self.rng);
-                        self.pending.hold_charge(charge);
-                        let stepped = self
-                            .step(commands, Some(now), inputs_handled, &mut allocations, &shutdown)
-                            .await;
+                        self.relay.handle(input, now, &mut self.rng);
+                        self.charges.push(charge);
+                        let stepped =
+                            self.step(Some(now), inputs_handled, &mut allocations, &shutdown).await;
                         if !stepped {
                             break 'run;
                         }
                         // The plane's deadlines end a batch; the pools' publication timers
                         // wait for its end (the writes they would publish are held until then,
-                        // and a batch is bounded), as they did when pools ran on their own
-                        // tasks behind the node's.
+                        // and a batch is bounded).
                         let timer_due =
-                            self.plane.poll_timeout().is_some_and(|at| at <= self.now());
-                        let held = self.pending.blocks();
+                            self.relay.plane_timeout().is_some_and(|at| at <= self.now());
+                        let held = self.relay.held_blocks();
                         if may_take_another(taken, held, !reports.is_empty(), timer_due) {
                             next = inputs.try_recv();
                         }
                     }
                 }
             }
-            let heavy = self.pending.blocks() >= BATCH_BLOCKS_MAX;
-            self.flush_applies();
+            let heavy = self.relay.held_blocks() >= BATCH_BLOCKS_MAX;
+            self.flush_applies().await;
             if heavy {
                 // The batch kept the thread for a block bound's worth of writes: let the
                 // transports' readers (and every other task) run before the next wake-up.
@@ -361,48 +350,51 @@ impl Node {
             self.debug_check();
             self.publish_status(inputs_handled, false);
         }
-        self.flush_applies();
-        let commands = self.plane.begin_shutdown(self.now(), &mut self.rng);
-        self.execute(commands).await;
+        self.relay.begin_shutdown(self.now(), &mut self.rng);
+        self.charges.clear();
+        self.carry_out().await;
         self.recoveries.abort_all();
-        self.pools.shutdown_all();
+        drop(self.relay.stop_all());
+        self.carry_out().await;
         self.publish_status(inputs_handled, true);
     }
 
-    /// When the node's next timer is due: the control plane's or a pool's, whichever is first.
-    fn poll_timeout(&self) -> Option<Duration> {
-        match (self.plane.poll_timeout(), self.pools.poll_timeout()) {
-            (Some(plane), Some(pools)) => Some(plane.min(pools)),
-            (plane, pools) => plane.or(pools),
+    /// In debug builds, after every wake-up: the relay core's invariants hold, and so do the
+    /// links'.
+    fn debug_check(&mut self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        if let Err(error) = self.relay.check_invariants() {
+            panic!("relay invariant failed: {error}");
+        }
+        let (now, rng) = (self.now(), &mut self.rng);
+        for (key, link) in &self.links {
+            let checked =
+                self.relay.with_pool(key, now, rng, |machine, _| link.check_invariants(machine));
+            if let Some(Err(error)) = checked {
+                panic!("pool link invariant failed: {error}");
+            }
         }
     }
 
-    /// Fire every timer due now: the pools' first (their publications are outputs of writes
-    /// already applied), then the control plane's.
-    fn handle_timeout(&mut self) -> Vec<ControlCommand> {
+    /// Answer one pool request; one for a generation not running is dropped (its sender sees
+    /// [`crate::pool::PoolGone`]).
+    fn serve(&mut self, request: PoolRequest) {
+        let PoolRequest { key, ask } = request;
         let now = self.now();
-        self.pools.handle_timeout(now);
-        if self.plane.poll_timeout().is_some_and(|at| at <= now) {
-            return self.plane.handle_timeout(now, &mut self.rng);
-        }
-        Vec::new()
+        let Some(link) = self.links.get_mut(&key) else { return };
+        self.relay.with_pool(&key, now, &mut self.rng, |machine, outlet| {
+            link.serve(ask, machine, outlet);
+            link.settle(machine);
+        });
     }
 
-    /// In debug builds, after every wake-up: the relations between the pools' states hold.
-    fn debug_check(&self) {
-        if cfg!(debug_assertions)
-            && let Err(error) = self.pools.check_invariants()
-        {
-            panic!("pool invariant failed: {error}");
-        }
-    }
-
-    /// One step: run `commands` (of the input taken at `input_at`, or of other work), then the
-    /// starts due within it, the input's checkpoint and the starts due after it. `false`:
-    /// shutdown was requested while waiting for a start.
+    /// One step: carry out what the relay was just given (an input taken at `input_at`, or
+    /// other work), then the starts due within it, the input's checkpoint and the starts due
+    /// after it. `false`: shutdown was requested while waiting for a start.
     async fn step(
         &mut self,
-        commands: Vec<ControlCommand>,
         input_at: Option<Duration>,
         inputs_handled: u64,
         allocations: &mut DoneReceiver,
@@ -411,7 +403,7 @@ impl Node {
         // Within an input's step (before its checkpoint), or between two inputs' steps.
         let point = StartPoint { inputs_handled, between_steps: input_at.is_none() };
         self.point = point;
-        self.execute(commands).await;
+        self.carry_out().await;
         if !self.apply_starts(point, allocations, shutdown).await {
             return false;
         }
@@ -424,24 +416,20 @@ impl Node {
         true
     }
 
-    /// Apply every held pool write (one call per generation) and release the bytes of the
-    /// inputs that carried them. A write for a generation not driven (its start failed, or it
-    /// already stopped) is dropped, as it would have been unbatched.
-    fn flush_applies(&mut self) {
-        if self.pending.is_empty() {
+    /// Hand every held pool write to its pool and release the bytes of the inputs that carried
+    /// them.
+    async fn flush_applies(&mut self) {
+        if self.relay.held_blocks() == 0 && self.charges.is_empty() {
             return;
         }
-        let (writes, charges) = self.pending.take();
-        let now = self.now();
-        for (key, segments) in writes {
-            self.pools.apply(&key, &segments, now);
-        }
-        drop(charges);
+        self.relay.flush(self.now(), &mut self.rng);
+        self.charges.clear();
+        self.carry_out().await;
     }
 
-    /// Apply every start due at `point` (see [`super::starts`]), in issue order, executing the
-    /// commands each outcome produces; a replay waits here for an allocation its recording
-    /// applied at or before `point`. `false`: shutdown was requested while waiting.
+    /// Apply every start due at `point` (see [`super::starts`]), in issue order, carrying out
+    /// what each outcome produces; a replay waits here for an allocation its recording applied
+    /// at or before `point`. `false`: shutdown was requested while waiting.
     async fn apply_starts(
         &mut self,
         point: StartPoint,
@@ -455,8 +443,8 @@ impl Node {
             match self.starts.next_due(point) {
                 Due::Apply(ready) => {
                     self.point = point;
-                    let commands = self.finish_start(*ready, point);
-                    self.execute(commands).await;
+                    self.finish_start(*ready, point);
+                    self.carry_out().await;
                 }
                 Due::Wait => {
                     tokio::select! {
@@ -470,9 +458,9 @@ impl Node {
         }
     }
 
-    /// Commit a start (drive its pool; the control plane catalogs it) or roll it back (the
-    /// host releases the generation and retries).
-    fn finish_start(&mut self, ready: Ready, point: StartPoint) -> Vec<ControlCommand> {
+    /// Commit a start (the relay runs its pool; the control plane catalogs it) or roll it back
+    /// (the host releases the generation and retries).
+    fn finish_start(&mut self, ready: Ready, point: StartPoint) {
         let now = self.now();
         let Ready { start: PendingStart { endpoint, producer, .. }, outcome } = ready;
         let generation = producer.layout_generation();
@@ -483,31 +471,73 @@ impl Node {
             Ok(pool) => pool,
             Err(error) => {
                 tracing::warn!(%endpoint, generation, %error, "pool start failed");
-                return self.plane.start_failed(&endpoint, generation, now, &mut self.rng);
+                self.relay.start_failed(&endpoint, generation, now, &mut self.rng);
+                return;
             }
         };
-        let faults = Arc::new(NodeFaults {
-            endpoint: endpoint.clone(),
-            pool_id: producer.pool_id(),
-            layout_generation: generation,
-            reports: self.reports.clone(),
-            fences: self.publications.fence_requests().clone(),
-        });
+        let key = (producer.pool_id(), generation);
         let mode = self.tap.as_ref().map_or(PublicationMode::Free, |tap| {
             tap.publication_mode(&producer.pool_id(), generation)
         });
-        let handle = self.pools.start((producer.pool_id(), generation), pool, faults, mode);
-        self.publications.activate(producer, handle);
-        self.plane.start_succeeded(&endpoint, generation, now, &mut self.rng)
+        let (machine, link) = pool_machine(pool, &self.config.pool, mode, self.origin);
+        let outlet = BroadcastOutlet::new(self.config.pool.delta_broadcast_capacity);
+        // Its effects are carried out after this: the link and the hub are in place by then.
+        if self.relay.start_succeeded(&endpoint, key, machine, outlet, now, &mut self.rng) {
+            self.links.insert(key, link);
+            let handle = PoolHandle::new(key, self.pool_requests.clone());
+            self.publications.activate(producer, handle);
+        } else {
+            tracing::debug!(%endpoint, generation, "a pool start finished after it was given up");
+        }
     }
 
-    async fn execute(&mut self, commands: Vec<ControlCommand>) {
-        let mut queue: VecDeque<ControlCommand> = commands.into();
-        while let Some(command) = queue.pop_front() {
-            let follow_up = self.execute_one(command).await;
-            queue.extend(follow_up);
+    /// Carry out every effect the relay has queued, in order; then end the streams of every
+    /// generation withdrawn from the published catalog, and forget the links of generations no
+    /// longer running.
+    async fn carry_out(&mut self) {
+        while let Some(effect) = self.relay.poll_effect() {
+            match effect {
+                RelayEffect::Command(command) => match *command {
+                    ControlCommand::Host(command) => self.execute_host(command).await,
+                    ControlCommand::Source { endpoint, pool_id, layout_generation, command } => {
+                        self.execute_recovery(endpoint, pool_id, layout_generation, command);
+                    }
+                    ControlCommand::PublishTopology { .. } => {
+                        debug_assert!(false, "the relay publishes a topology as a snapshot");
+                    }
+                },
+                RelayEffect::Catalog(snapshot) => {
+                    self.wan.publish_catalog(encode::catalog_update(&self.relay_id, &snapshot));
+                    self.retire_withdrawn().await;
+                }
+                RelayEffect::Topology(snapshot) => {
+                    self.wan.publish_readiness(encode::readiness_update(
+                        &self.relay_id,
+                        snapshot.revision,
+                        &snapshot.entries,
+                    ));
+                }
+                RelayEffect::Pool { key, effect } => self.carry_pool(key, effect),
+            }
         }
         self.retire_withdrawn().await;
+        let relay = &self.relay;
+        self.links.retain(|key, _| relay.pool_stats(key).is_some());
+    }
+
+    /// One pool's point or subscription answer. A point of a stopped generation still reaches
+    /// its journal; an answer for one is dropped with its link.
+    fn carry_pool(&mut self, key: GenerationKey, effect: PoolEffect) {
+        let now = self.now();
+        let Some(link) = self.links.get_mut(&key) else { return };
+        if let PoolEffect::Point(point) = effect {
+            link.point(point);
+            return;
+        }
+        self.relay.with_pool(&key, now, &mut self.rng, |machine, outlet| {
+            link.carry(effect, machine, outlet);
+            link.settle(machine);
+        });
     }
 
     /// End the streams of every generation withdrawn from the published catalog.
@@ -517,38 +547,7 @@ impl Node {
         }
     }
 
-    async fn execute_one(&mut self, command: ControlCommand) -> Vec<ControlCommand> {
-        if let ControlCommand::Source {
-            pool_id,
-            layout_generation,
-            command: SourceCommand::ApplyEvents { fence, events, .. },
-            ..
-        } = command
-        {
-            self.pending.push(pool_id, layout_generation, fence, events);
-            return Vec::new();
-        }
-        if reaches_pools(&command) {
-            self.flush_applies();
-        }
-        match command {
-            ControlCommand::Host(command) => self.execute_host(command).await,
-            ControlCommand::Source { endpoint, pool_id, layout_generation, command } => {
-                self.execute_source(endpoint, pool_id, layout_generation, command).await
-            }
-            ControlCommand::PublishTopology { revision } => {
-                let snapshot = self.plane.topology_snapshot();
-                self.wan.publish_readiness(encode::readiness_update(
-                    &self.relay,
-                    revision,
-                    &snapshot.entries,
-                ));
-                Vec::new()
-            }
-        }
-    }
-
-    async fn execute_host(&mut self, command: HostCommand) -> Vec<ControlCommand> {
+    async fn execute_host(&mut self, command: HostCommand) {
         match command {
             HostCommand::StartPool { endpoint, producer, .. } => {
                 let format = producer.format();
@@ -563,62 +562,39 @@ impl Node {
                     timing,
                     Box::new(move || PoolOwnership::new(format, max_kicks, rng_from_seed(seed))),
                 );
-                Vec::new()
             }
             HostCommand::WithdrawPool { pool_id, layout_generation, .. } => {
-                // Its streams end once the catalog that withdraws it is out (below).
+                // Its streams end once the catalog that withdraws it is out.
                 self.withdrawn.push((pool_id, layout_generation));
-                Vec::new()
             }
-            HostCommand::PublishCatalog { .. } => {
-                let snapshot = self.plane.catalog_snapshot();
-                self.wan.publish_catalog(encode::catalog_update(&self.relay, &snapshot));
-                self.retire_withdrawn().await;
-                Vec::new()
-            }
-            HostCommand::StopActor { pool_id, layout_generation, mode, .. } => {
+            HostCommand::StopPool { pool_id, layout_generation, mode, .. } => {
                 // A withdrawal is always followed by its catalog; should one not be, the
                 // streams still end before their pool stops.
                 self.retire_withdrawn().await;
-                self.pools.stop(&(pool_id, layout_generation), mode);
-                Vec::new()
+                drop(self.relay.stop_pool(&(pool_id, layout_generation), mode));
             }
             HostCommand::ReleasePool { pool_id, layout_generation, .. } => {
                 self.publications.retire(pool_id, layout_generation).await;
-                self.pools.release(&(pool_id, layout_generation));
-                Vec::new()
+                drop(self.relay.release_pool(&(pool_id, layout_generation)));
             }
-            HostCommand::RecoverSource { .. } => {
-                debug_assert!(false, "the control plane answers the host's recovery calls");
-                Vec::new()
+            HostCommand::PublishCatalog { .. } | HostCommand::RecoverSource { .. } => {
+                debug_assert!(false, "the relay carries out {command:?} itself");
             }
         }
     }
 
-    async fn execute_source(
+    /// A recovery call of a pool's tracker: query the worker off the loop and report the
+    /// answer (or the failure), or cancel a call in flight.
+    fn execute_recovery(
         &mut self,
         endpoint: EndpointPath,
         pool_id: PoolId,
         layout_generation: u64,
         command: SourceCommand,
-    ) -> Vec<ControlCommand> {
-        let key = (pool_id, layout_generation);
-        let now = self.now();
+    ) {
         match command {
-            SourceCommand::ApplyEvents { .. } => {
-                debug_assert!(false, "event writes are held for the batch (execute_one)");
-                Vec::new()
-            }
-            SourceCommand::ResetRank { source, fence, .. } => {
-                self.pools.reset_rank(&key, source, fence);
-                Vec::new()
-            }
-            SourceCommand::ReplaceRanks { ranks } => {
-                // The driver reports each rank it leaves unreplaced (`FaultSink::refused`).
-                self.pools.replace_ranks(&key, ranks);
-                Vec::new()
-            }
             SourceCommand::RequestRecovery(call) => {
+                let now = self.now();
                 let timeout = call.deadline.saturating_sub(now).max(Duration::from_millis(1));
                 let query = self.recovery.query(call.target.clone(), call.request, timeout);
                 let reports = self.reports.clone();
@@ -647,12 +623,11 @@ impl Node {
                     let _ = reports.send(report).await;
                 });
                 self.recoveries.insert(pool_id, layout_generation, request_id, task.abort_handle());
-                Vec::new()
             }
             SourceCommand::CancelRecovery { request_id, .. } => {
                 self.recoveries.cancel(pool_id, layout_generation, request_id);
-                Vec::new()
             }
+            command => debug_assert!(false, "the relay executes {command:?} itself"),
         }
     }
 
@@ -661,27 +636,30 @@ impl Node {
     async fn checkpoint_if_due(&mut self, at: Duration, inputs_handled: u64) {
         let Some(tap) = self.tap.clone() else { return };
         if tap.checkpoint_due(at, inputs_handled) {
-            // The checkpoint reads the pools: every write of the steps before it goes first.
-            self.flush_applies();
-            let checkpoint = capture_checkpoint(&self.plane, &mut self.pools, inputs_handled);
+            // The checkpoint reads the pools: the relay applies every held write first.
+            let now = self.now();
+            let checkpoint =
+                capture_checkpoint(&mut self.relay, now, &mut self.rng, inputs_handled);
             tap.checkpoint(at, checkpoint);
+            self.carry_out().await;
         }
     }
 
     fn publish_load(&mut self) {
-        if let Ok(window) = self.plane.load_window(self.clock.now_unix_ms()) {
-            self.wan.publish_load(encode::load_update(&self.relay, &window));
+        if let Ok(window) = self.relay.load_window(self.clock.now_unix_ms()) {
+            self.wan.publish_load(encode::load_update(&self.relay_id, &window));
         }
     }
 
     /// Runs after every input: reads counts and revisions, never copies the catalog or topology.
     fn publish_status(&self, inputs_handled: u64, stopped: bool) {
-        let health = self.plane.health();
+        let plane = self.relay.plane();
+        let health = plane.health();
         let status = NodeStatus {
             healthy: health.healthy,
             catalog_revision: health.catalog_revision,
             topology_revision: health.topology_revision,
-            active_pools: self.plane.catalog_len(),
+            active_pools: plane.catalog_len(),
             pools_starting: self.starts.pending(),
             inputs_handled,
             input_batches: self.input_batches,
@@ -711,86 +689,9 @@ impl Node {
     }
 }
 
-/// What woke the node.
-enum Wake {
-    /// Commands of a report, a fence request, a timer or nothing (allocation, load window).
-    Commands(Vec<ControlCommand>),
-    /// The first input of a batch.
-    Input(QueuedInput),
-}
-
-/// Whether a command reaches a pool or a publication (so the held writes go first).
-fn reaches_pools(command: &ControlCommand) -> bool {
-    match command {
-        ControlCommand::Host(_) => true,
-        ControlCommand::Source { command, .. } => !matches!(
-            command,
-            SourceCommand::RequestRecovery(_) | SourceCommand::CancelRecovery { .. }
-        ),
-        ControlCommand::PublishTopology { .. } => false,
-    }
-}
-
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use kvrelay_core::model::hashing::HashFormat;
-    use kvrelay_core::model::identity::{DcId, resolve_indexer_domain};
-    use kvrelay_core::model::kv_events::SourceKey;
-    use kvrelay_core::pool::ApplyError;
-    use kvrelay_core::sources::RankFence;
-
-    use super::*;
-
-    fn fault(event_id: u64) -> PoolFault {
-        PoolFault {
-            source: SourceKey { worker_id: 7, dp_rank: 0 },
-            fence: RankFence(2),
-            event_id,
-            error: ApplyError::AllocationFailed,
-        }
-    }
-
-    #[test]
-    fn a_fault_or_refusal_that_finds_the_report_queue_full_fences_its_generation() {
-        let (reports, mut queue) = mpsc::channel(1);
-        let fences = FenceRequests::default();
-        let endpoint: EndpointPath = "ns/backend/generate".parse().unwrap();
-        let indexer_domain =
-            resolve_indexer_domain("model", 16, HashFormat::StandardV1, &endpoint, None).unwrap();
-        let pool_id = PoolId { indexer_domain, dc_id: DcId(9) };
-        let faults =
-            NodeFaults { endpoint, pool_id, layout_generation: 4, reports, fences: fences.clone() };
-        faults.report(fault(1));
-        assert!(fences.take().is_empty(), "a fault with room in the queue is reported");
-        faults.report(fault(2));
-        assert_eq!(fences.take(), vec![(pool_id, 4)], "the lost fault fences instead");
-        assert!(matches!(
-            queue.try_recv(),
-            Ok(ShellReport::PoolFault {
-                layout_generation: 4,
-                fault: PoolFault { event_id: 1, .. },
-                ..
-            })
-        ));
-        // A refused rank replacement reaches the rank's tracker only, under the same rule.
-        faults.refused(fault(3));
-        assert!(fences.take().is_empty());
-        faults.refused(fault(4));
-        assert_eq!(fences.take(), vec![(pool_id, 4)]);
-        assert!(matches!(
-            queue.try_recv(),
-            Ok(ShellReport::ApplyFailed {
-                layout_generation: 4,
-                fault: PoolFault { event_id: 3, .. },
-                ..
-            })
-        ));
     }
 }

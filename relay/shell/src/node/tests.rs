@@ -228,8 +228,8 @@ async fn a_pool_past_its_byte_budget_reports_resource_failures_while_another_kee
     }
 }
 
-/// A burst queued while the node is busy is taken in batches (one wake-up, one command per pool
-/// actor, for up to `BATCH_INPUTS_MAX` inputs), and the pools it writes end exactly as their
+/// A burst queued while the node is busy is taken in batches (one wake-up, one write per pool
+/// generation, for up to `BATCH_INPUTS_MAX` inputs), and the pools it writes end exactly as their
 /// workers' caches: held writes are neither lost nor reordered.
 #[tokio::test(start_paused = true)]
 async fn a_queued_burst_is_taken_in_batches_and_every_pool_stays_exact() {

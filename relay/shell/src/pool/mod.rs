@@ -1,16 +1,16 @@
-//! Pools in the shell: the driver that carries one pool machine's effects out (the node owns
-//! one per pool generation), the handle requests reach it through, how it journals, and a
-//! standalone task around one driver for tests and benches.
+//! Pools in the shell: what it keeps beside each pool machine (the link that answers
+//! subscriptions and journals points, the broadcast its deltas go to, the handle requests reach
+//! it through), and a standalone task around one machine for tests and benches.
 
-mod driver;
+mod link;
 mod mode;
 mod standalone;
 mod totals;
 
-pub use driver::{
-    ApplySegment, FaultSink, GenerationKey, PoolAsk, PoolConfig, PoolDriver, PoolGone, PoolHandle,
-    PoolRequest, SubscribeError, Subscription,
+pub use link::{
+    ApplySegment, BroadcastOutlet, GenerationKey, PoolAsk, PoolConfig, PoolGone, PoolHandle,
+    PoolLink, PoolRequest, SubscribeError, Subscription, pool_machine,
 };
 pub use mode::{PublicationMode, PublicationSink};
-pub use standalone::{StandaloneExit, StandalonePool, spawn_standalone_pool};
+pub use standalone::{FaultSink, StandaloneExit, StandalonePool, spawn_standalone_pool};
 pub use totals::PoolTotals;

@@ -1,4 +1,4 @@
-//! How a pool driver journals its publication points (the points themselves and the
+//! How a pool journals its publication points (the points themselves and the
 //! machine that performs a script are in `kvrelay_core::pool`).
 
 use std::fmt::Debug;
@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use kvrelay_core::pool::PublicationPoint;
 
-/// Where a reporting driver sends its points. Called from the loop that drives the pool; must
+/// Where a reporting pool sends its points. Called from the loop that drives the pool; must
 /// not block.
 pub trait PublicationSink: Send + Sync + Debug + 'static {
     /// Record one point.

@@ -1,25 +1,95 @@
 //! One pool driven by a task of its own, for tests and benches that exercise a pool and its
-//! publication without a node. It runs the same [`PoolDriver`] the node runs; only the loop
-//! around it differs (a node drives every pool from its single loop).
+//! publication without a node. Its machine and [`PoolLink`] are the ones a node runs; only the
+//! loop around them differs (a node's pools live in its `kvrelay_core::relay::Relay`, whose
+//! faults go straight to the control plane; a standalone pool's go to a [`FaultSink`]).
 //!
 //! A write returns once it is applied, and requests go before writes, so one caller's writes
 //! and requests take effect in the order it made them.
 
+use std::fmt::Debug;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::driver::{
-    ApplySegment, FaultSink, GenerationKey, PoolConfig, PoolDriver, PoolGone, PoolHandle,
-    PoolRequest,
+use super::link::{
+    ApplySegment, BroadcastOutlet, GenerationKey, PoolAsk, PoolConfig, PoolGone, PoolHandle,
+    PoolLink, PoolRequest, pool_machine,
 };
 use super::mode::PublicationMode;
 use kvrelay_core::model::kv_events::{RouterEvent, SourceKey};
-use kvrelay_core::pool::PoolOwnership;
+use kvrelay_core::pool::{PoolEffect, PoolFault, PoolMachine, PoolOwnership};
 use kvrelay_core::sources::{RankDump, RankFence};
+
+/// Where a standalone pool reports faults. Implementations must not block.
+pub trait FaultSink: Send + Sync + Debug + 'static {
+    /// Record one fault of an event batch or a reset the pool could not apply (the rank's
+    /// tracker and the host's fault coalescing both hear of it).
+    fn report(&self, fault: PoolFault);
+
+    /// Record one rank a replacement left unreplaced (its state is unchanged; only the rank's
+    /// tracker hears of it, and recovers the rank again).
+    fn refused(&self, fault: PoolFault);
+}
+
+/// One pool's machine, outlet and link, with its faults going to a [`FaultSink`].
+#[derive(Debug)]
+struct Driver {
+    machine: PoolMachine,
+    outlet: BroadcastOutlet,
+    link: PoolLink,
+    faults: Arc<dyn FaultSink>,
+}
+
+impl Driver {
+    fn handle_timeout(&mut self, now: Duration) {
+        self.machine.handle_timeout(now, &mut self.outlet);
+        self.carry_out();
+    }
+
+    fn apply(&mut self, segments: &[ApplySegment], now: Duration) {
+        for (fence, events) in segments {
+            self.machine.apply(*fence, events, now, &mut self.outlet);
+        }
+        self.carry_out();
+    }
+
+    fn replace_ranks(&mut self, dumps: Vec<RankDump>) {
+        for fault in self.machine.replace_ranks(dumps, &mut self.outlet) {
+            self.faults.refused(fault);
+        }
+        self.carry_out();
+    }
+
+    fn reset_rank(&mut self, source: SourceKey, fence: RankFence) {
+        self.machine.reset_rank(source, fence, &mut self.outlet);
+        self.carry_out();
+    }
+
+    fn serve(&mut self, ask: PoolAsk) {
+        self.link.serve(ask, &mut self.machine, &mut self.outlet);
+        self.carry_out();
+    }
+
+    fn shutdown(mut self) {
+        self.machine.shutdown(&mut self.outlet);
+        self.carry_out();
+    }
+
+    fn carry_out(&mut self) {
+        while let Some(effect) = self.machine.poll_effect() {
+            match effect {
+                PoolEffect::Fault(fault) => self.faults.report(fault),
+                effect => self.link.carry(effect, &mut self.machine, &mut self.outlet),
+            }
+        }
+        self.link.settle(&mut self.machine);
+        debug_assert_eq!(self.link.check_invariants(&self.machine), Ok(()));
+    }
+}
 
 enum Write {
     Apply(Vec<ApplySegment>),
@@ -59,14 +129,16 @@ pub fn spawn_standalone_pool(
     let (writes, writes_rx) = mpsc::channel::<(Write, oneshot::Sender<()>)>(capacity);
     let (requests, requests_rx) = mpsc::channel(capacity);
     let origin = Instant::now();
-    let driver = PoolDriver::new(pool, &config, faults, mode, origin);
+    let (machine, link) = pool_machine(pool, &config, mode, origin);
+    let outlet = BroadcastOutlet::new(config.delta_broadcast_capacity);
+    let driver = Driver { machine, outlet, link, faults };
     let fence = CancellationToken::new();
     let task = crate::runtime::spawn(run(driver, origin, writes_rx, requests_rx, fence.clone()));
     (StandalonePool { handle: PoolHandle::new(key, requests), writes, fence }, task)
 }
 
 async fn run(
-    mut driver: PoolDriver,
+    mut driver: Driver,
     origin: Instant,
     mut writes: mpsc::Receiver<(Write, oneshot::Sender<()>)>,
     mut requests: mpsc::Receiver<PoolRequest>,
@@ -77,7 +149,7 @@ async fn run(
     // lives while any handle (a hub's included) does.
     let mut writes_open = true;
     loop {
-        let timeout = driver.poll_timeout().map(|at| origin + at);
+        let timeout = driver.machine.poll_timeout().map(|at| origin + at);
         tokio::select! {
             biased;
             () = fence.cancelled() => return StandaloneExit::Fenced,

@@ -1,4 +1,4 @@
-//! Tests of the pool driver, through a standalone pool on tokio's paused clock.
+//! Tests of a pool machine and its link, through a standalone pool on tokio's paused clock.
 
 use std::sync::Mutex;
 
@@ -334,11 +334,11 @@ async fn a_scripted_actor_publishes_exactly_at_the_recorded_points() {
     // script alone reproduces every digest, sequence included.
     let (replay, _task) = start_with(scripted(points, Duration::from_secs(3600)));
     assert_eq!(deterministic_commands(&replay, false).await, digests);
-    // With pauses, a scripted actor has no timer: still the same.
+    // With pauses, a scripted pool has no timer: still the same.
     let (paused, _task) =
         start_with(scripted(recorded.0.lock().unwrap().clone(), Duration::from_secs(3600)));
     assert_eq!(deterministic_commands(&paused, true).await, digests);
-    // A free actor without the consumer's lease never numbers anything.
+    // A free pool without the consumer's lease never numbers anything.
     let (free, _task) = start_with(PublicationMode::Free);
     let free_digests = deterministic_commands(&free, true).await;
     assert!(free_digests.iter().all(|d| d.sequence == 0));
@@ -405,7 +405,7 @@ async fn a_replay_subscriber_waits_for_a_published_state_and_adds_no_publication
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(actor.stats().await.unwrap().sequence, 2);
     assert!(subscription.deltas.try_recv().is_err());
-    // ...and once the script ends the actor runs free: the held subscription of another lease
+    // ...and once the script ends the pool runs free: the held subscription of another lease
     // gets its barrier, which publishes the tail to the first subscriber under its lease.
     let other = other_lease.await.unwrap().unwrap();
     assert_eq!(other.snapshot.sequence, 3);

@@ -1,4 +1,4 @@
-//! Publication tests: real pool drivers (standalone), real hubs, paused tokio time.
+//! Publication tests: real pool machines (standalone), real hubs, paused tokio time.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -82,7 +82,7 @@ impl ProducerIdentity {
         ProducerKey::from(self)
     }
 
-    /// The publication lease that the pool actor's stream is held under: the producer's
+    /// The publication lease that the pool's stream is held under: the producer's
     /// incarnation as consumer instance, lane 0, and the layout generation as epoch.
     #[must_use]
     pub fn publication_lease(&self) -> LaneLease {
