@@ -1,7 +1,8 @@
 //! Ingest-to-consumer latency on loopback: from a KV event batch entering the relay node to a
 //! consumer applying the delta that carries it; p50 / p90 / p99 / max.
 //!
-//! Run: `cargo run --release -p kvrelay-benches --bin latency`.
+//! Run: `cargo run --release -p kvrelay-benches --bin latency [-- --precise-timer]` (the second
+//! waits for publication deadlines on a real-time timer instead of tokio's millisecond wheel).
 //!
 //! Setup: the demo's relay node (default pool cadence: a delta after 16 events or 1 ms) and its
 //! simulated DC (aggregated, P/D and LoRA workers, prefix-sharing traffic), served by the real
@@ -52,9 +53,13 @@ fn main() {
     let client_runtime = runtime(CLIENT_THREADS);
     // The demo's own driver only announces the DC (and its load every 10 ticks): this bench
     // sends every KV event batch itself.
+    // `--precise-timer`: publication deadlines on the node's real-time timer
+    // (`KVRELAY_PRECISE_PUBLICATION_TIMER` of `kvrelay serve`).
+    let precise_timer = std::env::args().skip(1).any(|arg| arg == "--precise-timer");
     let options = DemoOptions {
         requests_per_tick: 0,
         tick: Duration::from_millis(10),
+        precise_timer,
         ..DemoOptions::default()
     };
     let (demo, address, _shutdown) = relay_runtime.block_on(async {
@@ -134,7 +139,12 @@ fn main() {
     let mut sorted = latencies;
     sorted.sort_unstable();
     let mean = sorted.iter().sum::<Duration>() / u32::try_from(sorted.len().max(1)).unwrap_or(1);
-    println!("pools {}, batches measured {}, without a delta {silent}", pools.len(), sorted.len());
+    let timer = if precise_timer { "precise" } else { "tokio" };
+    println!(
+        "pools {}, batches measured {}, without a delta {silent}, publication timer {timer}",
+        pools.len(),
+        sorted.len()
+    );
     println!(
         "ingest -> consumer applied: p50 {:?}  p90 {:?}  p99 {:?}  max {:?}  mean {:?}",
         quantile(&sorted, 0.50),

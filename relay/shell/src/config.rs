@@ -175,6 +175,9 @@ pub enum EventPlane {
     Zmq,
 }
 
+/// kvrelay's own setting (not Dynamo's): publication deadlines on a precise timer.
+pub const PRECISE_TIMER_ENV: &str = "KVRELAY_PRECISE_PUBLICATION_TIMER";
+
 /// Producer tuning (valid without a listener).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProducerTuning {
@@ -184,6 +187,9 @@ pub struct ProducerTuning {
     pub publication_delay: Duration,
     /// Per-attempt recovery timeout.
     pub recovery_attempt_timeout: Duration,
+    /// Publication deadlines wait on a real-time timer to the nanosecond
+    /// (`KVRELAY_PRECISE_PUBLICATION_TIMER`; see [`crate::pool::PoolConfig::precise_timer`]).
+    pub precise_publication_timer: bool,
 }
 
 /// WAN listener tuning.
@@ -415,6 +421,11 @@ pub fn resolve(
             .map_or(16, |v| v as u32),
         publication_delay: millis(&env, "DYN_RELAY_PUBLICATION_DELAY_MS", 1)?,
         recovery_attempt_timeout: millis(&env, "DYN_RELAY_RECOVERY_ATTEMPT_TIMEOUT_MS", 30_000)?,
+        precise_publication_timer: env
+            .get(PRECISE_TIMER_ENV)
+            .map(|v| parse_bool(PRECISE_TIMER_ENV, v))
+            .transpose()?
+            .unwrap_or(false),
     };
     let wan = resolve_wan(&env, bind.is_some())?;
     let connection_revision = match (&cli.sources_file, env.get(CONNECTION_REVISION_ENV)) {
@@ -1079,6 +1090,14 @@ mod tests {
         let config = resolve(&cli_dc(), &tuned).unwrap();
         assert_eq!(config.producer.publication_threshold_events, 4);
         assert_eq!(config.producer.publication_delay, Duration::from_millis(5));
+        assert!(!config.producer.precise_publication_timer, "tokio's timer unless asked");
+        let precise = env(&[(PRECISE_TIMER_ENV, "on")]);
+        assert!(resolve(&cli_dc(), &precise).unwrap().producer.precise_publication_timer);
+        let garbled = env(&[(PRECISE_TIMER_ENV, "sometimes")]);
+        assert!(matches!(
+            resolve(&cli_dc(), &garbled).unwrap_err(),
+            ConfigError::Invalid { setting: PRECISE_TIMER_ENV, .. }
+        ));
         let too_big = CliValues { expected_unique_blocks: Some("53687092".into()), ..cli_dc() };
         assert!(matches!(resolve(&too_big, &env(&[])).unwrap_err(), ConfigError::Invalid { .. }));
     }

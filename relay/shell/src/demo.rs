@@ -53,6 +53,8 @@ pub struct DemoOptions {
     pub tick: Duration,
     /// Expected unique blocks per pool (filter sizing).
     pub expected_unique_blocks: u64,
+    /// Publication deadlines on a precise timer ([`PoolConfig::precise_timer`]).
+    pub precise_timer: bool,
 }
 
 impl Default for DemoOptions {
@@ -62,6 +64,7 @@ impl Default for DemoOptions {
             requests_per_tick: 8,
             tick: Duration::from_millis(50),
             expected_unique_blocks: 65_536,
+            precise_timer: false,
         }
     }
 }
@@ -92,7 +95,7 @@ impl Demo {
         control.expected_unique_blocks = options.expected_unique_blocks;
         let config = NodeConfig {
             control,
-            pool: PoolConfig::default(),
+            pool: PoolConfig { precise_timer: options.precise_timer, ..PoolConfig::default() },
             hub: HubConfig::default(),
             max_kicks: kvrelay_core::filter::ckf::MAX_KICKS_DEFAULT,
             rng_seed: derive_seed(options.seed, "demo/node"),

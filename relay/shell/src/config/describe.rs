@@ -97,6 +97,7 @@ pub fn describe(config: &RelayConfig) -> Value {
         "producer": {
             "publicationThreshold": config.producer.publication_threshold_events,
             "publicationDelayMs": millis(config.producer.publication_delay),
+            "precisePublicationTimer": config.producer.precise_publication_timer,
             "recoveryAttemptTimeoutMs": millis(config.producer.recovery_attempt_timeout),
         },
         "wan": {

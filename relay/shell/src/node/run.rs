@@ -26,7 +26,7 @@ use crate::pool::{
     pool_machine,
 };
 use crate::publication::{HubConfig, PoolPublications};
-use crate::runtime::{BlockingExecutor, WallClock};
+use crate::runtime::{BlockingExecutor, DeadlineTimer, TimerKind, WallClock};
 use crate::wan::{RelayService, WanPublisher, WanViews, wan_channels};
 use kvrelay_core::control::{
     ControlCommand, ControlConfig, ControlError, ControlPlane, ShellReport,
@@ -260,6 +260,9 @@ impl Node {
         let mut load_ticks = tokio::time::interval_at(self.origin + window, window);
         load_ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let fences = self.publications.fence_requests().clone();
+        let precise = self.config.pool.precise_timer && self.clock.follows_real_time();
+        let mut timer =
+            DeadlineTimer::new(if precise { TimerKind::Precise } else { TimerKind::Tokio });
         let mut inputs_handled = 0u64;
         'run: loop {
             let wake = self.relay.poll_timeout().map(|at| self.origin + at);
@@ -283,7 +286,7 @@ impl Node {
                     self.starts.completed(done);
                     None
                 }
-                () = sleep_until(wake), if wake.is_some() => {
+                () = timer.sleep_until(wake), if wake.is_some() => {
                     self.relay.handle_timeout(self.now(), &mut self.rng);
                     None
                 }
@@ -686,12 +689,5 @@ impl Node {
             *current = status;
             changed
         });
-    }
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
     }
 }

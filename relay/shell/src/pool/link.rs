@@ -57,6 +57,14 @@ pub struct PoolConfig {
     /// existed still decode (to `None`).
     #[serde(default)]
     pub exact_state_bytes_max: Option<usize>,
+    /// Wait for publication deadlines on a real-time timer to the nanosecond
+    /// ([`crate::runtime::TimerKind::Precise`]), so the delay ends when it is due rather than on
+    /// the next whole millisecond after it; used only where the node's clock follows real time.
+    /// It honours the configured delay exactly, so a pool publishes more often than on tokio's
+    /// timer (which stretches a 1 ms delay to 1–2 ms). Last, with a default (`false`), so
+    /// configurations recorded before it existed still decode.
+    #[serde(default)]
+    pub precise_timer: bool,
 }
 
 impl Default for PoolConfig {
@@ -68,6 +76,7 @@ impl Default for PoolConfig {
             publication_delay: Duration::from_millis(PUBLICATION_DELAY_MS),
             delta_broadcast_capacity: 64,
             exact_state_bytes_max: None,
+            precise_timer: false,
         }
     }
 }

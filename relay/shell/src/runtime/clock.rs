@@ -13,6 +13,13 @@ pub trait WallClock: Send + Sync + Debug + 'static {
     fn now_unix_ms(&self) -> u64 {
         self.now_unix_us() / 1000
     }
+
+    /// Whether the runtime this clock is used with follows real time, so a loop may wait on a
+    /// real-time timer ([`super::TimerKind::Precise`]). Only the operating system's clock says
+    /// so: a manual or simulated clock goes with a paused or simulated runtime.
+    fn follows_real_time(&self) -> bool {
+        false
+    }
 }
 
 /// The operating system's clock (production only).
@@ -25,6 +32,10 @@ impl WallClock for SystemWallClock {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |elapsed| u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX))
+    }
+
+    fn follows_real_time(&self) -> bool {
+        true
     }
 }
 

@@ -1,16 +1,18 @@
-//! Runtime seams: the only places where the relay touches the wall clock or a blocking thread
-//! pool, or starts a task. Production and simulation plug different implementations into the
+//! Runtime seams: the only places where the relay touches the wall clock, a real-time timer or a
+//! blocking thread pool, or starts a task. Production and simulation plug different implementations into the
 //! same code.
 
 mod clock;
 mod executor;
 mod tasks;
+mod timer;
 
 pub use clock::{ManualWallClock, SystemWallClock, WallClock};
 pub use executor::{
     BlockingExecutor, ExecutorError, InlineExecutor, TokioBlockingExecutor, run_blocking,
 };
 pub use tasks::spawn;
+pub use timer::{DeadlineTimer, TimerKind};
 
 /// A production root seed: eight bytes of OS entropy, read once at start-up (the RNG seam's one
 /// read of the OS); without a random device, the wall-clock seam mixed with the process id.

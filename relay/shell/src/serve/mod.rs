@@ -157,6 +157,7 @@ pub fn node_config(config: &RelayConfig, relay: RelayIdentity, seed: u64) -> Nod
             publication_threshold_events: config.producer.publication_threshold_events,
             publication_delay: config.producer.publication_delay,
             exact_state_bytes_max: Some(config.memory.pool_exact_state_bytes_max),
+            precise_timer: config.producer.precise_publication_timer,
             ..PoolConfig::default()
         },
         hub: HubConfig::from_tuning(&config.wan),
