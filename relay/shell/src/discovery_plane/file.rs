@@ -32,12 +32,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use thiserror::Error;
-use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -49,7 +49,7 @@ use super::{
     Backoff, DISCOVERY_RECORDS_MAX, Delivery, DiscoveryPlaneError, DiscoverySink, DiscoveryStats,
     sleep_or_cancel,
 };
-use crate::runtime::WallClock;
+use crate::runtime::{TokioBlockingExecutor, WallClock, run_blocking};
 use kvrelay_core::discovery::DiscoveryScope;
 use kvrelay_core::inputs::InputError;
 use kvrelay_core::inputs::limits::DISCOVERY_RECORD_BYTES_MAX;
@@ -141,6 +141,9 @@ pub enum FileScanError {
         /// The configured bound.
         max: usize,
     },
+    /// The blocking job that reads the store died before it answered.
+    #[error("the store scan did not complete")]
+    ScanDied,
 }
 
 /// Whether a file modified at `modified_unix_us` has expired at `now_unix_us`: it is older than
@@ -243,8 +246,24 @@ impl FileDiscovery {
         let now_unix_us = self.clock.now_unix_us();
         let now = tokio::time::Instant::now();
         let relist = self.next_relist.is_none_or(|due| now >= due);
-        let mut scan = Scan { relist, stamps: BTreeMap::new(), problems: Vec::new() };
-        let scanned = self.scan(now_unix_us, &mut scan).await;
+        // The whole scan is one job on the blocking pool: one hand-off per poll, not one per
+        // file system call (a store of a thousand files would otherwise cost thousands of
+        // thread wake-ups a second).
+        let config = self.config.clone();
+        let last = std::mem::take(&mut self.stamps);
+        let job = move || {
+            let mut scan = Scan { relist, stamps: BTreeMap::new(), problems: Vec::new() };
+            let scanned = scan_store(&config, &last, now_unix_us, &mut scan);
+            (scanned, scan, last)
+        };
+        let (scanned, scan) = match run_blocking(&TokioBlockingExecutor, job).await {
+            Ok((scanned, scan, last)) => {
+                self.stamps = last;
+                (scanned, scan)
+            }
+            // The stamps went with the job: the next poll reads every file.
+            Err(_) => (Err(FileScanError::ScanDied), Scan::default()),
+        };
         for problem in scan.problems {
             self.problems.report(problem);
         }
@@ -282,152 +301,158 @@ impl FileDiscovery {
     fn relist_next(&mut self) {
         self.next_relist = None;
     }
+}
 
-    /// List every bucket into one listing.
-    async fn scan(
-        &self,
-        now_unix_us: u64,
-        scan: &mut Scan,
-    ) -> Result<Vec<ListingEntry>, FileScanError> {
-        let root = &self.config.root;
-        match tokio::fs::metadata(root).await {
-            Ok(metadata) if metadata.is_dir() => {}
-            Ok(_) => return Err(FileScanError::RootMissing { path: root.clone() }),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-                return Err(FileScanError::RootMissing { path: root.clone() });
-            }
-            Err(source) => return Err(FileScanError::ListDirectory { path: root.clone(), source }),
+/// List every bucket into one listing (blocking: runs on the blocking pool). `last` holds the
+/// stamps of the previous poll.
+fn scan_store(
+    config: &FileDiscoveryConfig,
+    last: &BTreeMap<String, FileStamp>,
+    now_unix_us: u64,
+    scan: &mut Scan,
+) -> Result<Vec<ListingEntry>, FileScanError> {
+    let root = &config.root;
+    match std::fs::metadata(root) {
+        Ok(metadata) if metadata.is_dir() => {}
+        Ok(_) => return Err(FileScanError::RootMissing { path: root.clone() }),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            return Err(FileScanError::RootMissing { path: root.clone() });
         }
-        let mut entries = Vec::new();
-        let mut seen = 0usize;
-        for bucket in DISCOVERY_BUCKETS {
-            self.scan_bucket(bucket, now_unix_us, &mut entries, &mut seen, scan).await?;
-        }
-        Ok(entries)
+        Err(source) => return Err(FileScanError::ListDirectory { path: root.clone(), source }),
     }
-
-    async fn scan_bucket(
-        &self,
-        bucket: &str,
-        now_unix_us: u64,
-        entries: &mut Vec<ListingEntry>,
-        seen: &mut usize,
-        scan: &mut Scan,
-    ) -> Result<(), FileScanError> {
-        let directory = self.config.root.join("v1").join(bucket);
-        let list_error = |source| FileScanError::ListDirectory { path: directory.clone(), source };
-        let mut listing = match tokio::fs::read_dir(&directory).await {
-            Ok(listing) => listing,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(error) => return Err(list_error(error)),
-        };
-        // Directory entries looked at (expired and skipped ones too) are bounded as well, so a
-        // directory that nobody cleans cannot make a poll unbounded.
-        let seen_max = self.config.files_max.saturating_mul(4);
-        while let Some(entry) = listing.next_entry().await.map_err(list_error)? {
-            *seen += 1;
-            if *seen > seen_max {
-                return Err(FileScanError::TooManyFiles { max: self.config.files_max });
-            }
-            let file_name = entry.file_name();
-            let name = file_name.to_string_lossy();
-            if name.starts_with('.') {
-                continue;
-            }
-            let key = format!("v1/{bucket}/{name}");
-            let value = if file_name.to_str().is_none() {
-                EntryValue::Rejected(InputError::MalformedKey {
-                    key: name.chars().take(64).collect(),
-                    reason: "file name is not UTF-8",
-                })
-            } else {
-                match self.read_entry(&key, &entry.path(), now_unix_us, scan).await {
-                    Some(value) => value,
-                    None => continue,
-                }
-            };
-            if entries.len() >= self.config.files_max {
-                return Err(FileScanError::TooManyFiles { max: self.config.files_max });
-            }
-            entries.push(ListingEntry { key, value });
-        }
-        Ok(())
+    let mut entries = Vec::new();
+    let mut seen = 0usize;
+    for bucket in DISCOVERY_BUCKETS {
+        scan_bucket(config, last, bucket, now_unix_us, &mut entries, &mut seen, scan)?;
     }
+    Ok(entries)
+}
 
-    /// The value of one file, or `None` if it is not a live record file (gone, expired, a
-    /// directory); [`EntryValue::Unchanged`] if it is stamped as last read (and no relist is
-    /// due).
-    async fn read_entry(
-        &self,
-        key: &str,
-        path: &Path,
-        now_unix_us: u64,
-        scan: &mut Scan,
-    ) -> Option<EntryValue> {
-        let metadata = match tokio::fs::metadata(path).await {
-            Ok(metadata) => metadata,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
-            Err(error) => {
-                scan.problems.push(format!("cannot stat {}: {error}", path.display()));
-                return Some(EntryValue::Unreadable);
+fn scan_bucket(
+    config: &FileDiscoveryConfig,
+    last: &BTreeMap<String, FileStamp>,
+    bucket: &str,
+    now_unix_us: u64,
+    entries: &mut Vec<ListingEntry>,
+    seen: &mut usize,
+    scan: &mut Scan,
+) -> Result<(), FileScanError> {
+    let directory = config.root.join("v1").join(bucket);
+    let list_error = |source| FileScanError::ListDirectory { path: directory.clone(), source };
+    let listing = match std::fs::read_dir(&directory) {
+        Ok(listing) => listing,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(list_error(error)),
+    };
+    // Directory entries looked at (expired and skipped ones too) are bounded as well, so a
+    // directory that nobody cleans cannot make a poll unbounded.
+    let seen_max = config.files_max.saturating_mul(4);
+    for entry in listing {
+        let entry = entry.map_err(list_error)?;
+        *seen += 1;
+        if *seen > seen_max {
+            return Err(FileScanError::TooManyFiles { max: config.files_max });
+        }
+        let file_name = entry.file_name();
+        let name = file_name.to_string_lossy();
+        if name.starts_with('.') {
+            continue;
+        }
+        let key = format!("v1/{bucket}/{name}");
+        let value = if file_name.to_str().is_none() {
+            EntryValue::Rejected(InputError::MalformedKey {
+                key: name.chars().take(64).collect(),
+                reason: "file name is not UTF-8",
+            })
+        } else {
+            match read_entry(config, last, &key, &entry.path(), now_unix_us, scan) {
+                Some(value) => value,
+                None => continue,
             }
         };
-        if !metadata.is_file() {
-            return None;
+        if entries.len() >= config.files_max {
+            return Err(FileScanError::TooManyFiles { max: config.files_max });
         }
-        let modified_unix_us = match metadata.modified() {
-            Ok(modified) => modified
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |since| u64::try_from(since.as_micros()).unwrap_or(u64::MAX)),
-            Err(error) => {
-                scan.problems.push(format!("{} has no modification time: {error}", path.display()));
-                return Some(EntryValue::Unreadable);
-            }
-        };
-        if is_expired(modified_unix_us, now_unix_us, self.config.ttl) {
-            debug!(path = %path.display(), "discovery file expired");
-            return None;
+        entries.push(ListingEntry { key, value });
+    }
+    Ok(())
+}
+
+/// The value of one file, or `None` if it is not a live record file (gone, expired, a
+/// directory); [`EntryValue::Unchanged`] if it is stamped as last read (and no relist is
+/// due).
+fn read_entry(
+    config: &FileDiscoveryConfig,
+    last: &BTreeMap<String, FileStamp>,
+    key: &str,
+    path: &Path,
+    now_unix_us: u64,
+    scan: &mut Scan,
+) -> Option<EntryValue> {
+    let metadata = match std::fs::metadata(path) {
+        Ok(metadata) => metadata,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(error) => {
+            scan.problems.push(format!("cannot stat {}: {error}", path.display()));
+            return Some(EntryValue::Unreadable);
         }
-        let stamp = FileStamp { len: metadata.len(), modified_unix_us };
-        if !scan.relist && self.stamps.get(key) == Some(&stamp) {
-            scan.stamps.insert(key.to_owned(), stamp);
-            return Some(EntryValue::Unchanged);
+    };
+    if !metadata.is_file() {
+        return None;
+    }
+    let modified_unix_us = match metadata.modified() {
+        Ok(modified) => modified
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| u64::try_from(since.as_micros()).unwrap_or(u64::MAX)),
+        Err(error) => {
+            scan.problems.push(format!("{} has no modification time: {error}", path.display()));
+            return Some(EntryValue::Unreadable);
         }
-        let max = self.config.record_bytes_max;
-        let too_large = |bytes: usize| {
-            EntryValue::Rejected(InputError::TooLarge { what: "discovery record", bytes, max })
-        };
-        if metadata.len() > max as u64 {
-            scan.stamps.insert(key.to_owned(), stamp);
-            return Some(too_large(usize::try_from(metadata.len()).unwrap_or(usize::MAX)));
-        }
-        let file = match tokio::fs::File::open(path).await {
-            Ok(file) => file,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
-            Err(error) => {
-                scan.problems.push(format!("cannot open {}: {error}", path.display()));
-                return Some(EntryValue::Unreadable);
-            }
-        };
-        // The file may have grown since the stat: read at most one byte past the limit.
-        let mut bytes = Vec::with_capacity(usize::try_from(metadata.len()).unwrap_or(0));
-        let limit = u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1);
-        let value = match file.take(limit).read_to_end(&mut bytes).await {
-            Ok(_) if bytes.len() > max => too_large(bytes.len()),
-            Ok(_) => EntryValue::Bytes(bytes),
-            Err(error) => {
-                scan.problems.push(format!("cannot read {}: {error}", path.display()));
-                return Some(EntryValue::Unreadable);
-            }
-        };
-        // A file that changed while it was read has a newer stamp than `stamp`: the next poll
-        // reads it again.
+    };
+    if is_expired(modified_unix_us, now_unix_us, config.ttl) {
+        debug!(path = %path.display(), "discovery file expired");
+        return None;
+    }
+    let stamp = FileStamp { len: metadata.len(), modified_unix_us };
+    if !scan.relist && last.get(key) == Some(&stamp) {
         scan.stamps.insert(key.to_owned(), stamp);
-        Some(value)
+        return Some(EntryValue::Unchanged);
     }
+    let max = config.record_bytes_max;
+    let too_large = |bytes: usize| {
+        EntryValue::Rejected(InputError::TooLarge { what: "discovery record", bytes, max })
+    };
+    if metadata.len() > max as u64 {
+        scan.stamps.insert(key.to_owned(), stamp);
+        return Some(too_large(usize::try_from(metadata.len()).unwrap_or(usize::MAX)));
+    }
+    let file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(error) => {
+            scan.problems.push(format!("cannot open {}: {error}", path.display()));
+            return Some(EntryValue::Unreadable);
+        }
+    };
+    // The file may have grown since the stat: read at most one byte past the limit.
+    let mut bytes = Vec::with_capacity(usize::try_from(metadata.len()).unwrap_or(0));
+    let limit = u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1);
+    let value = match file.take(limit).read_to_end(&mut bytes) {
+        Ok(_) if bytes.len() > max => too_large(bytes.len()),
+        Ok(_) => EntryValue::Bytes(bytes),
+        Err(error) => {
+            scan.problems.push(format!("cannot read {}: {error}", path.display()));
+            return Some(EntryValue::Unreadable);
+        }
+    };
+    // A file that changed while it was read has a newer stamp than `stamp`: the next poll
+    // reads it again.
+    scan.stamps.insert(key.to_owned(), stamp);
+    Some(value)
 }
 
 /// One poll's scratch state.
+#[derive(Debug, Default)]
 struct Scan {
     /// Read every file, stamped or not.
     relist: bool,
