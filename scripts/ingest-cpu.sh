@@ -26,6 +26,7 @@
 #                           before publishing starts; the "net" column subtracts its rate
 #   BLOCKS=1 POOLS=1 WORKERS=2 RANKS=1 CHAIN=0.5 LIVE_CAP=50000   loadgen's shape
 #   KVRELAY_ENV=""          extra NAME=VALUE settings for the relay (e.g. TOKIO_WORKER_THREADS=1)
+#   RELAY_LOG=warn          the relay's DYN_LOG (its log is OUT/rate-N/relay.log)
 #   TASKSET=""              a CPU list to pin the relay to (e.g. 1), for "on one core"
 #   TARGET_DIR=target       where the release binaries are;  OUT=/tmp/kvrelay-ingest  logs
 #   NATS_PORT=4232 NATS_MONITOR_PORT=8232 WAN_PORT=5572 OPS_PORT=9474
@@ -102,7 +103,7 @@ for rate in $RATES; do
   pin=(); [[ -n "$TASKSET" ]] && pin=(taskset -c "$TASKSET")
   # shellcheck disable=SC2086
   env $KVRELAY_ENV DYN_DISCOVERY_BACKEND=file DYN_FILE_KV="$run/discovery" DYN_EVENT_PLANE=nats \
-    NATS_SERVER="nats://127.0.0.1:$NATS_PORT" DYN_LOG=warn \
+    NATS_SERVER="nats://127.0.0.1:$NATS_PORT" DYN_LOG="${RELAY_LOG:-warn}" \
     "${pin[@]}" "$KVRELAY" serve --dc-id dc-a --bind "127.0.0.1:$WAN_PORT" \
     --ops-bind "127.0.0.1:$OPS_PORT" >"$run/relay.log" 2>&1 &
   PIDS[relay]=$!
@@ -135,6 +136,8 @@ for rate in $RATES; do
   sleep "$MEASURE_SECS"
   after="$(cpu_ticks "$relay")"; cs_after="$(switches "$relay")"; t1="$EPOCHREALTIME"
   nats_after="$(nats_in_bytes)"; wan_after="$(wan_sent_bytes)"
+  # The relay's metrics at the window's end, kept for reading afterwards.
+  curl -fsS -m 3 "http://127.0.0.1:$OPS_PORT/metrics" >"$run/metrics.txt" 2>/dev/null || true
   # loadgen keeps its workers registered (--linger-secs) until the verifier is done.
   wait_for 60 grep -q 'done:' "$run/loadgen.err" || echo "ingest-cpu: loadgen did not finish ($run/loadgen.err)" >&2
   achieved="$(sed -n 's/.* = \([0-9.]*\)\/s (asked.*/\1/p' "$run/loadgen.err")"

@@ -3,6 +3,7 @@
 //! that composes them with the publication cadence, its timer and the journal's publication
 //! points.
 
+mod growing;
 mod machine;
 mod ownership;
 mod publisher;

@@ -149,23 +149,24 @@ pub struct OwnershipCounters {
 /// Bytes of exact state a pool may hold per slot of its filter, by default.
 ///
 /// A block owned by one rank costs one lineage entry (16 bytes) and one owner entry (12 bytes),
-/// plus a control byte each: 30 bytes with the tables 7/8 full, and up to 16/7 of that, 69 bytes,
-/// right after a table doubled. A block owned by four ranks costs 4 × 17 + 13 = 81 bytes, up to
-/// 185. So 256 bytes per slot hold, even at the worst load, every slot's block owned by four
-/// ranks, or 3.7 singly owned blocks per slot (the filter can place at most one block per
-/// slot; the rest are capacity omissions). The footprint benchmark measures 39–63 bytes per
-/// resident block with one owner, 106–170 with four.
-pub const EXACT_STATE_BYTES_PER_SLOT: usize = 256;
+/// plus a control byte each: 30 bytes with the tables 7/8 full, and up to 24/7 of that, 103
+/// bytes, while a large table grows (the full old table and its empty successor of twice the
+/// buckets are both held until the entries have moved). A block owned by four ranks costs
+/// 4 × 17 + 13 = 81 bytes, up to 278. So 288 bytes per slot hold, even at the worst load, every
+/// slot's block owned by four ranks, or 2.8 singly owned blocks per slot (the filter can place at
+/// most one block per slot; the rest are capacity omissions). The footprint benchmark measures
+/// 39–63 bytes per resident block with one owner, 106–170 with four.
+pub const EXACT_STATE_BYTES_PER_SLOT: usize = 288;
 
-/// The least default byte budget of a pool's exact state: about a million singly owned blocks
-/// at the worst load (69 bytes each), so a filter sized too small for its pool degrades into
+/// The least default byte budget of a pool's exact state: about 650,000 singly owned blocks at
+/// the worst load (103 bytes each), so a filter sized too small for its pool degrades into
 /// capacity omissions, as designed, long before its exact state is refused.
 pub const EXACT_STATE_BYTES_MIN: usize = 64 << 20;
 
 /// The default byte budget of the exact state of a pool whose filter has `format`'s slots:
 /// [`EXACT_STATE_BYTES_PER_SLOT`] per slot, at least [`EXACT_STATE_BYTES_MIN`]. At the relay's
-/// default sizing (1,048,576 expected blocks: 524,288 buckets of 4 slots) that is 512 MiB; at
-/// the largest (2^24 buckets) 16 GiB.
+/// default sizing (1,048,576 expected blocks: 524,288 buckets of 4 slots) that is 576 MiB; at
+/// the largest (2^24 buckets) 18 GiB.
 #[must_use]
 pub fn exact_state_bytes_max_default(format: &CkfFormat) -> usize {
     let slots = format.bucket_count.saturating_mul(u64::from(format.slots_per_bucket));
@@ -436,6 +437,14 @@ impl PoolOwnership {
             + self.sources.values().map(LineageTable::allocation_bytes).sum::<usize>()
     }
 
+    /// Free the owner table's and `source`'s drained tables; their bytes leave the held bytes.
+    fn settle(&mut self, source: Option<SourceKey>) {
+        self.held_bytes -= self.owners.settle();
+        if let Some(lineage) = source.and_then(|source| self.sources.get_mut(&source)) {
+            self.held_bytes -= lineage.settle();
+        }
+    }
+
     /// A refusal of a change that would hold `needed_bytes`, if that is over the budget.
     fn over_budget(&self, needed_bytes: Option<usize>) -> Result<(), ApplyError> {
         let needed_bytes = needed_bytes.unwrap_or(usize::MAX);
@@ -473,6 +482,7 @@ impl PoolOwnership {
     /// invariant violation still processes its other blocks.
     pub fn apply_event(&mut self, event: &RouterEvent) -> Result<ApplyOutcome, ApplyError> {
         let result = self.apply_event_inner(event);
+        self.settle(Some(event.source()));
         match &result {
             Ok(outcome) if outcome.applied => {
                 self.counters.events_applied += 1;
@@ -596,10 +606,12 @@ impl PoolOwnership {
             .zip(lineage_after)
             .and_then(|(owners, lineage)| others.checked_add(owners)?.checked_add(lineage));
         self.over_budget(needed)?;
-        if !self.owners.try_reserve(additional) {
+        // A reservation that fails may still have finished a gradual growth: count either way.
+        let reserved = self.owners.try_reserve(additional);
+        self.held_bytes = self.held_bytes - owners_bytes + self.owners.allocation_bytes();
+        if !reserved {
             return Err(ApplyError::AllocationFailed);
         }
-        self.held_bytes = self.held_bytes - owners_bytes + self.owners.allocation_bytes();
         let key = self.table_key;
         let lineage = self.sources.entry(source).or_insert_with(|| LineageTable::new(key));
         let reserved = lineage.try_reserve(additional);
@@ -664,7 +676,9 @@ impl PoolOwnership {
 
     /// Remove every block of one rank.
     pub fn remove_rank(&mut self, source: SourceKey) -> Result<(), ApplyError> {
-        self.clear_source(source)
+        let result = self.clear_source(source);
+        self.settle(None);
+        result
     }
 
     /// Remove every block of every rank of a worker.
@@ -677,6 +691,7 @@ impl PoolOwnership {
                 first_error.get_or_insert(error);
             }
         }
+        self.settle(None);
         first_error.map_or(Ok(()), Err)
     }
 
@@ -735,10 +750,11 @@ impl PoolOwnership {
             self.counters.budget_refusals += 1;
             return Err(refused);
         }
-        if !self.owners.try_reserve(newly_owned) {
+        let reserved = self.owners.try_reserve(newly_owned);
+        self.held_bytes = self.held_bytes - owners_bytes + self.owners.allocation_bytes();
+        if !reserved {
             return Err(ApplyError::AllocationFailed);
         }
-        self.held_bytes = self.held_bytes - owners_bytes + self.owners.allocation_bytes();
         // Commit.
         for (source, replacement) in replacements {
             self.take_source(source);
@@ -776,6 +792,7 @@ impl PoolOwnership {
             }
         }
         self.counters.capacity_omissions += u64::from(omissions);
+        self.settle(None);
         first_error.map_or(Ok(omissions), Err)
     }
 
@@ -793,10 +810,12 @@ impl PoolOwnership {
     /// O(state)).
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut mapped: BTreeMap<u64, u32> = BTreeMap::new();
-        for lineage in self.sources.values() {
+        self.owners.check().map_err(|error| format!("owner table: {error}"))?;
+        for (source, lineage) in &self.sources {
             if lineage.is_empty() {
                 return Err("an empty lineage is kept".into());
             }
+            lineage.check().map_err(|error| format!("lineage of {source:?}: {error}"))?;
             for (_, canonical) in lineage.iter() {
                 *mapped.entry(canonical).or_default() += 1;
             }

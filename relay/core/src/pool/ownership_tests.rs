@@ -664,9 +664,9 @@ fn store_until_refused(p: &mut PoolOwnership, source: SourceKey, first: u64) -> 
 fn the_default_budget_follows_the_filter_slots_above_a_floor() {
     let default_sizing = CkfFormat::for_expected_blocks(1 << 20).unwrap();
     assert_eq!(default_sizing.bucket_count, 524_288);
-    assert_eq!(exact_state_bytes_max_default(&default_sizing), 512 << 20);
+    assert_eq!(exact_state_bytes_max_default(&default_sizing), 576 << 20);
     let largest = CkfFormat::v1(DEFAULT_SEED, 1 << 24);
-    assert_eq!(exact_state_bytes_max_default(&largest), 16 << 30);
+    assert_eq!(exact_state_bytes_max_default(&largest), 18 << 30);
     let tiny = CkfFormat::v1(DEFAULT_SEED, 2);
     assert_eq!(exact_state_bytes_max_default(&tiny), EXACT_STATE_BYTES_MIN);
     assert_eq!(pool(2).exact_state_bytes_max(), EXACT_STATE_BYTES_MIN, "new pools take it");
@@ -829,4 +829,58 @@ fn check_invariants_names_each_broken_relation() {
         assert!(violation.contains(relation), "{relation:?}: {violation}");
     }
     sound.check_invariants().unwrap();
+}
+
+/// A pool past the gradual-growth threshold: every store and removal keeps the invariants while
+/// its tables drain (the owner counts span both tables), the held bytes count both tables, and
+/// they fall when a drained table is freed.
+#[test]
+fn a_large_pool_grows_its_tables_gradually_and_keeps_its_invariants() {
+    let mut p = pool(1 << 16);
+    let mut drained_frees = 0;
+    let mut was_draining = false;
+    let mut seen_draining = 0;
+    let mut next = 0u64;
+    // Canonical hash of each external id: a store's four blocks form one chain.
+    let mut canonical = Vec::new();
+    while next < 160_000 {
+        let blocks: Vec<(u64, u64)> = (0..4).map(|i| (next + i, next + i)).collect();
+        canonical.extend(chain(&[next, next + 1, next + 2, next + 3]));
+        next += 4;
+        p.apply_event(&stored(A, None, &blocks)).unwrap();
+        if next.is_multiple_of(8) {
+            // Share a block with another source and drop it again: owner counts cross tables.
+            p.apply_event(&stored(B, None, &[(next, next - 8)])).unwrap();
+            p.apply_event(&removed(B, &[next])).unwrap();
+        }
+        let draining = p.owners.table_is_draining();
+        if draining {
+            seen_draining += 1;
+            if seen_draining % 2_000 == 1 {
+                p.check_invariants().unwrap();
+            }
+        }
+        if was_draining && !draining {
+            drained_frees += 1;
+            p.check_invariants().unwrap();
+        }
+        was_draining = draining;
+    }
+    assert!(drained_frees >= 1, "the owner table never finished a gradual growth");
+    p.check_invariants().unwrap();
+    for id in 0..next {
+        assert_eq!(owners(&p, canonical[id as usize]), 1, "stored block {id}");
+    }
+    for removed_id in (0..next).step_by(3) {
+        p.apply_event(&removed(A, &[removed_id])).unwrap();
+    }
+    p.check_invariants().unwrap();
+    assert_eq!(p.exact_state_bytes(), p.allocated_bytes());
+    for id in 0..next {
+        let expected = u32::from(id % 3 != 0);
+        assert_eq!(owners(&p, canonical[id as usize]), expected, "block {id}");
+    }
+    p.remove_rank(A).unwrap();
+    p.check_invariants().unwrap();
+    assert_eq!(p.owned_block_count(), 0);
 }

@@ -5,17 +5,12 @@
 //! that share one probe sequence and make every operation linear. The key comes from the pool's
 //! seeded RNG, so a run with the same seed and history lays the tables out, and iterates them,
 //! in the same order. Entries are packed to keep the exact state small: a lineage entry is
-//! 16 bytes and an owner entry 12 bytes.
-//!
-//! Growth is weighed before it happens: [`LineageTable::bytes_after_reserve`] and
-//! [`OwnerTable::bytes_after_reserve`] answer what a table's allocation would be after reserving
-//! room for more entries, from its current allocation, capacity and length alone. The answer is
-//! never below what hashbrown then allocates (equal on backends with 16-byte control groups), so
-//! a caller that checks it against a budget before reserving never passes the budget.
+//! 16 bytes and an owner entry 12 bytes. Both tables are [`GrowingTable`]s: a large one grows
+//! without a pause, and every growth is weighed before it allocates.
 
-use hashbrown::HashTable;
 use rand_core::{Rng, SeedableRng};
 
+use super::growing::{GrowingTable, Keyed};
 use crate::rng::RelayRng;
 
 /// The ChaCha stream the table key is drawn from, apart from the stream of the filter's kick
@@ -42,134 +37,64 @@ impl TableKey {
 
     /// Spread a 64-bit key over a table: folded 128-bit multiply of the keyed input.
     #[inline]
-    fn spread(self, key: u64) -> u64 {
+    pub(super) fn spread(self, key: u64) -> u64 {
         let product = u128::from(key ^ self.xor) * u128::from(self.multiplier);
         (product as u64) ^ ((product >> 64) as u64)
-    }
-}
-
-/// Hashbrown's table layout (0.17), mirrored so that growth can be weighed before it allocates.
-///
-/// A table has a power-of-two number of buckets; it holds at most 7/8 of them (all but one below
-/// 8 buckets), and a reservation that does not fit either rehashes in place (when at most half
-/// the full capacity would be used: the room was taken by deleted entries) or moves to the
-/// smallest bucket count holding `max(len + additional, full capacity + 1)` items. The
-/// allocation is the entries, padded to the control bytes' alignment, then one control byte per
-/// bucket and one trailing group of control bytes. `tests::growth_is_weighed_before_it_allocates`
-/// holds this against the hashbrown the crate builds with.
-mod layout {
-    /// The widest control group of any hashbrown backend (SSE2 and LSX 16 bytes, NEON and the
-    /// portable one 8 or less): both the control bytes' alignment and the trailing group are at
-    /// most this, so an allocation weighed with it is never below the real one.
-    const GROUP_BYTES_MAX: usize = 16;
-
-    /// Buckets of a table allocated to hold `items` (at least 1); `None` on overflow.
-    fn buckets_for(items: usize) -> Option<usize> {
-        match items {
-            0..4 => Some(4),
-            4..8 => Some(8),
-            _ => (items.checked_mul(8)? / 7).checked_next_power_of_two(),
-        }
-    }
-
-    /// Items a table of `buckets` buckets holds before it must grow.
-    fn full_capacity(buckets: usize) -> usize {
-        if buckets <= 8 { buckets.saturating_sub(1) } else { buckets / 8 * 7 }
-    }
-
-    /// Bytes allocated for `buckets` buckets of `entry_bytes`; `None` on overflow.
-    fn allocation_bytes(entry_bytes: usize, buckets: usize) -> Option<usize> {
-        let entries =
-            entry_bytes.checked_mul(buckets)?.checked_next_multiple_of(GROUP_BYTES_MAX)?;
-        entries.checked_add(buckets)?.checked_add(GROUP_BYTES_MAX)
-    }
-
-    /// The bucket count behind an allocation of `bytes` (0 for none). An allocation of `b`
-    /// buckets is `b * (entry_bytes + 1)` plus under `2 * GROUP_BYTES_MAX` bytes of padding and
-    /// trailing group, which is less than another `b * (entry_bytes + 1)` for every table that
-    /// allocates (at least 4 buckets of at least 8-byte entries), so rounding the quotient down
-    /// to a power of two recovers `b` on every backend.
-    fn buckets_of(entry_bytes: usize, bytes: usize) -> usize {
-        match bytes / (entry_bytes + 1) {
-            0 => 0,
-            quotient => 1 << quotient.ilog2(),
-        }
-    }
-
-    /// The allocation of a table of `entry_bytes` entries, now allocating `bytes` with room for
-    /// `capacity` entries of which `len` are used, after reserving room for `additional` more;
-    /// `None` when the size overflows.
-    pub(super) fn bytes_after_reserve(
-        entry_bytes: usize,
-        bytes: usize,
-        capacity: usize,
-        len: usize,
-        additional: usize,
-    ) -> Option<usize> {
-        if additional <= capacity.saturating_sub(len) {
-            return Some(bytes);
-        }
-        let items = len.checked_add(additional)?;
-        let full = full_capacity(buckets_of(entry_bytes, bytes));
-        if bytes > 0 && items <= full / 2 {
-            return Some(bytes);
-        }
-        allocation_bytes(entry_bytes, buckets_for(items.max(full + 1))?)
     }
 }
 
 /// One source's engine vocabulary: external block id → canonical sequence hash.
 #[derive(Debug, Clone)]
 pub(crate) struct LineageTable {
-    key: TableKey,
-    table: HashTable<(u64, u64)>,
+    table: GrowingTable<(u64, u64)>,
+}
+
+/// A lineage entry `(external, canonical)` is found by its external id.
+impl Keyed for (u64, u64) {
+    #[inline]
+    fn key(&self) -> u64 {
+        self.0
+    }
 }
 
 impl LineageTable {
     pub(crate) fn new(key: TableKey) -> Self {
-        LineageTable { key, table: HashTable::new() }
+        LineageTable { table: GrowingTable::new(key) }
     }
 
     pub(crate) fn key(&self) -> TableKey {
-        self.key
+        self.table.key()
     }
 
     #[inline]
     pub(crate) fn get(&self, external: u64) -> Option<u64> {
-        self.table.find(self.key.spread(external), |entry| entry.0 == external).map(|entry| entry.1)
+        self.table.get(external).map(|entry| entry.1)
     }
 
     /// Insert a mapping the caller has checked is absent.
     #[inline]
     pub(crate) fn insert_new(&mut self, external: u64, canonical: u64) {
-        debug_assert!(self.get(external).is_none());
-        self.table.insert_unique(self.key.spread(external), (external, canonical), |entry| {
-            self.key.spread(entry.0)
-        });
+        self.table.insert_new((external, canonical));
     }
 
     #[inline]
     pub(crate) fn remove(&mut self, external: u64) -> Option<u64> {
-        match self.table.find_entry(self.key.spread(external), |entry| entry.0 == external) {
-            Ok(occupied) => Some(occupied.remove().0.1),
-            Err(_) => None,
-        }
+        self.table.remove(external).map(|entry| entry.1)
     }
 
     pub(crate) fn try_reserve(&mut self, additional: usize) -> bool {
-        self.table.try_reserve(additional, |entry| self.key.spread(entry.0)).is_ok()
+        self.table.try_reserve(additional)
     }
 
     /// The allocation after [`LineageTable::try_reserve`] of `additional` would succeed, at
     /// least what it would be; `None` when it could not be represented.
     pub(crate) fn bytes_after_reserve(&self, additional: usize) -> Option<usize> {
-        layout::bytes_after_reserve(
-            size_of::<(u64, u64)>(),
-            self.table.allocation_size(),
-            self.table.capacity(),
-            self.table.len(),
-            additional,
-        )
+        self.table.bytes_after_reserve(additional)
+    }
+
+    /// Free a fully drained table; returns the bytes freed.
+    pub(crate) fn settle(&mut self) -> usize {
+        self.table.settle()
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -186,7 +111,12 @@ impl LineageTable {
     }
 
     pub(crate) fn allocation_bytes(&self) -> usize {
-        self.table.allocation_size()
+        self.table.allocation_bytes()
+    }
+
+    /// The growing table's invariants.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        self.table.check()
     }
 }
 
@@ -204,6 +134,13 @@ struct OwnerEntry {
     canonical: u64,
     /// Owner count in the low 31 bits, [`RESIDENT_BIT`] when resident.
     state: u32,
+}
+
+impl Keyed for OwnerEntry {
+    #[inline]
+    fn key(&self) -> u64 {
+        self.canonical
+    }
 }
 
 /// What the owner table knows about one canonical hash.
@@ -225,21 +162,17 @@ impl OwnerEntry {
 /// Canonical hash → owner count and residency. Absent means no owner.
 #[derive(Debug, Clone)]
 pub(crate) struct OwnerTable {
-    key: TableKey,
-    table: HashTable<OwnerEntry>,
+    table: GrowingTable<OwnerEntry>,
 }
 
 impl OwnerTable {
     pub(crate) fn new(key: TableKey) -> Self {
-        OwnerTable { key, table: HashTable::new() }
+        OwnerTable { table: GrowingTable::new(key) }
     }
 
     #[inline]
     pub(crate) fn get(&self, canonical: u64) -> Option<OwnerState> {
-        let key = canonical;
-        self.table
-            .find(self.key.spread(key), |entry| ({ entry.canonical }) == key)
-            .map(|e| e.owner_state())
+        self.table.get(canonical).map(|entry| entry.owner_state())
     }
 
     /// Add `added` owners (the caller checked the sum stays within [`OWNERS_MAX`]); returns the
@@ -251,9 +184,7 @@ impl OwnerTable {
     /// a hash it holds, past what the caller weighed).
     #[inline]
     pub(crate) fn add_owners(&mut self, canonical: u64, added: u32) -> OwnerState {
-        let key = canonical;
-        let hash = self.key.spread(key);
-        if let Some(entry) = self.table.find_mut(hash, |entry| ({ entry.canonical }) == key) {
+        if let Some(entry) = self.table.get_mut(canonical) {
             let state = entry.state;
             debug_assert!((state & OWNERS_MAX) + added <= OWNERS_MAX);
             entry.state = state + added;
@@ -261,55 +192,50 @@ impl OwnerTable {
         }
         debug_assert!(added <= OWNERS_MAX);
         let entry = OwnerEntry { canonical, state: added };
-        self.table.insert_unique(hash, entry, |entry| self.key.spread(entry.canonical));
+        self.table.insert_new(entry);
         entry.owner_state()
     }
 
     /// Remove `removed` owners, at most as many as there are; returns the state after removal
     /// (owners 0 means the entry is gone), or `None` if the canonical hash had no owner.
     pub(crate) fn remove_owners(&mut self, canonical: u64, removed: u32) -> Option<OwnerState> {
-        let key = canonical;
-        let mut occupied = self
+        let before = self
             .table
-            .find_entry(self.key.spread(key), |entry| ({ entry.canonical }) == key)
-            .ok()?;
-        let before = occupied.get().owner_state();
-        let owners = before.owners.saturating_sub(removed);
-        if owners == 0 {
-            occupied.remove();
-            return Some(OwnerState { owners: 0, resident: before.resident });
-        }
-        let entry = occupied.get_mut();
-        entry.state = owners | if before.resident { RESIDENT_BIT } else { 0 };
-        Some(OwnerState { owners, resident: before.resident })
+            .update(canonical, |entry| {
+                let state = entry.owner_state();
+                let owners = state.owners.saturating_sub(removed);
+                entry.state = owners | if state.resident { RESIDENT_BIT } else { 0 };
+                owners > 0
+            })?
+            .owner_state();
+        Some(OwnerState {
+            owners: before.owners.saturating_sub(removed),
+            resident: before.resident,
+        })
     }
 
     /// Record that an owned canonical hash is resident (idempotent). A hash stays resident until
     /// its last owner leaves: the entry, and its residency, go with it.
     #[inline]
     pub(crate) fn mark_resident(&mut self, canonical: u64) {
-        let key = canonical;
-        if let Some(entry) =
-            self.table.find_mut(self.key.spread(key), |entry| ({ entry.canonical }) == key)
-        {
+        if let Some(entry) = self.table.get_mut(canonical) {
             entry.state |= RESIDENT_BIT;
         }
     }
 
     pub(crate) fn try_reserve(&mut self, additional: usize) -> bool {
-        self.table.try_reserve(additional, |entry| self.key.spread(entry.canonical)).is_ok()
+        self.table.try_reserve(additional)
     }
 
     /// The allocation after [`OwnerTable::try_reserve`] of `additional` would succeed, at least
     /// what it would be; `None` when it could not be represented.
     pub(crate) fn bytes_after_reserve(&self, additional: usize) -> Option<usize> {
-        layout::bytes_after_reserve(
-            size_of::<OwnerEntry>(),
-            self.table.allocation_size(),
-            self.table.capacity(),
-            self.table.len(),
-            additional,
-        )
+        self.table.bytes_after_reserve(additional)
+    }
+
+    /// Free a fully drained table; returns the bytes freed.
+    pub(crate) fn settle(&mut self) -> usize {
+        self.table.settle()
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -322,7 +248,18 @@ impl OwnerTable {
     }
 
     pub(crate) fn allocation_bytes(&self) -> usize {
-        self.table.allocation_size()
+        self.table.allocation_bytes()
+    }
+
+    /// The growing table's invariants.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        self.table.check()
+    }
+
+    /// Whether a gradual growth is under way.
+    #[cfg(test)]
+    pub(crate) fn table_is_draining(&self) -> bool {
+        self.table.is_draining()
     }
 }
 
@@ -448,7 +385,7 @@ mod tests {
         // A full table: adding owners to hashes it holds allocates nothing.
         let mut full = OwnerTable::new(test_key());
         assert!(full.try_reserve(7));
-        let (bytes, capacity) = (full.allocation_bytes(), full.table.capacity());
+        let (bytes, capacity) = (full.allocation_bytes(), full.table.live_capacity());
         for canonical in 1..=capacity as u64 {
             full.add_owners(canonical, 1);
         }
@@ -484,7 +421,7 @@ mod tests {
             for over_half in [0, 1] {
                 let mut lineage = LineageTable::new(test_key());
                 assert!(lineage.try_reserve(first));
-                let full = lineage.table.capacity();
+                let full = lineage.table.live_capacity();
                 for id in 0..full as u64 {
                     lineage.insert_new(id, id);
                 }
