@@ -89,6 +89,8 @@ pub struct Relay<O> {
     /// Commands of the call being executed, in issue order.
     work: VecDeque<ControlCommand>,
     effects: VecDeque<RelayEffect>,
+    /// Generations whose timer is due, gathered by one `handle_timeout` (kept for its buffer).
+    due: Vec<GenerationKey>,
 }
 
 impl<O: DeltaOutlet> Relay<O> {
@@ -101,6 +103,7 @@ impl<O: DeltaOutlet> Relay<O> {
             held: HeldWrites::default(),
             work: VecDeque::new(),
             effects: VecDeque::new(),
+            due: Vec::new(),
         }
     }
 
@@ -210,15 +213,17 @@ impl<O: DeltaOutlet> Relay<O> {
     /// publications are outputs of writes already applied), then the plane's.
     pub fn handle_timeout(&mut self, now: Duration, rng: &mut RelayRng) {
         self.apply_held(now, rng);
-        let due: Vec<GenerationKey> = self
-            .pools
-            .iter()
-            .filter(|(_, running)| running.machine.poll_timeout().is_some_and(|at| at <= now))
-            .map(|(key, _)| *key)
-            .collect();
-        for key in due {
+        let mut due = std::mem::take(&mut self.due);
+        due.extend(
+            self.pools
+                .iter()
+                .filter(|(_, running)| running.machine.poll_timeout().is_some_and(|at| at <= now))
+                .map(|(key, _)| *key),
+        );
+        for key in due.drain(..) {
             self.on_pool(&key, now, rng, |machine, outlet| machine.handle_timeout(now, outlet));
         }
+        self.due = due;
         let mut commands = Vec::new();
         if self.plane.poll_timeout().is_some_and(|at| at <= now) {
             commands = self.plane.handle_timeout(now, rng);

@@ -49,7 +49,7 @@ use super::{
     Backoff, DISCOVERY_RECORDS_MAX, Delivery, DiscoveryPlaneError, DiscoverySink, DiscoveryStats,
     sleep_or_cancel,
 };
-use crate::runtime::{TokioBlockingExecutor, WallClock, run_blocking};
+use crate::runtime::{BlockingExecutor, TokioBlockingExecutor, WallClock, run_blocking};
 use kvrelay_core::discovery::DiscoveryScope;
 use kvrelay_core::inputs::InputError;
 use kvrelay_core::inputs::limits::DISCOVERY_RECORD_BYTES_MAX;
@@ -208,6 +208,8 @@ pub struct FileDiscovery {
     /// When the next poll reads every file (`None`: the next poll does).
     next_relist: Option<tokio::time::Instant>,
     problems: Problems,
+    /// Where a poll's scan runs (tokio's blocking pool unless [`FileDiscovery::with_executor`]).
+    executor: Arc<dyn BlockingExecutor>,
 }
 
 impl FileDiscovery {
@@ -226,7 +228,15 @@ impl FileDiscovery {
             stamps: BTreeMap::new(),
             next_relist: None,
             problems: Problems::default(),
+            executor: Arc::new(TokioBlockingExecutor),
         })
+    }
+
+    /// The backend with its scans run by `executor`.
+    #[must_use]
+    pub fn with_executor(mut self, executor: Arc<dyn BlockingExecutor>) -> Self {
+        self.executor = executor;
+        self
     }
 
     /// What the backend did so far.
@@ -256,7 +266,7 @@ impl FileDiscovery {
             let scanned = scan_store(&config, &last, now_unix_us, &mut scan);
             (scanned, scan, last)
         };
-        let (scanned, scan) = match run_blocking(&TokioBlockingExecutor, job).await {
+        let (scanned, scan) = match run_blocking(self.executor.as_ref(), job).await {
             Ok((scanned, scan, last)) => {
                 self.stamps = last;
                 (scanned, scan)
@@ -562,6 +572,37 @@ mod tests {
         std::fs::remove_dir(&root).unwrap();
         assert!(backend.poll_once().await.is_err());
         assert_eq!(backend.problems.warned, 2);
+    }
+
+    /// Runs nothing: every job dies unrun, as one that panicked on a pool thread does.
+    #[derive(Debug)]
+    struct DyingExecutor;
+
+    impl BlockingExecutor for DyingExecutor {
+        fn spawn(&self, job: Box<dyn FnOnce() + Send + 'static>) {
+            drop(job);
+        }
+    }
+
+    /// A scan that dies fails its poll with `ScanDied` (counted and reported, nothing applied)
+    /// and the next poll reads the store again.
+    #[tokio::test]
+    async fn a_scan_that_dies_fails_its_poll_and_the_next_poll_recovers() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock: Arc<dyn WallClock> = Arc::new(crate::runtime::ManualWallClock::new(0));
+        let mut backend = FileDiscovery::new(
+            FileDiscoveryConfig::new(dir.path()),
+            DiscoveryScope::watch_all(Vec::new()).unwrap(),
+            clock,
+        )
+        .unwrap()
+        .with_executor(Arc::new(DyingExecutor));
+        assert!(matches!(backend.poll_once().await, Err(FileScanError::ScanDied)));
+        assert_eq!(backend.stats().transport_errors, 1);
+        assert_eq!(backend.problems.warned, 1);
+        backend.executor = Arc::new(crate::runtime::InlineExecutor);
+        assert!(backend.poll_once().await.is_ok());
+        assert_eq!(backend.stats().transport_errors, 1);
     }
 
     #[test]

@@ -133,9 +133,11 @@ impl NodeHandle {
 struct Node {
     /// The control plane and every running pool machine.
     relay: Relay<BroadcastOutlet>,
-    /// The reply side of every running generation (held subscriptions, the journal's points),
-    /// pruned to the running ones after every carry-out.
+    /// The reply side of every running generation (held subscriptions, the journal's points):
+    /// after every carry-out, exactly the generations the relay runs.
     links: BTreeMap<GenerationKey, PoolLink>,
+    /// Generations stopped during this carry-out, whose links go once their last points are out.
+    stopped_links: Vec<GenerationKey>,
     relay_id: RelayIdentity,
     rng: RelayRng,
     origin: Instant,
@@ -206,6 +208,7 @@ pub fn start_node_with_tap(
     let node = Node {
         relay: Relay::new(plane),
         links: BTreeMap::new(),
+        stopped_links: Vec::new(),
         relay_id,
         rng: rng_from_seed(config.rng_seed),
         origin,
@@ -358,6 +361,7 @@ impl Node {
         self.carry_out().await;
         self.recoveries.abort_all();
         drop(self.relay.stop_all());
+        self.stopped_links.extend(self.links.keys().copied());
         self.carry_out().await;
         self.publish_status(inputs_handled, true);
     }
@@ -370,6 +374,13 @@ impl Node {
         }
         if let Err(error) = self.relay.check_invariants() {
             panic!("relay invariant failed: {error}");
+        }
+        if !self.links.keys().eq(self.relay.running()) {
+            panic!(
+                "the links are not the running generations: links {:?}, running {:?}",
+                self.links.keys().collect::<Vec<_>>(),
+                self.relay.running().collect::<Vec<_>>()
+            );
         }
         let (now, rng) = (self.now(), &mut self.rng);
         for (key, link) in &self.links {
@@ -524,8 +535,10 @@ impl Node {
             }
         }
         self.retire_withdrawn().await;
-        let relay = &self.relay;
-        self.links.retain(|key, _| relay.pool_stats(key).is_some());
+        // Stopped generations' last points went out above; now their links go.
+        for key in std::mem::take(&mut self.stopped_links) {
+            self.links.remove(&key);
+        }
     }
 
     /// One pool's point or subscription answer. A point of a stopped generation still reaches
@@ -574,11 +587,17 @@ impl Node {
                 // A withdrawal is always followed by its catalog; should one not be, the
                 // streams still end before their pool stops.
                 self.retire_withdrawn().await;
-                drop(self.relay.stop_pool(&(pool_id, layout_generation), mode));
+                let key = (pool_id, layout_generation);
+                if self.relay.stop_pool(&key, mode).is_some() {
+                    self.stopped_links.push(key);
+                }
             }
             HostCommand::ReleasePool { pool_id, layout_generation, .. } => {
                 self.publications.retire(pool_id, layout_generation).await;
-                drop(self.relay.release_pool(&(pool_id, layout_generation)));
+                let key = (pool_id, layout_generation);
+                if self.relay.release_pool(&key).is_some() {
+                    self.stopped_links.push(key);
+                }
             }
             HostCommand::PublishCatalog { .. } | HostCommand::RecoverSource { .. } => {
                 debug_assert!(false, "the relay carries out {command:?} itself");
