@@ -5,7 +5,7 @@
 //! the buffer lasts loses messages, and a rank that loses events is reset. This applies the
 //! ingest bench's steady mix (4 blocks per store, half of them chained, two ranks) one event at
 //! a time, up to a live set, and prints every apply slower than the threshold with the pool's
-//! size at that moment, then the slowest.
+//! size at that moment, then the slowest, and how long a reset of the largest rank takes.
 //!
 //! Run: `cargo run --release -p kvrelay-benches --bin stalls -- [live_blocks] [threshold_ms]`
 //! (defaults 10,000,000 blocks and 5 ms).
@@ -110,5 +110,15 @@ fn main() -> ExitCode {
         );
     }
     println!("slowest apply: {slowest:.1?}");
+    // A rank reset (a gap on a live-only rank) drops the rank's whole lineage in one call.
+    if let Some((source, blocks)) = pool.sources().max_by_key(|&(_, blocks)| blocks) {
+        let before = Instant::now();
+        let reset = pool.remove_rank(source);
+        println!(
+            "reset of the largest rank ({blocks} blocks): {:.1?}{}",
+            before.elapsed(),
+            if reset.is_ok() { "" } else { " (failed)" }
+        );
+    }
     ExitCode::SUCCESS
 }
