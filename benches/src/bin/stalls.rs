@@ -13,6 +13,8 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use clap::Parser;
+
 use kvrelay_benches::ingest;
 use kvrelay_core::filter::ckf::{CkfFormat, MAX_KICKS_DEFAULT};
 use kvrelay_core::pool::PoolOwnership;
@@ -25,30 +27,23 @@ struct Stall {
     exact_state_bytes: usize,
 }
 
-fn parse(arg: Option<String>, default: u64, what: &str) -> Result<u64, String> {
-    arg.map_or(Ok(default), |arg| {
-        arg.parse().map_err(|_| format!("{what} must be a number: {arg:?}"))
-    })
+/// Time single applies while one pool grows to a live set.
+#[derive(Debug, Parser)]
+#[command(name = "stalls")]
+struct Args {
+    /// Live blocks the pool grows to.
+    #[arg(default_value_t = 10_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    live_blocks: u64,
+    /// Applies slower than this many milliseconds are listed.
+    #[arg(default_value_t = 5)]
+    threshold_ms: u64,
 }
 
 #[allow(clippy::disallowed_methods, reason = "a benchmark times itself with the wall clock")]
 fn main() -> ExitCode {
-    let mut args = std::env::args().skip(1);
-    let (live, threshold) = match (
-        parse(args.next(), 10_000_000, "live_blocks"),
-        parse(args.next(), 5, "threshold_ms"),
-    ) {
-        (Ok(live), Ok(threshold)) if live > 0 => (live, Duration::from_millis(threshold)),
-        (Err(error), _) | (_, Err(error)) => {
-            eprintln!("stalls: {error}");
-            return ExitCode::from(2);
-        }
-        _ => {
-            eprintln!("stalls: live_blocks must be at least 1");
-            return ExitCode::from(2);
-        }
-    };
-    let Ok(live) = usize::try_from(live) else {
+    let args = Args::parse();
+    let threshold = Duration::from_millis(args.threshold_ms);
+    let Ok(live) = usize::try_from(args.live_blocks) else {
         eprintln!("stalls: live_blocks does not fit this machine");
         return ExitCode::from(2);
     };

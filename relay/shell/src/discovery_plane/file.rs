@@ -259,22 +259,27 @@ impl FileDiscovery {
         // The whole scan is one job on the blocking pool: one hand-off per poll, not one per
         // file system call (a store of a thousand files would otherwise cost thousands of
         // thread wake-ups a second).
-        let config = self.config.clone();
-        let last = std::mem::take(&mut self.stamps);
-        let job = move || {
-            let mut scan = Scan { relist, stamps: BTreeMap::new(), problems: Vec::new() };
-            let scanned = scan_store(&config, &last, now_unix_us, &mut scan);
-            (scanned, scan, last)
+        let mut scan = Scan {
+            config: self.config.clone(),
+            last: std::mem::take(&mut self.stamps),
+            now_unix_us,
+            relist,
+            stamps: BTreeMap::new(),
+            problems: Vec::new(),
         };
-        let (scanned, scan) = match run_blocking(self.executor.as_ref(), job).await {
-            Ok((scanned, scan, last)) => {
-                self.stamps = last;
-                (scanned, scan)
+        let job = move || {
+            let scanned = scan.store();
+            (scanned, scan)
+        };
+        let (scanned, stamps, problems) = match run_blocking(self.executor.as_ref(), job).await {
+            Ok((scanned, scan)) => {
+                self.stamps = scan.last;
+                (scanned, scan.stamps, scan.problems)
             }
             // The stamps went with the job: the next poll reads every file.
-            Err(_) => (Err(FileScanError::ScanDied), Scan::default()),
+            Err(_) => (Err(FileScanError::ScanDied), BTreeMap::new(), Vec::new()),
         };
-        for problem in scan.problems {
+        for problem in problems {
             self.problems.report(problem);
         }
         let entries = match scanned {
@@ -288,7 +293,7 @@ impl FileDiscovery {
             }
         };
         self.problems.end_poll();
-        self.stamps = scan.stamps;
+        self.stamps = stamps;
         if relist {
             if self.next_relist.is_some() {
                 self.stats.relists = self.stats.relists.saturating_add(1);
@@ -313,163 +318,153 @@ impl FileDiscovery {
     }
 }
 
-/// List every bucket into one listing (blocking: runs on the blocking pool). `last` holds the
-/// stamps of the previous poll.
-fn scan_store(
-    config: &FileDiscoveryConfig,
-    last: &BTreeMap<String, FileStamp>,
-    now_unix_us: u64,
-    scan: &mut Scan,
-) -> Result<Vec<ListingEntry>, FileScanError> {
-    let root = &config.root;
-    match std::fs::metadata(root) {
-        Ok(metadata) if metadata.is_dir() => {}
-        Ok(_) => return Err(FileScanError::RootMissing { path: root.clone() }),
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-            return Err(FileScanError::RootMissing { path: root.clone() });
-        }
-        Err(source) => return Err(FileScanError::ListDirectory { path: root.clone(), source }),
-    }
-    let mut entries = Vec::new();
-    let mut seen = 0usize;
-    for bucket in DISCOVERY_BUCKETS {
-        scan_bucket(config, last, bucket, now_unix_us, &mut entries, &mut seen, scan)?;
-    }
-    Ok(entries)
-}
-
-fn scan_bucket(
-    config: &FileDiscoveryConfig,
-    last: &BTreeMap<String, FileStamp>,
-    bucket: &str,
-    now_unix_us: u64,
-    entries: &mut Vec<ListingEntry>,
-    seen: &mut usize,
-    scan: &mut Scan,
-) -> Result<(), FileScanError> {
-    let directory = config.root.join("v1").join(bucket);
-    let list_error = |source| FileScanError::ListDirectory { path: directory.clone(), source };
-    let listing = match std::fs::read_dir(&directory) {
-        Ok(listing) => listing,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(error) => return Err(list_error(error)),
-    };
-    // Directory entries looked at (expired and skipped ones too) are bounded as well, so a
-    // directory that nobody cleans cannot make a poll unbounded.
-    let seen_max = config.files_max.saturating_mul(4);
-    for entry in listing {
-        let entry = entry.map_err(list_error)?;
-        *seen += 1;
-        if *seen > seen_max {
-            return Err(FileScanError::TooManyFiles { max: config.files_max });
-        }
-        let file_name = entry.file_name();
-        let name = file_name.to_string_lossy();
-        if name.starts_with('.') {
-            continue;
-        }
-        let key = format!("v1/{bucket}/{name}");
-        let value = if file_name.to_str().is_none() {
-            EntryValue::Rejected(InputError::MalformedKey {
-                key: name.chars().take(64).collect(),
-                reason: "file name is not UTF-8",
-            })
-        } else {
-            match read_entry(config, last, &key, &entry.path(), now_unix_us, scan) {
-                Some(value) => value,
-                None => continue,
-            }
-        };
-        if entries.len() >= config.files_max {
-            return Err(FileScanError::TooManyFiles { max: config.files_max });
-        }
-        entries.push(ListingEntry { key, value });
-    }
-    Ok(())
-}
-
-/// The value of one file, or `None` if it is not a live record file (gone, expired, a
-/// directory); [`EntryValue::Unchanged`] if it is stamped as last read (and no relist is
-/// due).
-fn read_entry(
-    config: &FileDiscoveryConfig,
-    last: &BTreeMap<String, FileStamp>,
-    key: &str,
-    path: &Path,
-    now_unix_us: u64,
-    scan: &mut Scan,
-) -> Option<EntryValue> {
-    let metadata = match std::fs::metadata(path) {
-        Ok(metadata) => metadata,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
-        Err(error) => {
-            scan.problems.push(format!("cannot stat {}: {error}", path.display()));
-            return Some(EntryValue::Unreadable);
-        }
-    };
-    if !metadata.is_file() {
-        return None;
-    }
-    let modified_unix_us = match metadata.modified() {
-        Ok(modified) => modified
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |since| u64::try_from(since.as_micros()).unwrap_or(u64::MAX)),
-        Err(error) => {
-            scan.problems.push(format!("{} has no modification time: {error}", path.display()));
-            return Some(EntryValue::Unreadable);
-        }
-    };
-    if is_expired(modified_unix_us, now_unix_us, config.ttl) {
-        debug!(path = %path.display(), "discovery file expired");
-        return None;
-    }
-    let stamp = FileStamp { len: metadata.len(), modified_unix_us };
-    if !scan.relist && last.get(key) == Some(&stamp) {
-        scan.stamps.insert(key.to_owned(), stamp);
-        return Some(EntryValue::Unchanged);
-    }
-    let max = config.record_bytes_max;
-    let too_large = |bytes: usize| {
-        EntryValue::Rejected(InputError::TooLarge { what: "discovery record", bytes, max })
-    };
-    if metadata.len() > max as u64 {
-        scan.stamps.insert(key.to_owned(), stamp);
-        return Some(too_large(usize::try_from(metadata.len()).unwrap_or(usize::MAX)));
-    }
-    let file = match std::fs::File::open(path) {
-        Ok(file) => file,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
-        Err(error) => {
-            scan.problems.push(format!("cannot open {}: {error}", path.display()));
-            return Some(EntryValue::Unreadable);
-        }
-    };
-    // The file may have grown since the stat: read at most one byte past the limit.
-    let mut bytes = Vec::with_capacity(usize::try_from(metadata.len()).unwrap_or(0));
-    let limit = u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1);
-    let value = match file.take(limit).read_to_end(&mut bytes) {
-        Ok(_) if bytes.len() > max => too_large(bytes.len()),
-        Ok(_) => EntryValue::Bytes(bytes),
-        Err(error) => {
-            scan.problems.push(format!("cannot read {}: {error}", path.display()));
-            return Some(EntryValue::Unreadable);
-        }
-    };
-    // A file that changed while it was read has a newer stamp than `stamp`: the next poll
-    // reads it again.
-    scan.stamps.insert(key.to_owned(), stamp);
-    Some(value)
-}
-
-/// One poll's scratch state.
-#[derive(Debug, Default)]
+/// One poll's scan: what it reads by, and what it found (moved to the blocking pool and back).
+#[derive(Debug)]
 struct Scan {
+    config: FileDiscoveryConfig,
+    /// The stamps of the previous poll.
+    last: BTreeMap<String, FileStamp>,
+    now_unix_us: u64,
     /// Read every file, stamped or not.
     relist: bool,
     /// The stamps of the files read or skipped.
     stamps: BTreeMap<String, FileStamp>,
     /// Problems met, in order.
     problems: Vec<String>,
+}
+
+impl Scan {
+    /// List every bucket into one listing (blocking: runs on the blocking pool).
+    fn store(&mut self) -> Result<Vec<ListingEntry>, FileScanError> {
+        let root = &self.config.root;
+        match std::fs::metadata(root) {
+            Ok(metadata) if metadata.is_dir() => {}
+            Ok(_) => return Err(FileScanError::RootMissing { path: root.clone() }),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                return Err(FileScanError::RootMissing { path: root.clone() });
+            }
+            Err(source) => return Err(FileScanError::ListDirectory { path: root.clone(), source }),
+        }
+        let mut entries = Vec::new();
+        let mut seen = 0usize;
+        for bucket in DISCOVERY_BUCKETS {
+            self.bucket(bucket, &mut entries, &mut seen)?;
+        }
+        Ok(entries)
+    }
+
+    fn bucket(
+        &mut self,
+        bucket: &str,
+        entries: &mut Vec<ListingEntry>,
+        seen: &mut usize,
+    ) -> Result<(), FileScanError> {
+        let directory = self.config.root.join("v1").join(bucket);
+        let list_error = |source| FileScanError::ListDirectory { path: directory.clone(), source };
+        let listing = match std::fs::read_dir(&directory) {
+            Ok(listing) => listing,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(error) => return Err(list_error(error)),
+        };
+        // Directory entries looked at (expired and skipped ones too) are bounded as well, so a
+        // directory that nobody cleans cannot make a poll unbounded.
+        let seen_max = self.config.files_max.saturating_mul(4);
+        for entry in listing {
+            let entry = entry.map_err(list_error)?;
+            *seen += 1;
+            if *seen > seen_max {
+                return Err(FileScanError::TooManyFiles { max: self.config.files_max });
+            }
+            let file_name = entry.file_name();
+            let name = file_name.to_string_lossy();
+            if name.starts_with('.') {
+                continue;
+            }
+            let key = format!("v1/{bucket}/{name}");
+            let value = if file_name.to_str().is_none() {
+                EntryValue::Rejected(InputError::MalformedKey {
+                    key: name.chars().take(64).collect(),
+                    reason: "file name is not UTF-8",
+                })
+            } else {
+                match self.entry(&key, &entry.path()) {
+                    Some(value) => value,
+                    None => continue,
+                }
+            };
+            if entries.len() >= self.config.files_max {
+                return Err(FileScanError::TooManyFiles { max: self.config.files_max });
+            }
+            entries.push(ListingEntry { key, value });
+        }
+        Ok(())
+    }
+
+    /// The value of one file, or `None` if it is not a live record file (gone, expired, a
+    /// directory); [`EntryValue::Unchanged`] if it is stamped as last read (and no relist is
+    /// due).
+    fn entry(&mut self, key: &str, path: &Path) -> Option<EntryValue> {
+        let metadata = match std::fs::metadata(path) {
+            Ok(metadata) => metadata,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(error) => {
+                self.problems.push(format!("cannot stat {}: {error}", path.display()));
+                return Some(EntryValue::Unreadable);
+            }
+        };
+        if !metadata.is_file() {
+            return None;
+        }
+        let modified_unix_us = match metadata.modified() {
+            Ok(modified) => modified
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |since| u64::try_from(since.as_micros()).unwrap_or(u64::MAX)),
+            Err(error) => {
+                self.problems.push(format!("{} has no modification time: {error}", path.display()));
+                return Some(EntryValue::Unreadable);
+            }
+        };
+        if is_expired(modified_unix_us, self.now_unix_us, self.config.ttl) {
+            debug!(path = %path.display(), "discovery file expired");
+            return None;
+        }
+        let stamp = FileStamp { len: metadata.len(), modified_unix_us };
+        if !self.relist && self.last.get(key) == Some(&stamp) {
+            self.stamps.insert(key.to_owned(), stamp);
+            return Some(EntryValue::Unchanged);
+        }
+        let max = self.config.record_bytes_max;
+        let too_large = |bytes: usize| {
+            EntryValue::Rejected(InputError::TooLarge { what: "discovery record", bytes, max })
+        };
+        if metadata.len() > max as u64 {
+            self.stamps.insert(key.to_owned(), stamp);
+            return Some(too_large(usize::try_from(metadata.len()).unwrap_or(usize::MAX)));
+        }
+        let file = match std::fs::File::open(path) {
+            Ok(file) => file,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(error) => {
+                self.problems.push(format!("cannot open {}: {error}", path.display()));
+                return Some(EntryValue::Unreadable);
+            }
+        };
+        // The file may have grown since the stat: read at most one byte past the limit.
+        let mut bytes = Vec::with_capacity(usize::try_from(metadata.len()).unwrap_or(0));
+        let limit = u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1);
+        let value = match file.take(limit).read_to_end(&mut bytes) {
+            Ok(_) if bytes.len() > max => too_large(bytes.len()),
+            Ok(_) => EntryValue::Bytes(bytes),
+            Err(error) => {
+                self.problems.push(format!("cannot read {}: {error}", path.display()));
+                return Some(EntryValue::Unreadable);
+            }
+        };
+        // A file that changed while it was read has a newer stamp than `stamp`: the next poll
+        // reads it again.
+        self.stamps.insert(key.to_owned(), stamp);
+        Some(value)
+    }
 }
 
 /// Run the file backend until `cancel` fires (`Ok(())`) or the sink closes
