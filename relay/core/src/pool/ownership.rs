@@ -258,6 +258,10 @@ impl RankReplacement {
 /// Chains longer than this find duplicate engine ids through a table instead of a scan.
 const BATCH_INDEX_MIN_BLOCKS: usize = 16;
 
+/// Blocks released per step of [`PoolOwnership::release_owners`]: enough independent cache
+/// misses in flight to overlap, few enough that a chunk's buckets stay in cache until used.
+const RELEASE_CHUNK: usize = 32;
+
 /// The validated effect of one store on a lineage, computed before anything is committed.
 struct StorePlan {
     /// New `(external, canonical)` mappings in chain order.
@@ -514,13 +518,21 @@ impl PoolOwnership {
             }
             KvCacheEventData::Removed(remove) => {
                 let mut first_error = None;
-                for external in &remove.block_hashes {
-                    match self.remove_block(source, external.0) {
-                        Ok(true) => {}
-                        Ok(false) => outcome.unknown_removals += 1,
-                        Err(error) => {
-                            first_error.get_or_insert(error);
+                for externals in remove.block_hashes.chunks(RELEASE_CHUNK) {
+                    let mut released = [0u64; RELEASE_CHUNK];
+                    let mut count = 0;
+                    if let Some(lineage) = self.sources.get_mut(&source) {
+                        for external in externals {
+                            if let Some(canonical) = lineage.remove(external.0) {
+                                released[count] = canonical;
+                                count += 1;
+                            }
                         }
+                    }
+                    outcome.unknown_removals += (externals.len() - count) as u32;
+                    let released = released[..count].iter().map(|&canonical| (canonical, 1));
+                    if let Err(error) = self.release_owners(released) {
+                        first_error.get_or_insert(error);
                     }
                 }
                 self.drop_source_if_empty(source);
@@ -624,29 +636,57 @@ impl PoolOwnership {
         Ok(())
     }
 
-    /// Drop one owner of `canonical`; removes its fingerprint when it was the last resident one.
-    fn release_owner(&mut self, canonical: u64, count: u32) -> Result<(), ApplyError> {
-        let Some(after) = self.owners.remove_owners(canonical, count) else {
-            return Err(ApplyError::IndexerInvariantViolation { canonical });
-        };
-        if after.owners == 0 {
-            if after.resident {
-                self.filter
-                    .remove(canonical)
-                    .map_err(|_| ApplyError::IndexerInvariantViolation { canonical })?;
-            } else {
-                self.omitted_owned -= 1;
+    /// Drop `count` owners of each canonical hash, in order; a fingerprint goes when its last
+    /// resident owner does. Batched by [`RELEASE_CHUNK`]: a chunk's owner entries are loaded
+    /// together and updated, then the fingerprints that lost their last owner are removed in the
+    /// same order, their buckets loaded together ([`CuckooFilter::warm`]), so the cache misses
+    /// of a chunk overlap. The owner table and the filter are disjoint, so the state after each chunk is
+    /// the one releasing its hashes one at a time leaves. Returns the first invariant violation
+    /// met (a hash without that many owners, or a resident one without a fingerprint); every
+    /// other release still happens.
+    fn release_owners(
+        &mut self,
+        releases: impl IntoIterator<Item = (u64, u32)>,
+    ) -> Result<(), ApplyError> {
+        let mut releases = releases.into_iter();
+        let mut first_error = None;
+        loop {
+            let mut chunk = [(0u64, 0u32); RELEASE_CHUNK];
+            let mut taken = 0;
+            for release in releases.by_ref().take(RELEASE_CHUNK) {
+                chunk[taken] = release;
+                taken += 1;
+            }
+            if taken == 0 {
+                break;
+            }
+            let chunk = &chunk[..taken];
+            self.owners.warm(chunk.iter().map(|&(canonical, _)| canonical));
+            let mut gone = [0u64; RELEASE_CHUNK];
+            let mut gone_count = 0;
+            for &(canonical, count) in chunk {
+                match self.owners.remove_owners(canonical, count) {
+                    None => {
+                        first_error
+                            .get_or_insert(ApplyError::IndexerInvariantViolation { canonical });
+                    }
+                    Some(after) if after.owners > 0 => {}
+                    Some(after) if after.resident => {
+                        gone[gone_count] = canonical;
+                        gone_count += 1;
+                    }
+                    Some(_) => self.omitted_owned -= 1,
+                }
+            }
+            let gone = &gone[..gone_count];
+            self.filter.warm(gone.iter().copied());
+            for &canonical in gone {
+                if self.filter.remove(canonical).is_err() {
+                    first_error.get_or_insert(ApplyError::IndexerInvariantViolation { canonical });
+                }
             }
         }
-        Ok(())
-    }
-
-    /// Remove one engine block of a source. `Ok(false)` when the source never stored it.
-    fn remove_block(&mut self, source: SourceKey, external: u64) -> Result<bool, ApplyError> {
-        let Some(lineage) = self.sources.get_mut(&source) else { return Ok(false) };
-        let Some(canonical) = lineage.remove(external) else { return Ok(false) };
-        self.release_owner(canonical, 1)?;
-        Ok(true)
+        first_error.map_or(Ok(()), Err)
     }
 
     fn drop_source_if_empty(&mut self, source: SourceKey) {
@@ -665,13 +705,7 @@ impl PoolOwnership {
     /// Remove every mapping of one source; other sources' shares of the same hashes remain.
     fn clear_source(&mut self, source: SourceKey) -> Result<(), ApplyError> {
         let Some(lineage) = self.take_source(source) else { return Ok(()) };
-        let mut first_error = None;
-        for (_, canonical) in lineage.iter() {
-            if let Err(error) = self.release_owner(canonical, 1) {
-                first_error.get_or_insert(error);
-            }
-        }
-        first_error.map_or(Ok(()), Err)
+        self.release_owners(lineage.iter().map(|(_, canonical)| (canonical, 1)))
     }
 
     /// Remove every block of one rank.
@@ -764,12 +798,12 @@ impl PoolOwnership {
             }
         }
         debug_assert!(self.held_bytes <= self.exact_state_bytes_max, "growth was weighed short");
-        let mut first_error = None;
-        for (&canonical, &change) in net.iter().filter(|(_, change)| **change < 0) {
-            if let Err(error) = self.release_owner(canonical, change.unsigned_abs() as u32) {
-                first_error.get_or_insert(error);
-            }
-        }
+        let released = net.iter().filter(|(_, change)| **change < 0);
+        let first_error = self
+            .release_owners(
+                released.map(|(&canonical, &change)| (canonical, change.unsigned_abs() as u32)),
+            )
+            .err();
         let mut omissions = 0u32;
         for (&canonical, &change) in net.iter().filter(|(_, change)| **change > 0) {
             let state = self.owners.add_owners(canonical, change as u32);

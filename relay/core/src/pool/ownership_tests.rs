@@ -614,6 +614,70 @@ fn removing_ranks_and_workers() {
     p.check_invariants().unwrap();
 }
 
+/// Rank A holds 100 blocks (one chain), 40 of them shared with rank B, in a filter too small
+/// for all of them (some are owned without residency).
+fn shared_and_omitted_pool() -> PoolOwnership {
+    let mut p = pool(16);
+    apply(&mut p, &new_chain(A, 1, 100));
+    apply(&mut p, &new_chain(B, 31, 40));
+    assert!(p.omitted_block_count() > 0, "some blocks are owned without a fingerprint");
+    p
+}
+
+#[test]
+fn batched_releases_leave_the_state_that_one_at_a_time_releases_leave() {
+    // One removal of every block (past several release chunks, with unknown ids among them)
+    // against the same removals one event at a time.
+    let mut batched = shared_and_omitted_pool();
+    let mut single = shared_and_omitted_pool();
+    let mut externals: Vec<u64> = (1..=100).collect();
+    externals.splice(50..50, [5_000, 5_001, 7]);
+    let outcome = apply(&mut batched, &removed(A, &externals));
+    let mut unknown = 0;
+    for &external in &externals {
+        unknown += apply(&mut single, &removed(A, &[external])).unknown_removals;
+    }
+    assert_eq!(outcome.unknown_removals, 3, "two ids never stored, one removed twice");
+    assert_eq!(unknown, 3);
+    assert_eq!(observable(&batched), observable(&single));
+    assert_eq!(batched.omitted_block_count(), single.omitted_block_count());
+    assert_eq!(batched.owned_block_count(), 40, "B's share stays");
+
+    // A clear of the rank, a rank removal and a replacement by nothing all release the same way.
+    let mut cleared_pool = shared_and_omitted_pool();
+    apply(&mut cleared_pool, &cleared(A));
+    let mut removed_rank = shared_and_omitted_pool();
+    removed_rank.remove_rank(A).unwrap();
+    removed_rank.check_invariants().unwrap();
+    assert_eq!(observable(&cleared_pool), observable(&single));
+    assert_eq!(observable(&removed_rank), observable(&single));
+}
+
+#[test]
+fn a_release_without_an_owner_is_a_violation_and_the_others_still_go() {
+    let mut p = shared_and_omitted_pool();
+    let mut reference = shared_and_omitted_pool();
+    reference.remove_rank(A).unwrap();
+    // Corrupt the state: A's lineage maps a resident hash only A owns, whose owner entry is gone.
+    let orphan = p
+        .sources
+        .get(&A)
+        .unwrap()
+        .iter()
+        .map(|(_, canonical)| canonical)
+        .find(|&canonical| {
+            p.owners.get(canonical) == Some(OwnerState { owners: 1, resident: true })
+        })
+        .unwrap();
+    assert!(p.owners.remove_owners(orphan, 1).is_some());
+    assert_eq!(p.remove_rank(A), Err(ApplyError::IndexerInvariantViolation { canonical: orphan }));
+    // Every other block of the rank was released: B's share stays, the orphan's fingerprint
+    // is the only one left behind.
+    assert_eq!(p.owned_blocks(), reference.owned_blocks());
+    assert!(p.filter().contains(orphan));
+    assert_eq!(p.filter().occupied_slots(), reference.filter().occupied_slots() + 1);
+}
+
 // ---- the byte budget ----------------------------------------------------------------------------
 
 /// `count` new blocks of `source` in one root chain, numbered from `first`.

@@ -175,6 +175,12 @@ impl OwnerTable {
         self.table.get(canonical).map(|entry| entry.owner_state())
     }
 
+    /// Bring the entries of `canonicals` into cache ([`GrowingTable::warm`]).
+    #[inline]
+    pub(crate) fn warm(&self, canonicals: impl IntoIterator<Item = u64>) {
+        self.table.warm(canonicals);
+    }
+
     /// Add `added` owners (the caller checked the sum stays within [`OWNERS_MAX`]); returns the
     /// state after the addition.
     ///
