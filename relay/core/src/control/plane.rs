@@ -35,7 +35,7 @@
 //! # Host recovery calls
 //!
 //! A pool fault reaches the rank's tracker (`ApplyFailed`), which resets and recovers the rank,
-//! and the host's fault coalescing (`ActorFault`), which asks for one `RecoverSource` at a time
+//! and the host's fault coalescing (`PoolFaultReport`), which asks for one `RecoverSource` at a time
 //! per endpoint. The plane answers that call itself, when the rank's recovery settles: the rank
 //! is exact again, left, or came back under a new incarnation → `Recovered`; its recovery failed
 //! for good (degraded after the attempt bound, or fenced for answering as another rank) →
@@ -80,7 +80,7 @@ use super::config::{ControlConfig, ControlError, INSTANCE_LISTINGS_MAX};
 use super::protocol::{ControlCommand, ControlCounters, ControlHealth, ShellReport};
 use crate::discovery::{CardChange, DiscoveryView, ModelTarget};
 use crate::host::{
-    ActorFault, ActorFaultAction, CatalogSnapshot, EndpointHost, HostCommand, HostConfig,
+    CatalogSnapshot, EndpointHost, HostCommand, HostConfig, PoolFaultAction, PoolFaultReport,
     SlotLifecycle, SourceBinding, TargetDisposition,
 };
 use crate::inputs::{
@@ -342,10 +342,10 @@ impl ControlPlane {
                 };
                 self.deliver_to_tracker(&endpoint, layout_generation, input, now, rng, &mut out);
             }
-            ShellReport::ActorFault { endpoint, layout_generation, fault } => {
+            ShellReport::PoolFaultReport { endpoint, layout_generation, fault } => {
                 self.count_unless(self.is_active(&endpoint, layout_generation));
                 host_commands =
-                    self.host.report_actor_fault(&endpoint, layout_generation, fault, now);
+                    self.host.report_pool_fault(&endpoint, layout_generation, fault, now);
             }
             ShellReport::GenerationFenced { pool_id, layout_generation } => {
                 let active = self.pools.values().any(|pool| {
@@ -381,15 +381,15 @@ impl ControlPlane {
         now: Duration,
         rng: &mut RelayRng,
     ) -> Vec<ControlCommand> {
-        let coalesced = ActorFault {
+        let coalesced = PoolFaultReport {
             source: fault.source,
             source_epoch: fault.fence.0,
-            action: ActorFaultAction::from(fault.error.disposition()),
+            action: PoolFaultAction::from(fault.error.disposition()),
         };
         let failed =
             ShellReport::ApplyFailed { endpoint: endpoint.clone(), layout_generation, fault };
         let mut out = self.report(failed, now, rng);
-        let report = ShellReport::ActorFault { endpoint, layout_generation, fault: coalesced };
+        let report = ShellReport::PoolFaultReport { endpoint, layout_generation, fault: coalesced };
         out.extend(self.report(report, now, rng));
         out
     }

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::host::{ActorFault, HostCommand, HostHealth};
+use crate::host::{HostCommand, HostHealth, PoolFaultReport};
 use crate::model::identity::{EndpointPath, PoolId};
 use crate::pool::PoolFault;
 use crate::sources::{RecoveryFailure, RecoveryRequestId, RecoveryResponse, SourceCommand};
@@ -52,7 +52,7 @@ pub enum ShellReport {
     },
     /// A pool reported a failed write ([`PoolEffect::Fault`](crate::pool::PoolEffect)).
     /// It reaches the rank's tracker as [`ShellReport::ApplyFailed`] and the host's fault
-    /// coalescing as [`ShellReport::ActorFault`], both under the fence the failed command
+    /// coalescing as [`ShellReport::PoolFaultReport`], both under the fence the failed command
     /// carried.
     PoolFault {
         /// The endpoint.
@@ -74,13 +74,13 @@ pub enum ShellReport {
         fault: PoolFault,
     },
     /// The generation's pool reported a fault for the host to coalesce.
-    ActorFault {
+    PoolFaultReport {
         /// The endpoint.
         endpoint: EndpointPath,
         /// The generation.
         layout_generation: u64,
         /// The fault.
-        fault: ActorFault,
+        fault: PoolFaultReport,
     },
     /// A terminal publication failure of a generation.
     GenerationFenced {

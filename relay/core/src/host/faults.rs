@@ -3,7 +3,7 @@
 //! A pool reports faults it cannot handle itself: a source that broke the protocol, a
 //! rank whose state could not be allocated, or a producer whose exact state and filter
 //! disagree. The host works through source faults one recovery call at a time, and while a call
-//! is in flight more faults arrive. [`PendingActorFaults`] holds them in a bounded set:
+//! is in flight more faults arrive. [`PendingPoolFaults`] holds them in a bounded set:
 //!
 //! - one entry per source `(worker_id, dp_rank)`, at most [`PENDING_SOURCE_FAULTS_MAX`];
 //! - a fault for a source already pending coalesces: a newer source epoch replaces the entry
@@ -30,7 +30,7 @@ pub const PENDING_SOURCE_FAULTS_MAX: usize = 16;
 ///
 /// The declaration order is the strength order of the source-level actions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum ActorFaultAction {
+pub enum PoolFaultAction {
     /// The filter had no room for a block; the mapping is kept without residency. Nothing to do.
     ContinueCapacityOmission,
     /// A resource (memory) failure on a rank: recover that rank.
@@ -41,27 +41,25 @@ pub enum ActorFaultAction {
     FenceAndRebuildProducer,
 }
 
-impl From<FailureDisposition> for ActorFaultAction {
+impl From<FailureDisposition> for PoolFaultAction {
     fn from(disposition: FailureDisposition) -> Self {
         match disposition {
-            FailureDisposition::ReportResourceFailure => ActorFaultAction::ReportResourceFailure,
-            FailureDisposition::RejectSource => ActorFaultAction::RejectSource,
-            FailureDisposition::FenceAndRebuildProducer => {
-                ActorFaultAction::FenceAndRebuildProducer
-            }
+            FailureDisposition::ReportResourceFailure => PoolFaultAction::ReportResourceFailure,
+            FailureDisposition::RejectSource => PoolFaultAction::RejectSource,
+            FailureDisposition::FenceAndRebuildProducer => PoolFaultAction::FenceAndRebuildProducer,
         }
     }
 }
 
 /// One fault a pool reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ActorFault {
+pub struct PoolFaultReport {
     /// The source whose event failed.
     pub source: SourceKey,
     /// The source epoch the event belonged to (higher = newer incarnation of the source).
     pub source_epoch: u64,
     /// What the pool asks for.
-    pub action: ActorFaultAction,
+    pub action: PoolFaultAction,
 }
 
 /// A rank-level action the host asks the recovery client to take.
@@ -100,7 +98,7 @@ pub enum ProducerFenceCause {
     SourceFaultOverflow,
 }
 
-/// What [`PendingActorFaults::push`] did with a fault.
+/// What [`PendingPoolFaults::push`] did with a fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultAdmission {
     /// A capacity omission: nothing to act on.
@@ -131,26 +129,26 @@ struct Pending {
 /// Invariants: at most [`PENDING_SOURCE_FAULTS_MAX`] pending source faults; no source fault is
 /// pending while a producer fence is installed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PendingActorFaults {
+pub struct PendingPoolFaults {
     sources: BTreeMap<SourceKey, Pending>,
     producer_fence: Option<ProducerFenceCause>,
     arrival_next: u64,
 }
 
-impl PendingActorFaults {
+impl PendingPoolFaults {
     /// No pending faults.
     #[must_use]
     pub fn new() -> Self {
-        PendingActorFaults::default()
+        PendingPoolFaults::default()
     }
 
     /// Admit one reported fault.
-    pub fn push(&mut self, fault: ActorFault) -> FaultAdmission {
+    pub fn push(&mut self, fault: PoolFaultReport) -> FaultAdmission {
         let action = match fault.action {
-            ActorFaultAction::ContinueCapacityOmission => {
+            PoolFaultAction::ContinueCapacityOmission => {
                 return FaultAdmission::IgnoredCapacityOmission;
             }
-            ActorFaultAction::FenceAndRebuildProducer => {
+            PoolFaultAction::FenceAndRebuildProducer => {
                 if self.producer_fence.is_some() {
                     return FaultAdmission::IgnoredSuperseded;
                 }
@@ -159,8 +157,8 @@ impl PendingActorFaults {
                     source_epoch: fault.source_epoch,
                 });
             }
-            ActorFaultAction::ReportResourceFailure => SourceFaultAction::ReportResourceFailure,
-            ActorFaultAction::RejectSource => SourceFaultAction::RejectSource,
+            PoolFaultAction::ReportResourceFailure => SourceFaultAction::ReportResourceFailure,
+            PoolFaultAction::RejectSource => SourceFaultAction::RejectSource,
         };
         if self.producer_fence.is_some() {
             return FaultAdmission::IgnoredSuperseded;
@@ -243,28 +241,25 @@ mod tests {
         SourceKey { worker_id, dp_rank }
     }
 
-    fn fault(worker_id: u64, source_epoch: u64, action: ActorFaultAction) -> ActorFault {
-        ActorFault { source: source(worker_id, 0), source_epoch, action }
+    fn fault(worker_id: u64, source_epoch: u64, action: PoolFaultAction) -> PoolFaultReport {
+        PoolFaultReport { source: source(worker_id, 0), source_epoch, action }
     }
 
-    fn drain(faults: &mut PendingActorFaults) -> Vec<SourceFault> {
+    fn drain(faults: &mut PendingPoolFaults) -> Vec<SourceFault> {
         std::iter::from_fn(|| faults.pop_source_fault()).collect()
     }
 
     #[test]
     fn newer_source_epoch_wins_even_with_a_weaker_action() {
-        let mut faults = PendingActorFaults::new();
+        let mut faults = PendingPoolFaults::new();
+        assert_eq!(faults.push(fault(1, 4, PoolFaultAction::RejectSource)), FaultAdmission::Queued);
         assert_eq!(
-            faults.push(fault(1, 4, ActorFaultAction::RejectSource)),
-            FaultAdmission::Queued
-        );
-        assert_eq!(
-            faults.push(fault(1, 5, ActorFaultAction::ReportResourceFailure)),
+            faults.push(fault(1, 5, PoolFaultAction::ReportResourceFailure)),
             FaultAdmission::Coalesced
         );
         // An older epoch is stale, however strong.
         assert_eq!(
-            faults.push(fault(1, 3, ActorFaultAction::RejectSource)),
+            faults.push(fault(1, 3, PoolFaultAction::RejectSource)),
             FaultAdmission::IgnoredStale
         );
         assert_eq!(
@@ -279,14 +274,14 @@ mod tests {
 
     #[test]
     fn empty_means_no_source_fault_and_no_fence_and_clear_forgets_both() {
-        let mut faults = PendingActorFaults::new();
+        let mut faults = PendingPoolFaults::new();
         assert!(faults.is_empty());
-        let _ = faults.push(fault(1, 2, ActorFaultAction::RejectSource));
+        let _ = faults.push(fault(1, 2, PoolFaultAction::RejectSource));
         assert!(!faults.is_empty(), "a pending source fault");
         faults.clear();
         assert!(faults.is_empty());
         assert_eq!(faults.pop_source_fault(), None);
-        let _ = faults.push(fault(1, 2, ActorFaultAction::FenceAndRebuildProducer));
+        let _ = faults.push(fault(1, 2, PoolFaultAction::FenceAndRebuildProducer));
         assert_eq!(faults.source_fault_count(), 0);
         assert!(!faults.is_empty(), "an installed producer fence");
         faults.clear();
@@ -296,10 +291,10 @@ mod tests {
 
     #[test]
     fn same_epoch_keeps_the_stronger_action() {
-        let mut faults = PendingActorFaults::new();
-        let _ = faults.push(fault(1, 2, ActorFaultAction::ReportResourceFailure));
-        let _ = faults.push(fault(1, 2, ActorFaultAction::RejectSource));
-        let _ = faults.push(fault(1, 2, ActorFaultAction::ReportResourceFailure));
+        let mut faults = PendingPoolFaults::new();
+        let _ = faults.push(fault(1, 2, PoolFaultAction::ReportResourceFailure));
+        let _ = faults.push(fault(1, 2, PoolFaultAction::RejectSource));
+        let _ = faults.push(fault(1, 2, PoolFaultAction::ReportResourceFailure));
         assert_eq!(faults.source_fault_count(), 1);
         assert_eq!(
             drain(&mut faults),
@@ -313,9 +308,9 @@ mod tests {
 
     #[test]
     fn capacity_omissions_are_ignored() {
-        let mut faults = PendingActorFaults::new();
+        let mut faults = PendingPoolFaults::new();
         assert_eq!(
-            faults.push(fault(1, 1, ActorFaultAction::ContinueCapacityOmission)),
+            faults.push(fault(1, 1, PoolFaultAction::ContinueCapacityOmission)),
             FaultAdmission::IgnoredCapacityOmission
         );
         assert!(faults.is_empty());
@@ -323,23 +318,23 @@ mod tests {
 
     #[test]
     fn producer_fence_supersedes_and_clears_pending_source_faults() {
-        let mut faults = PendingActorFaults::new();
-        let _ = faults.push(fault(1, 1, ActorFaultAction::RejectSource));
-        let _ = faults.push(fault(2, 1, ActorFaultAction::ReportResourceFailure));
+        let mut faults = PendingPoolFaults::new();
+        let _ = faults.push(fault(1, 1, PoolFaultAction::RejectSource));
+        let _ = faults.push(fault(2, 1, PoolFaultAction::ReportResourceFailure));
         let cause =
             ProducerFenceCause::InvariantViolation { source: source(3, 0), source_epoch: 7 };
         assert_eq!(
-            faults.push(fault(3, 7, ActorFaultAction::FenceAndRebuildProducer)),
+            faults.push(fault(3, 7, PoolFaultAction::FenceAndRebuildProducer)),
             FaultAdmission::ProducerFenceInstalled(cause)
         );
         assert_eq!(faults.source_fault_count(), 0);
         // Later source faults and fences are covered by the installed trigger.
         assert_eq!(
-            faults.push(fault(4, 1, ActorFaultAction::RejectSource)),
+            faults.push(fault(4, 1, PoolFaultAction::RejectSource)),
             FaultAdmission::IgnoredSuperseded
         );
         assert_eq!(
-            faults.push(fault(5, 1, ActorFaultAction::FenceAndRebuildProducer)),
+            faults.push(fault(5, 1, PoolFaultAction::FenceAndRebuildProducer)),
             FaultAdmission::IgnoredSuperseded
         );
         assert_eq!(faults.pop_source_fault(), None);
@@ -349,23 +344,23 @@ mod tests {
 
     #[test]
     fn overflowing_sixteen_sources_installs_a_producer_fence() {
-        let mut faults = PendingActorFaults::new();
+        let mut faults = PendingPoolFaults::new();
         for worker_id in 0..PENDING_SOURCE_FAULTS_MAX as u64 {
             assert_eq!(
-                faults.push(fault(worker_id, 1, ActorFaultAction::ReportResourceFailure)),
+                faults.push(fault(worker_id, 1, PoolFaultAction::ReportResourceFailure)),
                 FaultAdmission::Queued
             );
         }
         // Faults for sources already pending coalesce and do not count toward the bound.
         assert_eq!(
-            faults.push(fault(0, 2, ActorFaultAction::RejectSource)),
+            faults.push(fault(0, 2, PoolFaultAction::RejectSource)),
             FaultAdmission::Coalesced
         );
         assert_eq!(faults.source_fault_count(), PENDING_SOURCE_FAULTS_MAX);
         assert_eq!(faults.producer_fence(), None);
         // The seventeenth distinct source fences the producer.
         assert_eq!(
-            faults.push(fault(99, 1, ActorFaultAction::ReportResourceFailure)),
+            faults.push(fault(99, 1, PoolFaultAction::ReportResourceFailure)),
             FaultAdmission::ProducerFenceInstalled(ProducerFenceCause::SourceFaultOverflow)
         );
         assert_eq!(faults.source_fault_count(), 0);
@@ -374,12 +369,12 @@ mod tests {
 
     #[test]
     fn source_faults_are_handed_out_oldest_first() {
-        let mut faults = PendingActorFaults::new();
+        let mut faults = PendingPoolFaults::new();
         for worker_id in [7, 3, 5] {
-            let _ = faults.push(fault(worker_id, 1, ActorFaultAction::ReportResourceFailure));
+            let _ = faults.push(fault(worker_id, 1, PoolFaultAction::ReportResourceFailure));
         }
         // Coalescing keeps the original place in line.
-        let _ = faults.push(fault(7, 2, ActorFaultAction::RejectSource));
+        let _ = faults.push(fault(7, 2, PoolFaultAction::RejectSource));
         let order: Vec<u64> =
             drain(&mut faults).iter().map(|fault| fault.source.worker_id).collect();
         assert_eq!(order, vec![7, 3, 5]);
@@ -388,16 +383,16 @@ mod tests {
     #[test]
     fn dispositions_map_to_actions() {
         assert_eq!(
-            ActorFaultAction::from(FailureDisposition::ReportResourceFailure),
-            ActorFaultAction::ReportResourceFailure
+            PoolFaultAction::from(FailureDisposition::ReportResourceFailure),
+            PoolFaultAction::ReportResourceFailure
         );
         assert_eq!(
-            ActorFaultAction::from(FailureDisposition::RejectSource),
-            ActorFaultAction::RejectSource
+            PoolFaultAction::from(FailureDisposition::RejectSource),
+            PoolFaultAction::RejectSource
         );
         assert_eq!(
-            ActorFaultAction::from(FailureDisposition::FenceAndRebuildProducer),
-            ActorFaultAction::FenceAndRebuildProducer
+            PoolFaultAction::from(FailureDisposition::FenceAndRebuildProducer),
+            PoolFaultAction::FenceAndRebuildProducer
         );
         assert!(SourceFaultAction::RejectSource > SourceFaultAction::ReportResourceFailure);
     }

@@ -13,7 +13,7 @@
 //! - [`EndpointHost`]: one slot per endpoint with its [`SlotLifecycle`] and slot incarnation;
 //!   materializes a pool behind the `desired_binding` gate, refreshes metadata in place,
 //!   retires withdraw-first, retries failed starts and fenced generations with backoff;
-//! - [`PendingActorFaults`]: per-endpoint coalescing of pool faults into at most 16 source
+//! - [`PendingPoolFaults`]: per-endpoint coalescing of pool faults into at most 16 source
 //!   faults or one producer-fence trigger.
 //!
 //! The invariants are stated on each type; the ones that matter most to consumers are that no
@@ -31,7 +31,7 @@ mod tests;
 
 pub use catalog::{Catalog, CatalogChange, CatalogError, CatalogSnapshot, PoolDescriptor};
 pub use faults::{
-    ActorFault, ActorFaultAction, FaultAdmission, PENDING_SOURCE_FAULTS_MAX, PendingActorFaults,
+    FaultAdmission, PENDING_SOURCE_FAULTS_MAX, PendingPoolFaults, PoolFaultAction, PoolFaultReport,
     ProducerFenceCause, SourceFault, SourceFaultAction,
 };
 pub use pools::{HeldPool, PoolRegistry, RegistryError};

@@ -10,7 +10,7 @@
 //! - [`EndpointHost::start_succeeded`] / [`EndpointHost::start_failed`]: the outcome of a
 //!   `StartPool` (every `StartPool` gets exactly one of the two);
 //! - [`EndpointHost::fence_generation`]: a terminal publication failure of a generation;
-//! - [`EndpointHost::report_actor_fault`] / [`EndpointHost::source_recovery_finished`]: actor
+//! - [`EndpointHost::report_pool_fault`] / [`EndpointHost::source_recovery_finished`]: pool
 //!   faults and the outcome of the rank-level recovery calls the host asked for;
 //! - [`EndpointHost::handle_timeout`] when [`EndpointHost::poll_timeout`] is due, and
 //!   [`EndpointHost::begin_shutdown`].
@@ -41,7 +41,7 @@ use serde::Serialize;
 
 use super::catalog::{Catalog, CatalogChange, CatalogSnapshot, PoolDescriptor};
 use super::faults::{
-    ActorFault, FaultAdmission, PendingActorFaults, ProducerFenceCause, SourceFault,
+    FaultAdmission, PendingPoolFaults, PoolFaultReport, ProducerFenceCause, SourceFault,
 };
 use super::pools::{PoolRegistry, RegistryError};
 use crate::discovery::{
@@ -386,7 +386,7 @@ struct Slot {
     last_failure: Option<SlotFence>,
     /// The last attach pass wanted a pool here and found the pool budget full.
     budget_refused: bool,
-    faults: PendingActorFaults,
+    faults: PendingPoolFaults,
     recovery_in_flight: bool,
 }
 
@@ -402,7 +402,7 @@ impl Slot {
             retry_at: None,
             last_failure: None,
             budget_refused: false,
-            faults: PendingActorFaults::new(),
+            faults: PendingPoolFaults::new(),
             recovery_in_flight: false,
         }
     }
@@ -916,11 +916,11 @@ impl EndpointHost {
     /// and handed to the recovery client one at a time; a producer-fence trigger retires the
     /// generation as fenced. Faults of other generations are ignored.
     #[must_use = "commands must be executed in order"]
-    pub fn report_actor_fault(
+    pub fn report_pool_fault(
         &mut self,
         endpoint: &EndpointPath,
         layout_generation: u64,
-        fault: ActorFault,
+        fault: PoolFaultReport,
         now: Duration,
     ) -> Vec<HostCommand> {
         let mut commands = Vec::new();

@@ -640,7 +640,7 @@ fn start_failure_retries_with_backoff() {
     let mut generation = 1;
     for _ in 0..8 {
         let commands = harness.fail(BACKEND, generation);
-        assert_eq!(kinds(&commands), ["release"], "a failed start has no actor to stop");
+        assert_eq!(kinds(&commands), ["release"], "a failed start has no pool to stop");
         let slot = harness.host.slot(&endpoint(BACKEND)).unwrap();
         assert_eq!(
             (slot.lifecycle, slot.fence),
@@ -759,8 +759,8 @@ fn fenced_target_disposition_withdraws() {
     assert_eq!(harness.lifecycle(BACKEND), SlotLifecycle::Active);
 
     let fault =
-        ActorFault { source, source_epoch: 3, action: ActorFaultAction::ReportResourceFailure };
-    let commands = harness.host.report_actor_fault(&endpoint(BACKEND), 1, fault, harness.now);
+        PoolFaultReport { source, source_epoch: 3, action: PoolFaultAction::ReportResourceFailure };
+    let commands = harness.host.report_pool_fault(&endpoint(BACKEND), 1, fault, harness.now);
     assert_eq!(
         commands,
         [HostCommand::RecoverSource {
@@ -797,30 +797,30 @@ fn source_faults_are_recovered_one_call_at_a_time() {
     harness.source_up(BACKEND);
     let _ = harness.settle();
     let backend = endpoint(BACKEND);
-    let fault = |worker_id, source_epoch, action| ActorFault {
+    let fault = |worker_id, source_epoch, action| PoolFaultReport {
         source: SourceKey { worker_id, dp_rank: 0 },
         source_epoch,
         action,
     };
 
-    let first = harness.host.report_actor_fault(
+    let first = harness.host.report_pool_fault(
         &backend,
         1,
-        fault(1, 1, ActorFaultAction::ReportResourceFailure),
+        fault(1, 1, PoolFaultAction::ReportResourceFailure),
         harness.now,
     );
     assert_eq!(kinds(&first), ["recover"]);
     // While that call is in flight, faults queue and coalesce.
     for reported in [
-        fault(2, 1, ActorFaultAction::ReportResourceFailure),
-        fault(2, 1, ActorFaultAction::RejectSource),
-        fault(3, 1, ActorFaultAction::ContinueCapacityOmission),
+        fault(2, 1, PoolFaultAction::ReportResourceFailure),
+        fault(2, 1, PoolFaultAction::RejectSource),
+        fault(3, 1, PoolFaultAction::ContinueCapacityOmission),
     ] {
-        assert!(harness.host.report_actor_fault(&backend, 1, reported, harness.now).is_empty());
+        assert!(harness.host.report_pool_fault(&backend, 1, reported, harness.now).is_empty());
     }
     // Faults of another generation are not this pool's business.
-    let stale = fault(4, 1, ActorFaultAction::FenceAndRebuildProducer);
-    assert!(harness.host.report_actor_fault(&backend, 9, stale, harness.now).is_empty());
+    let stale = fault(4, 1, PoolFaultAction::FenceAndRebuildProducer);
+    assert!(harness.host.report_pool_fault(&backend, 9, stale, harness.now).is_empty());
     assert_eq!(harness.host.slot(&backend).unwrap().pending_source_faults, 1);
 
     let next = harness.host.source_recovery_finished(
@@ -860,15 +860,18 @@ fn producer_fence_interrupts_inflight_fault_recovery() {
     let source = SourceKey { worker_id: 1, dp_rank: 0 };
 
     let resource =
-        ActorFault { source, source_epoch: 1, action: ActorFaultAction::ReportResourceFailure };
+        PoolFaultReport { source, source_epoch: 1, action: PoolFaultAction::ReportResourceFailure };
     assert_eq!(
-        kinds(&harness.host.report_actor_fault(&backend, 1, resource, harness.now)),
+        kinds(&harness.host.report_pool_fault(&backend, 1, resource, harness.now)),
         ["recover"]
     );
 
-    let fence =
-        ActorFault { source, source_epoch: 1, action: ActorFaultAction::FenceAndRebuildProducer };
-    let commands = harness.host.report_actor_fault(&backend, 1, fence, harness.now);
+    let fence = PoolFaultReport {
+        source,
+        source_epoch: 1,
+        action: PoolFaultAction::FenceAndRebuildProducer,
+    };
+    let commands = harness.host.report_pool_fault(&backend, 1, fence, harness.now);
     assert_eq!(kinds(&commands), ["withdraw", "publish", "stop-fence", "release"]);
     assert!(matches!(
         commands[0],
@@ -898,12 +901,12 @@ fn overflowing_pending_source_faults_fences_the_producer() {
     let mut all = Vec::new();
     // One fault goes into flight, sixteen more fill the pending set, the next one overflows.
     for worker_id in 0..=(PENDING_SOURCE_FAULTS_MAX as u64 + 1) {
-        let fault = ActorFault {
+        let fault = PoolFaultReport {
             source: SourceKey { worker_id, dp_rank: 0 },
             source_epoch: 1,
-            action: ActorFaultAction::RejectSource,
+            action: PoolFaultAction::RejectSource,
         };
-        all.extend(harness.host.report_actor_fault(&backend, 1, fault, harness.now));
+        all.extend(harness.host.report_pool_fault(&backend, 1, fault, harness.now));
     }
     assert_eq!(kinds(&all), ["recover", "withdraw", "publish", "stop-fence", "release"]);
     assert!(matches!(
@@ -944,7 +947,7 @@ fn repeated_fences_back_off_until_a_generation_stays_up() {
 // ---- shutdown ------------------------------------------------------------------------------
 
 #[test]
-fn shutdown_withdraws_every_pool_before_stopping_any_actor() {
+fn shutdown_withdraws_every_pool_before_stopping_any() {
     let mut harness = Harness::new();
     harness.upsert(card_id(BACKEND, 1), card("tiny-llm", WorkerType::Decode));
     harness.upsert(card_id(PREFILL, 2), card("tiny-llm", WorkerType::Prefill));

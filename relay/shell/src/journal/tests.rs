@@ -865,7 +865,7 @@ async fn a_recorded_simulated_run_replays_every_checkpoint_twice_identically() {
     assert!(checkpoints >= 4, "{checkpoints} checkpoints recorded");
     let (_, records) = read_ok(dir.path());
     let publications = records.iter().filter(|r| matches!(r, Record::Publication { .. })).count();
-    assert!(publications > 0, "the actors' timer publications are recorded");
+    assert!(publications > 0, "the pools' timer publications are recorded");
     let starts = records.iter().filter(|r| matches!(r, Record::PoolStart { .. })).count();
     assert!(starts >= 4, "every pool start is recorded ({starts})");
     assert_eq!(

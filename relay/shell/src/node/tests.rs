@@ -120,7 +120,7 @@ async fn published(node: &NodeHandle, endpoints: &[EndpointPath]) -> Vec<PoolId>
 }
 
 async fn stats(node: &NodeHandle, pool: &PoolId) -> PoolStats {
-    node.publications.stats(pool).await.expect("the pool's actor runs").1
+    node.publications.stats(pool).await.expect("the pool runs").1
 }
 
 /// One worker keeps every block it ever stores (a cache that never evicts, the way a broken or

@@ -52,7 +52,7 @@ pub struct PoolConfig {
     /// Deltas buffered for the publication hub.
     pub delta_broadcast_capacity: usize,
     /// Most bytes the exact ownership state of one pool may allocate; `None` derives it from
-    /// the pool's filter ([`kvrelay_core::pool::exact_state_bytes_max_default`]: 256 bytes per
+    /// the pool's filter ([`kvrelay_core::pool::exact_state_bytes_max_default`]: 288 bytes per
     /// slot, at least 64 MiB). Last, with a default, so configurations recorded before it
     /// existed still decode (to `None`).
     #[serde(default)]

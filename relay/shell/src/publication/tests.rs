@@ -36,7 +36,7 @@ fn producer(endpoint: &str, buckets: u64, generation: u64) -> ProducerIdentity {
     ProducerIdentity::new(pool_id, 42, generation, CkfFormat::v1(DEFAULT_SEED, buckets)).unwrap()
 }
 
-fn actor(identity: &ProducerIdentity) -> StandalonePool {
+fn standalone(identity: &ProducerIdentity) -> StandalonePool {
     let pool = PoolOwnership::new(identity.format(), MAX_KICKS_DEFAULT, rng_from_seed(5)).unwrap();
     let key = (identity.pool_id(), identity.layout_generation());
     let faults = Arc::new(IgnoreFaults);
@@ -64,9 +64,9 @@ fn store(external: u64) -> RouterEvent {
 }
 
 /// Store one block and publish it as one delta.
-async fn publish_one(actor: &StandalonePool, external: u64) {
-    actor.apply(RankFence(1), vec![store(external)]).await.unwrap();
-    actor.flush().await.unwrap().unwrap();
+async fn publish_one(standalone: &StandalonePool, external: u64) {
+    standalone.apply(RankFence(1), vec![store(external)]).await.unwrap();
+    standalone.flush().await.unwrap().unwrap();
 }
 
 fn publications(config: HubConfig) -> PoolPublications {
@@ -81,21 +81,21 @@ async fn frame(stream: &mut PoolStream) -> Arc<HubFrame> {
 #[tokio::test(start_paused = true)]
 async fn first_subscriber_gets_the_snapshot_then_contiguous_deltas() {
     let identity = producer("ns/backend/generate", 1024, 1);
-    let actor = actor(&identity);
+    let standalone = standalone(&identity);
     let publications = publications(HubConfig::default());
-    publications.activate(identity, actor.handle().clone());
-    publish_one(&actor, 1).await; // no lease yet: the sequence stays at 0
+    publications.activate(identity, standalone.handle().clone());
+    publish_one(&standalone, 1).await; // no lease yet: the sequence stays at 0
     let mut stream = publications.subscribe(&identity).await.unwrap();
     let chunk = frame(&mut stream).await;
     assert_eq!((chunk.kind, chunk.base_sequence, chunk.sequence), (FrameKind::SnapshotChunk, 0, 0));
     assert!(stream.snapshot_complete());
-    publish_one(&actor, 2).await;
+    publish_one(&standalone, 2).await;
     let delta = frame(&mut stream).await;
     assert_eq!((delta.kind, delta.base_sequence, delta.sequence), (FrameKind::Delta, 0, 1));
     // A later subscriber starts from the current sequence.
     let mut later = publications.subscribe(&identity).await.unwrap();
     assert_eq!(frame(&mut later).await.sequence, 1);
-    publish_one(&actor, 3).await;
+    publish_one(&standalone, 3).await;
     let shared_early = frame(&mut stream).await;
     let shared_late = frame(&mut later).await;
     assert!(Arc::ptr_eq(&shared_early, &shared_late), "one frame instance fans out");
@@ -105,37 +105,37 @@ async fn first_subscriber_gets_the_snapshot_then_contiguous_deltas() {
 #[tokio::test(start_paused = true)]
 async fn slow_subscriber_is_dropped_as_lagged_while_a_fast_one_continues() {
     let identity = producer("ns/backend/generate", 1024, 1);
-    let actor = actor(&identity);
+    let standalone = standalone(&identity);
     let publications =
         publications(HubConfig { subscriber_queue_frames: 2, ..HubConfig::default() });
-    publications.activate(identity, actor.handle().clone());
+    publications.activate(identity, standalone.handle().clone());
     let mut fast = publications.subscribe(&identity).await.unwrap();
     let mut slow = publications.subscribe(&identity).await.unwrap();
     frame(&mut fast).await;
     frame(&mut slow).await;
     for external in 1..=4 {
-        publish_one(&actor, external).await;
+        publish_one(&standalone, external).await;
         assert_eq!(frame(&mut fast).await.sequence, external);
     }
     assert_eq!(frame(&mut slow).await.sequence, 1);
     assert_eq!(frame(&mut slow).await.sequence, 2);
     assert_eq!(slow.next().await, Err(PublicationError::SubscriberLagged));
-    publish_one(&actor, 5).await;
+    publish_one(&standalone, 5).await;
     assert_eq!(frame(&mut fast).await.sequence, 5);
 }
 
 #[tokio::test(start_paused = true)]
 async fn byte_budget_lags_a_subscriber_before_its_frame_capacity() {
     let identity = producer("ns/backend/generate", 1024, 1);
-    let actor = actor(&identity);
+    let standalone = standalone(&identity);
     // One small delta fits (48 + 12 + 12 + 256 bytes); a second does not.
     let publications =
         publications(HubConfig { subscriber_queue_bytes: 400, ..HubConfig::default() });
-    publications.activate(identity, actor.handle().clone());
+    publications.activate(identity, standalone.handle().clone());
     let mut stream = publications.subscribe(&identity).await.unwrap();
     frame(&mut stream).await;
-    publish_one(&actor, 1).await;
-    publish_one(&actor, 2).await;
+    publish_one(&standalone, 1).await;
+    publish_one(&standalone, 2).await;
     assert_eq!(frame(&mut stream).await.sequence, 1);
     assert_eq!(stream.next().await, Err(PublicationError::SubscriberLagged));
 }
@@ -145,7 +145,7 @@ async fn subscriber_limit_is_enforced_per_pool() {
     let identity = producer("ns/backend/generate", 1024, 1);
     let publications =
         publications(HubConfig { subscribers_per_pool_max: 1, ..HubConfig::default() });
-    publications.activate(identity, actor(&identity).handle().clone());
+    publications.activate(identity, standalone(&identity).handle().clone());
     let first = publications.subscribe(&identity).await.unwrap();
     assert_eq!(
         publications.subscribe(&identity).await.err(),
@@ -159,10 +159,10 @@ async fn subscriber_limit_is_enforced_per_pool() {
 async fn idle_hub_is_evicted_and_its_pool_resnapshots_at_the_same_generation() {
     let a = producer("ns/a/generate", 1024, 1);
     let b = producer("ns/b/generate", 1024, 2);
-    let actor_a = actor(&a);
+    let actor_a = standalone(&a);
     let publications = publications(HubConfig { initialized_hubs_max: 1, ..HubConfig::default() });
     publications.activate(a, actor_a.handle().clone());
-    publications.activate(b, actor(&b).handle().clone());
+    publications.activate(b, standalone(&b).handle().clone());
     let mut stream_a = publications.subscribe(&a).await.unwrap();
     frame(&mut stream_a).await;
     publish_one(&actor_a, 1).await;
@@ -184,13 +184,13 @@ async fn idle_hub_is_evicted_and_its_pool_resnapshots_at_the_same_generation() {
 #[tokio::test(start_paused = true)]
 async fn oversized_delta_resnapshots_and_closes_subscribers() {
     let identity = producer("ns/backend/generate", 1024, 1);
-    let actor = actor(&identity);
+    let standalone = standalone(&identity);
     let publications = publications(HubConfig { max_delta_images: 2, ..HubConfig::default() });
-    publications.activate(identity, actor.handle().clone());
+    publications.activate(identity, standalone.handle().clone());
     let mut stream = publications.subscribe(&identity).await.unwrap();
     frame(&mut stream).await;
-    actor.apply(RankFence(1), (1..=8).map(store).collect()).await.unwrap();
-    actor.flush().await.unwrap().unwrap();
+    standalone.apply(RankFence(1), (1..=8).map(store).collect()).await.unwrap();
+    standalone.flush().await.unwrap().unwrap();
     assert_eq!(stream.next().await, Err(PublicationError::Unavailable));
     let mut fresh = publications.subscribe(&identity).await.unwrap();
     assert_eq!(frame(&mut fresh).await.sequence, 1, "the new mirror includes the big publication");
@@ -200,7 +200,7 @@ async fn oversized_delta_resnapshots_and_closes_subscribers() {
 async fn stalled_snapshot_bootstrap_times_out_without_fencing() {
     let identity = producer("ns/backend/generate", 1 << 20, 1); // two chunks
     let publications = publications(HubConfig::default());
-    publications.activate(identity, actor(&identity).handle().clone());
+    publications.activate(identity, standalone(&identity).handle().clone());
     let mut stream = publications.subscribe(&identity).await.unwrap();
     tokio::time::sleep(Duration::from_secs(61)).await;
     assert_eq!(frame(&mut stream).await.kind, FrameKind::SnapshotChunk);
@@ -216,14 +216,14 @@ async fn stalled_snapshot_bootstrap_times_out_without_fencing() {
 async fn retired_generation_ends_streams_and_rejects_stale_subscribers() {
     let old = producer("ns/backend/generate", 1024, 1);
     let publications = publications(HubConfig::default());
-    publications.activate(old, actor(&old).handle().clone());
+    publications.activate(old, standalone(&old).handle().clone());
     let mut stream = publications.subscribe(&old).await.unwrap();
     frame(&mut stream).await;
     publications.retire(old.pool_id(), 1).await;
     assert_eq!(stream.next().await, Err(PublicationError::Unavailable));
     assert_eq!(publications.subscribe(&old).await.err(), Some(PublicationError::NotFound));
     let new = producer("ns/backend/generate", 1024, 2);
-    publications.activate(new, actor(&new).handle().clone());
+    publications.activate(new, standalone(&new).handle().clone());
     assert_eq!(publications.subscribe(&old).await.err(), Some(PublicationError::ProducerChanged));
     let mut current = publications.subscribe(&new).await.unwrap();
     assert_eq!(frame(&mut current).await.sequence, 0, "a new generation starts at sequence 0");
@@ -232,12 +232,12 @@ async fn retired_generation_ends_streams_and_rejects_stale_subscribers() {
 #[tokio::test(start_paused = true)]
 async fn actor_death_fails_the_hub_and_requests_a_fence() {
     let identity = producer("ns/backend/generate", 1024, 1);
-    let actor = actor(&identity);
+    let standalone = standalone(&identity);
     let publications = publications(HubConfig::default());
-    publications.activate(identity, actor.handle().clone());
+    publications.activate(identity, standalone.handle().clone());
     let mut stream = publications.subscribe(&identity).await.unwrap();
     frame(&mut stream).await;
-    actor.fence();
+    standalone.fence();
     assert_eq!(stream.next().await, Err(PublicationError::Unavailable));
     assert_eq!(publications.fence_requests().take(), vec![(identity.pool_id(), 1)]);
 }
@@ -290,8 +290,8 @@ async fn a_snapshot_encoder_that_dies_fails_the_hub_and_requests_a_fence() {
         Arc::clone(&executor) as Arc<dyn crate::runtime::BlockingExecutor>,
     );
     let identity = producer("ns/backend/generate", 1024, 1);
-    let actor = actor(&identity);
-    publications.activate(identity, actor.handle().clone());
+    let standalone = standalone(&identity);
+    publications.activate(identity, standalone.handle().clone());
     let mut dying = publications.subscribe(&identity).await.unwrap();
     let mut bystander = publications.subscribe(&identity).await.unwrap();
     settle().await;
@@ -311,7 +311,7 @@ async fn a_snapshot_encoder_that_dies_fails_the_hub_and_requests_a_fence() {
         settle().await;
     }
     assert_eq!(frame(&mut bystander).await.kind, FrameKind::SnapshotChunk);
-    publish_one(&actor, 9).await;
+    publish_one(&standalone, 9).await;
     assert_eq!(bystander.next().await, Err(PublicationError::Internal));
 }
 
@@ -326,7 +326,7 @@ async fn encodes_in_flight(encoding_concurrency: usize) -> Vec<usize> {
     let mut streams = Vec::new();
     for (index, endpoint) in ["a/b/c", "d/e/f", "g/h/i"].into_iter().enumerate() {
         let identity = producer(endpoint, 1024, index as u64 + 1);
-        publications.activate(identity, actor(&identity).handle().clone());
+        publications.activate(identity, standalone(&identity).handle().clone());
         streams.push(publications.subscribe(&identity).await.unwrap());
     }
     let mut in_flight = Vec::new();
@@ -399,9 +399,9 @@ fn accept(replica: &mut FilterReplica, frame: &HubFrame) {
 #[tokio::test(start_paused = true)]
 async fn a_sparse_mirror_serves_the_same_filter_as_it_fills_and_turns_dense() {
     let identity = producer("ns/backend/generate", 64, 1);
-    let actor = actor(&identity);
+    let standalone = standalone(&identity);
     let publications = publications(HubConfig::default());
-    publications.activate(identity, actor.handle().clone());
+    publications.activate(identity, standalone.handle().clone());
     let mut follower = publications.subscribe(&identity).await.unwrap();
     let mut followed = FilterReplica::new(identity.format(), 7).unwrap();
     accept(&mut followed, &*frame(&mut follower).await);
@@ -409,7 +409,7 @@ async fn a_sparse_mirror_serves_the_same_filter_as_it_fills_and_turns_dense() {
     assert!(hub.mirror_is_sparse(), "an empty pool is mirrored sparse");
     let mut saw_sparse_with_words = false;
     for external in 1..=120 {
-        publish_one(&actor, external).await;
+        publish_one(&standalone, external).await;
         accept(&mut followed, &*frame(&mut follower).await);
         // A new subscriber's snapshot, from the mirror as it is now, equals the followed filter.
         let mut late = publications.subscribe(&identity).await.unwrap();
