@@ -28,7 +28,9 @@ use kvrelay_core::model::kv_events::{RouterEvent, StoredBlock};
 use kvrelay_core::rng::rng_from_seed;
 use kvrelay_core::sources::{RecoveryResponse, TreeDumpScope};
 use relay_process::RelayProcess;
-use serve_setup::{BLOCK, FileStore, Worker, http_get_async, local_indexer, metric, prompt};
+use serve_setup::{
+    BLOCK, FileStore, Worker, http_get_async, local_indexer, metric, metric_seconds, prompt,
+};
 use servers::NatsServer;
 use tokio::time::Instant;
 
@@ -316,13 +318,15 @@ async fn a_hostile_dc_cannot_grow_the_relay_past_its_budgets_and_a_healthy_pool_
         let peak = peak_rss.load(Ordering::Relaxed);
         let text = metrics(&relay).await;
         let value = |sample: &str| metric(&text, sample).unwrap_or(0);
+        let wakeup_max = metric_seconds(&text, "kvrelay_node_wakeup_seconds_max").unwrap_or(0.0);
         eprintln!(
             "dc flood: {} MiB of wide events published; relay VmRSS idle {idle_rss} KiB, \
              peak {peak} KiB, after {} KiB; healthy stores of the flood visible \
              {visible_after} of {}, a store after it within {recovered_in:?}; backlog drops {}, \
              client drops {}, NATS connects {}, input queue byte waits {}, recovery queries {} \
              answered {} failed {}, answer bytes peak {}, backlog bytes peak {}, exact-state bytes {}, \
-             exact-state refusals {}, fenced endpoints {}",
+             exact-state refusals {}, fenced endpoints {}, longest wake-up {wakeup_max} s, \
+             slow wake-ups {}",
             published >> 20,
             relay.rss_kib(),
             stored_during.len(),
@@ -338,7 +342,10 @@ async fn a_hostile_dc_cannot_grow_the_relay_past_its_budgets_and_a_healthy_pool_
             value("kvrelay_pool_exact_state_bytes"),
             value("kvrelay_pool_exact_state_budget_refusals"),
             value("kvrelay_fenced_endpoint_count"),
+            value("kvrelay_node_slow_wakeups_total"),
         );
+        // The node times its wake-ups on the process's real clock.
+        assert!(wakeup_max > 0.0 && wakeup_max < 240.0, "{text}");
         assert!(peak > 0 && peak < RSS_BOUND_KIB, "relay VmRSS peaked at {peak} KiB");
         // The backlog's fair shares: the flooding endpoints lose their own newest messages,
         // the healthy endpoint (far lighter) loses none.

@@ -32,6 +32,7 @@ mod run;
 mod starts;
 #[cfg(test)]
 mod tests;
+mod wakeups;
 
 #[cfg(test)]
 pub(crate) use input_queue::kv_batch;
@@ -42,3 +43,4 @@ pub use input_queue::{
 pub use recovery::{NoRecovery, RecoveryTransport};
 pub use run::{NodeConfig, NodeHandle, NodeStatus, start_node, start_node_with_tap};
 pub use starts::{CKF_ALLOCATION_CONCURRENCY, StartPoint, StartTiming};
+pub use wakeups::{SLOW_WAKEUP, WakeupStats};

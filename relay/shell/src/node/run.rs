@@ -19,6 +19,7 @@ use super::starts::{
     CKF_ALLOCATION_CONCURRENCY, DoneReceiver, Due, PendingStart, PoolStarts, Ready, StartPoint,
     StartTiming,
 };
+use super::wakeups::{SLOW_WAKEUP, WakeupStats};
 use crate::config::WanTuning;
 use crate::journal::{NodeTap, capture_checkpoint};
 use crate::pool::{
@@ -86,6 +87,8 @@ pub struct NodeStatus {
     pub inputs_handled: u64,
     /// Batches those inputs were taken in (one wake-up of the node each).
     pub input_batches: u64,
+    /// The node's wake-ups: the longest, and how many were slow ([`super::wakeups`]).
+    pub wakeups: WakeupStats,
     /// The node stopped.
     pub stopped: bool,
     /// The control plane's full health summary and input counters (`None` before the first
@@ -156,6 +159,8 @@ struct Node {
     charges: Vec<InputCharge>,
     /// Batches of inputs taken so far.
     input_batches: u64,
+    /// How long the wake-ups so far kept the loop.
+    wakeups: WakeupStats,
     reports: mpsc::Sender<ShellReport>,
     publications: Arc<PoolPublications>,
     wan: WanPublisher,
@@ -220,6 +225,7 @@ pub fn start_node_with_tap(
         point: StartPoint { inputs_handled: 0, between_steps: true },
         charges: Vec::new(),
         input_batches: 0,
+        wakeups: WakeupStats::default(),
         reports,
         publications: Arc::clone(&publications),
         wan,
@@ -270,15 +276,18 @@ impl Node {
         'run: loop {
             let wake = self.relay.poll_timeout().map(|at| self.origin + at);
             // Every branch but an input's hands its work to the relay at once; the effects are
-            // carried out below.
+            // carried out below. Each notes when it woke, for the wake-up's duration.
+            let woke;
             let woken = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
                 Some(report) = reports.recv() => {
-                    self.relay.report(report, self.now(), &mut self.rng);
+                    woke = self.now();
+                    self.relay.report(report, woke, &mut self.rng);
                     None
                 }
                 () = fences.notified() => {
+                    woke = self.now();
                     for (pool_id, layout_generation) in fences.take() {
                         let report = ShellReport::GenerationFenced { pool_id, layout_generation };
                         self.relay.report(report, self.now(), &mut self.rng);
@@ -286,23 +295,30 @@ impl Node {
                     None
                 }
                 Some(done) = allocations.recv(), if self.starts.in_flight() > 0 => {
+                    woke = self.now();
                     self.starts.completed(done);
                     None
                 }
                 () = timer.sleep_until(wake), if wake.is_some() => {
-                    self.relay.handle_timeout(self.now(), &mut self.rng);
+                    woke = self.now();
+                    self.relay.handle_timeout(woke, &mut self.rng);
                     None
                 }
                 Some(request) = pool_requests.recv() => {
+                    woke = self.now();
                     self.serve(request);
                     None
                 }
                 _ = load_ticks.tick() => {
+                    woke = self.now();
                     self.publish_load();
                     None
                 }
                 input = inputs.recv() => match input {
-                    Some(queued) => Some(queued),
+                    Some(queued) => {
+                        woke = self.now();
+                        Some(queued)
+                    }
                     None => break,
                 },
             };
@@ -354,6 +370,7 @@ impl Node {
                 tokio::task::yield_now().await;
             }
             self.debug_check();
+            self.record_wakeup(woke);
             self.publish_status(inputs_handled, false);
         }
         self.relay.begin_shutdown(self.now(), &mut self.rng);
@@ -673,6 +690,21 @@ impl Node {
         }
     }
 
+    /// Count the wake-up that began at `woke` and ends now; log a slow one (the 1st, 2nd, 4th,
+    /// ... of them).
+    fn record_wakeup(&mut self, woke: Duration) {
+        let took = self.now().saturating_sub(woke);
+        if self.wakeups.record(took) {
+            tracing::warn!(
+                took_ms = took.as_millis() as u64,
+                slow_wakeups = self.wakeups.slow,
+                "one wake-up kept the node's loop for longer than {SLOW_WAKEUP:?}: the transports' \
+                 readers waited meanwhile, and an event plane whose buffer ran out lost messages \
+                 (kvrelay_node_slow_wakeups_total)"
+            );
+        }
+    }
+
     /// Runs after every input: reads counts and revisions, never copies the catalog or topology.
     fn publish_status(&self, inputs_handled: u64, stopped: bool) {
         let plane = self.relay.plane();
@@ -685,6 +717,7 @@ impl Node {
             pools_starting: self.starts.pending(),
             inputs_handled,
             input_batches: self.input_batches,
+            wakeups: self.wakeups,
             stopped,
             control: Some(health),
         };

@@ -64,6 +64,12 @@ impl Exposition {
         self.sample(name, &[], value);
     }
 
+    /// One unlabelled gauge in seconds (`f64`'s shortest exact decimal).
+    fn seconds(&mut self, name: &str, help: &str, value: std::time::Duration) {
+        self.family(name, Kind::Gauge, help);
+        let _ = writeln!(self.text, "{name} {}", value.as_secs_f64());
+    }
+
     /// Accepted and rejected-per-kind counters of one decoder, under `labels`.
     fn input_counters(
         &mut self,
@@ -474,6 +480,17 @@ fn host_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
         Kind::Counter,
         "Batches the node took its DC inputs in (inputs per batch = inputs / batches).",
         node.input_batches,
+    );
+    out.seconds(
+        "kvrelay_node_wakeup_seconds_max",
+        "The longest any one wake-up kept the node's loop (from waking to waiting again), since start.",
+        node.wakeups.longest,
+    );
+    out.single(
+        "kvrelay_node_slow_wakeups_total",
+        Kind::Counter,
+        "Wake-ups that kept the node's loop longer than 100 ms: the transports' readers waited meanwhile.",
+        node.wakeups.slow,
     );
     let queue = &snapshot.input_queue;
     out.single(

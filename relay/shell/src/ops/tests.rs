@@ -67,6 +67,10 @@ pub(super) fn snapshot() -> OpsSnapshot {
             pools_starting: 1,
             inputs_handled: 40,
             input_batches: 12,
+            wakeups: crate::node::WakeupStats {
+                longest: std::time::Duration::from_millis(250),
+                slow: 3,
+            },
             stopped: false,
             control: Some(control(0)),
         },
@@ -176,6 +180,10 @@ fn metrics_render_the_relay_names_and_the_existing_counters() {
         "kvrelay_pools_starting 1",
         "kvrelay_dc_inputs_total 40",
         "kvrelay_dc_input_batches_total 12",
+        "# TYPE kvrelay_node_wakeup_seconds_max gauge",
+        "kvrelay_node_wakeup_seconds_max 0.25",
+        "# TYPE kvrelay_node_slow_wakeups_total counter",
+        "kvrelay_node_slow_wakeups_total 3",
         "kvrelay_control_inputs_total 40",
         "kvrelay_input_queue_bytes 4096",
         "kvrelay_input_queue_bytes_max 268435456",
@@ -215,7 +223,11 @@ fn metrics_render_the_relay_names_and_the_existing_counters() {
         } else if !line.starts_with('#') {
             let name = line.split(['{', ' ']).next().unwrap();
             assert!(declared.contains(name), "{line}");
-            assert!(line.rsplit(' ').next().unwrap().parse::<u64>().is_ok(), "{line}");
+            let value = line.rsplit(' ').next().unwrap();
+            let whole = value.parse::<u64>().is_ok();
+            let seconds =
+                name.contains("_seconds") && value.parse::<f64>().is_ok_and(f64::is_finite);
+            assert!(whole || seconds, "{line}");
         }
     }
 }

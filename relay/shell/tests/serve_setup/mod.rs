@@ -466,6 +466,14 @@ pub fn metric(text: &str, sample: &str) -> Option<u64> {
     })
 }
 
+/// A sample's value in seconds (a gauge such as `kvrelay_node_wakeup_seconds_max`).
+pub fn metric_seconds(text: &str, sample: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        let (name, value) = line.rsplit_once(' ')?;
+        (name == sample).then(|| value.parse().ok()).flatten()
+    })
+}
+
 /// A plain HTTP/1.1 GET on loopback: (status code, body).
 pub async fn http_get_async(address: SocketAddr, path: &'static str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
