@@ -640,10 +640,11 @@ impl PoolOwnership {
     /// resident owner does. Batched by [`RELEASE_CHUNK`]: a chunk's owner entries are loaded
     /// together and updated, then the fingerprints that lost their last owner are removed in the
     /// same order, their buckets loaded together ([`CuckooFilter::warm`]), so the cache misses
-    /// of a chunk overlap. The owner table and the filter are disjoint, so the state after each chunk is
-    /// the one releasing its hashes one at a time leaves. Returns the first invariant violation
-    /// met (a hash without that many owners, or a resident one without a fingerprint); every
-    /// other release still happens.
+    /// of a chunk overlap. The owner table and the filter are disjoint and each sees its
+    /// operations in the same order, so the state after each chunk is the one releasing its
+    /// hashes one at a time leaves. Returns the first invariant violation met (a hash without
+    /// an owner entry, or a resident one without a fingerprint); every other release still
+    /// happens.
     fn release_owners(
         &mut self,
         releases: impl IntoIterator<Item = (u64, u32)>,

@@ -364,13 +364,14 @@ impl Node {
             }
             let heavy = self.relay.held_blocks() >= BATCH_BLOCKS_MAX;
             self.flush_applies().await;
+            // The wake-up's work is done: a yield below lets others run, it does not hold them.
+            self.record_wakeup(woke);
             if heavy {
                 // The batch kept the thread for a block bound's worth of writes: let the
                 // transports' readers (and every other task) run before the next wake-up.
                 tokio::task::yield_now().await;
             }
             self.debug_check();
-            self.record_wakeup(woke);
             self.publish_status(inputs_handled, false);
         }
         self.relay.begin_shutdown(self.now(), &mut self.rng);
@@ -699,8 +700,8 @@ impl Node {
                 took_ms = took.as_millis() as u64,
                 slow_wakeups = self.wakeups.slow,
                 "one wake-up kept the node's loop for longer than {SLOW_WAKEUP:?}: the transports' \
-                 readers waited meanwhile, and an event plane whose buffer ran out lost messages \
-                 (kvrelay_node_slow_wakeups_total)"
+                 readers waited meanwhile, and an event plane's buffer may have run out \
+                 (kvrelay_node_slow_wakeups_total, kvrelay_event_plane_client_drops_total)"
             );
         }
     }

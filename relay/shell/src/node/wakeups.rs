@@ -2,11 +2,12 @@
 //!
 //! Everything the relay decides runs on the node's loop, and on the default single worker
 //! thread the transports' readers run only between its wake-ups. A wake-up that keeps the loop
-//! longer than an event plane's buffer lasts loses messages there (NATS's client holds 1,024
+//! longer than an event plane's buffer lasts can lose messages there (NATS's client holds 1,024
 //! messages per subscription by default: a fifth of a second at 5,000 events/s), and each rank
 //! with a gap is then reset or recovered. The node measures every wake-up on its own clock, from
-//! the moment it woke to the moment it waits again (awaits on its own hand-offs included), and
-//! reports the longest and how many passed [`SLOW_WAKEUP`] (`/metrics`:
+//! the moment it woke until its work is done (its writes applied and its effects carried out,
+//! awaits on its own hand-offs included; not the yield after a heavy batch, which lets the
+//! others run), and reports the longest and how many passed [`SLOW_WAKEUP`] (`/metrics`:
 //! `kvrelay_node_wakeup_seconds_max`, `kvrelay_node_slow_wakeups_total`).
 //!
 //! Invariant: `slow` counts exactly the recorded wake-ups longer than [`SLOW_WAKEUP`], and

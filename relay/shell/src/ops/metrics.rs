@@ -483,7 +483,7 @@ fn host_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
     );
     out.seconds(
         "kvrelay_node_wakeup_seconds_max",
-        "The longest any one wake-up kept the node's loop (from waking to waiting again), since start.",
+        "The longest any one wake-up kept the node's loop (from waking until its work was done), since start.",
         node.wakeups.longest,
     );
     out.single(
