@@ -282,12 +282,12 @@ impl Node {
                 biased;
                 () = shutdown.cancelled() => break,
                 Some(report) = reports.recv() => {
-                    woke = self.now();
-                    self.relay.report(report, woke, &mut self.rng);
+                    woke = (self.now(), "shell report");
+                    self.relay.report(report, woke.0, &mut self.rng);
                     None
                 }
                 () = fences.notified() => {
-                    woke = self.now();
+                    woke = (self.now(), "fence requests");
                     for (pool_id, layout_generation) in fences.take() {
                         let report = ShellReport::GenerationFenced { pool_id, layout_generation };
                         self.relay.report(report, self.now(), &mut self.rng);
@@ -295,33 +295,34 @@ impl Node {
                     None
                 }
                 Some(done) = allocations.recv(), if self.starts.in_flight() > 0 => {
-                    woke = self.now();
+                    woke = (self.now(), "filter allocation");
                     self.starts.completed(done);
                     None
                 }
                 () = timer.sleep_until(wake), if wake.is_some() => {
-                    woke = self.now();
-                    self.relay.handle_timeout(woke, &mut self.rng);
+                    woke = (self.now(), "timer");
+                    self.relay.handle_timeout(woke.0, &mut self.rng);
                     None
                 }
                 Some(request) = pool_requests.recv() => {
-                    woke = self.now();
+                    woke = (self.now(), "pool request");
                     self.serve(request);
                     None
                 }
                 _ = load_ticks.tick() => {
-                    woke = self.now();
+                    woke = (self.now(), "load window");
                     self.publish_load();
                     None
                 }
                 input = inputs.recv() => match input {
                     Some(queued) => {
-                        woke = self.now();
+                        woke = (self.now(), "inputs");
                         Some(queued)
                     }
                     None => break,
                 },
             };
+            let mut taken = 0;
             match woken {
                 None => {
                     if !self.step(None, inputs_handled, &mut allocations, &shutdown).await {
@@ -333,7 +334,6 @@ impl Node {
                     // A batch: every input queued now, up to the bound, each in its own step;
                     // other work that became due ends it early.
                     let mut next = Some(queued);
-                    let mut taken = 0;
                     while let Some(queued) = next.take() {
                         let (input, charge) = queued.into_parts();
                         inputs_handled += 1;
@@ -365,7 +365,7 @@ impl Node {
             let heavy = self.relay.held_blocks() >= BATCH_BLOCKS_MAX;
             self.flush_applies().await;
             // The wake-up's work is done: a yield below lets others run, it does not hold them.
-            self.record_wakeup(woke);
+            self.record_wakeup(woke, taken);
             if heavy {
                 // The batch kept the thread for a block bound's worth of writes: let the
                 // transports' readers (and every other task) run before the next wake-up.
@@ -691,13 +691,15 @@ impl Node {
         }
     }
 
-    /// Count the wake-up that began at `woke` and ends now; log a slow one (the 1st, 2nd, 4th,
-    /// ... of them).
-    fn record_wakeup(&mut self, woke: Duration) {
-        let took = self.now().saturating_sub(woke);
+    /// Count the wake-up that began at `woke.0` for `woke.1` and ends now; log a slow one (the
+    /// 1st, 2nd, 4th, ... of them) with what woke it and the batch it took.
+    fn record_wakeup(&mut self, woke: (Duration, &'static str), inputs: usize) {
+        let took = self.now().saturating_sub(woke.0);
         if self.wakeups.record(took) {
             tracing::warn!(
                 took_ms = took.as_millis() as u64,
+                woken_by = woke.1,
+                inputs,
                 slow_wakeups = self.wakeups.slow,
                 "one wake-up kept the node's loop for longer than {SLOW_WAKEUP:?}: the transports' \
                  readers waited meanwhile, and an event plane's buffer may have run out \
