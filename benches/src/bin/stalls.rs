@@ -5,11 +5,14 @@
 //! the buffer lasts loses messages, and a rank that loses events is reset. This applies the
 //! ingest bench's steady mix (4 blocks per store, half of them chained, two ranks) one event at
 //! a time, up to a live set, and prints every apply slower than the threshold with the pool's
-//! size at that moment, then the slowest, and how long a reset of the largest rank takes.
+//! size at that moment, then the slowest, how long a reset of the largest rank takes, and how
+//! long replacing the other rank by an empty dump takes (what a recovery does when it finds the
+//! worker restarted with an empty cache).
 //!
 //! Run: `cargo run --release -p kvrelay-benches --bin stalls -- [live_blocks] [threshold_ms]`
 //! (defaults 10,000,000 blocks and 5 ms).
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -17,7 +20,7 @@ use clap::Parser;
 
 use kvrelay_benches::ingest;
 use kvrelay_core::filter::ckf::{CkfFormat, MAX_KICKS_DEFAULT};
-use kvrelay_core::pool::PoolOwnership;
+use kvrelay_core::pool::{PoolOwnership, RankReplacement, TableKey};
 use kvrelay_core::rng::rng_from_seed;
 
 /// One apply slower than the threshold.
@@ -113,6 +116,17 @@ fn main() -> ExitCode {
             "reset of the largest rank ({blocks} blocks): {:.1?}{}",
             before.elapsed(),
             if reset.is_ok() { "" } else { " (failed)" }
+        );
+    }
+    // A recovery that finds a worker restarted replaces the rank's lineage by an empty dump.
+    if let Some((source, blocks)) = pool.sources().max_by_key(|&(_, blocks)| blocks) {
+        let empty = RankReplacement::new(TableKey::from_rng(&rng_from_seed(2)));
+        let before = Instant::now();
+        let replaced = pool.replace_ranks(BTreeMap::from([(source, empty)]));
+        println!(
+            "replacement of the other rank ({blocks} blocks) by an empty dump: {:.1?}{}",
+            before.elapsed(),
+            if replaced.is_ok() { "" } else { " (failed)" }
         );
     }
     ExitCode::SUCCESS

@@ -599,6 +599,37 @@ fn replacement_failure_leaves_state_untouched() {
     assert_eq!(p.sources().collect::<Vec<_>>(), vec![(A, 1)]);
 }
 
+/// The sorted, summed net changes equal a map built one mapping at a time: two ranks sharing a
+/// chain, one cut to its first half and one replaced by nothing, and a third rank whose
+/// replacement keeps its blocks (a zero change, still listed) and adds five.
+#[test]
+fn net_changes_equal_a_map_of_the_replaced_and_replacing_mappings() {
+    let mut p = pool(256);
+    apply(&mut p, &new_chain(A, 1, 40));
+    apply(&mut p, &new_chain(B, 1, 40));
+    apply(&mut p, &new_chain(A1, 100, 10));
+    let replacements = BTreeMap::from([
+        (A, replacement(&[new_chain(A, 1, 20)])),
+        (A1, replacement(&[new_chain(A1, 100, 15)])),
+        (B, RankReplacement::new(replacement_key())),
+    ]);
+    let mut expected: BTreeMap<u64, i64> = BTreeMap::new();
+    for (source, replacement) in &replacements {
+        for (_, canonical) in p.sources.get(source).into_iter().flat_map(LineageTable::iter) {
+            *expected.entry(canonical).or_default() -= 1;
+        }
+        for (_, canonical) in replacement.lineage.iter() {
+            *expected.entry(canonical).or_default() += 1;
+        }
+    }
+    let net = p.net_changes(&replacements).unwrap();
+    assert_eq!(net, expected.into_iter().collect::<Vec<_>>());
+    let count = |change: i64| net.iter().filter(|entry| entry.1 == change).count();
+    assert_eq!([count(-2), count(-1), count(0), count(1)], [20, 20, 10, 5]);
+    assert!(net.iter().all(|&(canonical, _)| mentions(&net, canonical)));
+    assert!(!mentions(&net, root(424_242).0));
+}
+
 #[test]
 fn removing_ranks_and_workers() {
     let mut p = pool(256);
