@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# ingest-cpu.sh — what one `kvrelay serve` costs per stored event when it follows loadgen's fake
-# Dynamo workers over a real NATS server, with a reference consumer subscribed to every pool
-# (the relay's whole path: NATS → decode → node → pool → publication → gRPC stream).
+# ingest-cpu.sh — what one relay costs per stored event when it follows loadgen's fake Dynamo
+# workers over a real NATS server, with a reference consumer subscribed to every pool (the relay's
+# whole path: NATS → decode → node → pool → publication → gRPC stream). The relay is
+# `kvrelay serve` (RELAY=kvrelay) or NVIDIA Dynamo 1.6.1's `python -m dynamo.kv_dc_relay`
+# (RELAY=dynamo), on the same stream: loadgen's output is a function of its seed (the rate).
 #
 # For each rate in $RATES: start nats-server and the relay (file discovery in a private
 # directory), subscribe loadgen's verifier, publish for $WARMUP_SECS + $MEASURE_SECS + 1 s, and
 # sample the relay's CPU (user+sys, /proc/PID/stat) over the $MEASURE_SECS window; then the
 # verifier checks every live key against loadgen's trace. Prints one table row per rate:
 # µs of relay CPU per stored event (and per stored block), peak and final RSS, the NATS client's
-# slow-consumer drops, and the verifier's verdict. A fresh relay per rate, so rates do not share
+# slow-consumer drops, nats-server's count of slow consumers (any client it cut off or dropped
+# messages for: the relay, or the verifier), and the verifier's verdict. A fresh relay per rate, so rates do not share
 # warm-up or memory. Over the same window it also counts the bytes the workers published into
 # NATS (nats-server's /varz `in_bytes`) and the bytes the relay sent on its WAN port (the
 # kernel's `bytes_sent` of those sockets, `ss -ti`): the WAN's cost per byte of raw event stream.
@@ -18,6 +21,7 @@
 #
 # Prerequisites: nats-server on PATH (or /usr/sbin), and release binaries:
 #   cargo build --release -p kvrelay -p kvrelay-benches --bin kvrelay --bin loadgen
+# and for RELAY=dynamo, ../shared/tools/dynamo-live/install.sh ($DYNLIVE/venv).
 #
 # Settings (environment):
 #   RATES="5000"            stored events/s (loadgen --rate) of each run
@@ -25,9 +29,11 @@
 #   IDLE_SECS=5             idle CPU window (workers registered, pool subscribed, no events)
 #                           before publishing starts; the "net" column subtracts its rate
 #   BLOCKS=1 POOLS=1 WORKERS=2 RANKS=1 CHAIN=0.5 LIVE_CAP=50000   loadgen's shape
+#   RELAY=kvrelay           kvrelay | dynamo (DYNLIVE=/tmp/dynlive: the venv install.sh made)
 #   KVRELAY_ENV=""          extra NAME=VALUE settings for the relay (e.g. TOKIO_WORKER_THREADS=1)
 #   RELAY_LOG=warn          the relay's DYN_LOG (its log is OUT/rate-N/relay.log)
 #   TASKSET=""              a CPU list to pin the relay to (e.g. 1), for "on one core"
+#   OTHERS_TASKSET=""       a CPU list for nats-server, loadgen and its verifier (e.g. 0)
 #   TARGET_DIR=target       where the release binaries are;  OUT=/tmp/kvrelay-ingest  logs
 #   NATS_PORT=4232 NATS_MONITOR_PORT=8232 WAN_PORT=5572 OPS_PORT=9474
 set -euo pipefail
@@ -39,7 +45,8 @@ IDLE_SECS="${IDLE_SECS:-5}"
 WARMUP_SECS="${WARMUP_SECS:-3}"
 BLOCKS="${BLOCKS:-1}" POOLS="${POOLS:-1}" WORKERS="${WORKERS:-2}" RANKS="${RANKS:-1}"
 CHAIN="${CHAIN:-0.5}" LIVE_CAP="${LIVE_CAP:-50000}"
-KVRELAY_ENV="${KVRELAY_ENV:-}" TASKSET="${TASKSET:-}"
+KVRELAY_ENV="${KVRELAY_ENV:-}" TASKSET="${TASKSET:-}" OTHERS_TASKSET="${OTHERS_TASKSET:-}"
+RELAY="${RELAY:-kvrelay}" DYNLIVE="${DYNLIVE:-/tmp/dynlive}"
 TARGET_DIR="${TARGET_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}}"
 OUT="${OUT:-/tmp/kvrelay-ingest}"
 NATS_PORT="${NATS_PORT:-4232}" WAN_PORT="${WAN_PORT:-5572}" OPS_PORT="${OPS_PORT:-9474}"
@@ -51,8 +58,15 @@ die() { echo "ingest-cpu: $*" >&2; exit 2; }
 NATS_BIN="$(command -v nats-server || true)"
 [[ -z "$NATS_BIN" && -x /usr/sbin/nats-server ]] && NATS_BIN=/usr/sbin/nats-server
 [[ -n "$NATS_BIN" ]] || die "no nats-server (apt-get install nats-server)"
-[[ -x "$KVRELAY" && -x "$LOADGEN" ]] ||
-  die "no $KVRELAY or $LOADGEN: cargo build --release -p kvrelay -p kvrelay-benches --bin kvrelay --bin loadgen"
+[[ -x "$LOADGEN" ]] || die "no $LOADGEN: cargo build --release -p kvrelay-benches --bin loadgen"
+case "$RELAY" in
+  kvrelay) [[ -x "$KVRELAY" ]] || die "no $KVRELAY: cargo build --release -p kvrelay --bin kvrelay" ;;
+  dynamo)
+    PY="$DYNLIVE/venv/bin/python"
+    "$PY" -c 'import dynamo.llm' 2>/dev/null ||
+      die "$PY cannot import dynamo.llm: run ../shared/tools/dynamo-live/install.sh" ;;
+  *) die "RELAY is kvrelay or dynamo, not '$RELAY'" ;;
+esac
 if [[ "${PERF:-0}" == 1 ]]; then command -v perf >/dev/null || die "PERF=1 needs perf (linux-perf)"; fi
 
 declare -A PIDS=()
@@ -79,8 +93,9 @@ rss_kib() { awk -v key="$2:" '$1 == key { print $2 }' "/proc/$1/status"; }
 metric() { curl -fsS -m 3 "http://127.0.0.1:$OPS_PORT/metrics" 2>/dev/null |
   awk -v name="$1" '$1 == name || index($1, name "{") == 1 { sum += $2 } END { printf "%d", sum }'; }
 # Bytes published into NATS so far (every client's messages in).
-nats_in_bytes() { curl -fsS -m 3 "http://127.0.0.1:$NATS_MONITOR_PORT/varz" 2>/dev/null |
-  sed -n 's/.*"in_bytes": *\([0-9]*\).*/\1/p' | head -1; }
+nats_varz() { curl -fsS -m 3 "http://127.0.0.1:$NATS_MONITOR_PORT/varz" 2>/dev/null |
+  sed -n "s/.*\"$1\": *\([0-9]*\).*/\1/p" | head -1; }
+nats_in_bytes() { nats_varz in_bytes; }
 # Bytes the relay's WAN sockets have sent so far (connections open now).
 wan_sent_bytes() { ss -tinH state established "( sport = :$WAN_PORT )" 2>/dev/null |
   awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^bytes_sent:/) { split($i, kv, ":"); sum += kv[2] } }
@@ -93,28 +108,42 @@ wait_for() { # SECONDS COMMAND...: poll until COMMAND succeeds
 
 HZ="$(getconf CLK_TCK)"
 rm -rf "$OUT"; mkdir -p "$OUT"
-echo "| rate asked | achieved | relay µs/event | net of idle | µs/block | CPU % of a core | idle % | context switches/event | inputs/batch | RSS peak / end MiB | WAN B/block | NATS B/block | client drops | verify |"
-echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |"
+echo "| rate asked | achieved | relay µs/event | net of idle | µs/block | CPU % of a core | idle % | context switches/event | inputs/batch | RSS peak / end MiB | WAN B/block | NATS B/block | client drops | NATS slow consumers | verify |"
+echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |"
 for rate in $RATES; do
   run="$OUT/rate-$rate"; mkdir -p "$run/discovery"
-  "$NATS_BIN" -a 127.0.0.1 -p "$NATS_PORT" -m "$NATS_MONITOR_PORT" >"$run/nats.log" 2>&1 &
+  others=(); [[ -n "$OTHERS_TASKSET" ]] && others=(taskset -c "$OTHERS_TASKSET")
+  "${others[@]}" "$NATS_BIN" -a 127.0.0.1 -p "$NATS_PORT" -m "$NATS_MONITOR_PORT" >"$run/nats.log" 2>&1 &
   PIDS[nats]=$!
   wait_for 10 bash -c "exec 3<>/dev/tcp/127.0.0.1/$NATS_PORT" || die "nats-server did not listen"
   pin=(); [[ -n "$TASKSET" ]] && pin=(taskset -c "$TASKSET")
-  # shellcheck disable=SC2086
-  env $KVRELAY_ENV DYN_DISCOVERY_BACKEND=file DYN_FILE_KV="$run/discovery" DYN_EVENT_PLANE=nats \
-    NATS_SERVER="nats://127.0.0.1:$NATS_PORT" DYN_LOG="${RELAY_LOG:-warn}" \
-    "${pin[@]}" "$KVRELAY" serve --dc-id dc-a --bind "127.0.0.1:$WAN_PORT" \
-    --ops-bind "127.0.0.1:$OPS_PORT" >"$run/relay.log" 2>&1 &
-  PIDS[relay]=$!
+  plane=(DYN_DISCOVERY_BACKEND=file DYN_FILE_KV="$run/discovery" DYN_EVENT_PLANE=nats
+         NATS_SERVER="nats://127.0.0.1:$NATS_PORT")
+  if [[ "$RELAY" == kvrelay ]]; then
+    # shellcheck disable=SC2086
+    env $KVRELAY_ENV "${plane[@]}" DYN_LOG="${RELAY_LOG:-warn}" \
+      "${pin[@]}" "$KVRELAY" serve --dc-id dc-a --bind "127.0.0.1:$WAN_PORT" \
+      --ops-bind "127.0.0.1:$OPS_PORT" >"$run/relay.log" 2>&1 &
+    PIDS[relay]=$!
+    wait_for 30 curl -fsS -m 1 -o /dev/null "http://127.0.0.1:$OPS_PORT/metrics" ||
+      die "the relay did not answer /metrics (log $run/relay.log)"
+  else
+    # Dynamo's loopback settings (request plane, offline tokenizers) and log level "info": its
+    # start-up line is how we know it listens.
+    env DYN_REQUEST_PLANE=tcp DYN_TCP_RPC_HOST=127.0.0.1 DYN_TCP_RESPONSE_STREAM_HOST=127.0.0.1 \
+      DYN_SYSTEM_HOST=127.0.0.1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "${plane[@]}" DYN_LOG=info \
+      "${pin[@]}" "$PY" -m dynamo.kv_dc_relay --dc-id dc-a --bind "127.0.0.1:$WAN_PORT" \
+      >"$run/relay.log" 2>&1 &
+    PIDS[relay]=$!
+    wait_for 60 grep -q "KV DC Relay started" "$run/relay.log" ||
+      die "Dynamo's relay did not start (log $run/relay.log)"
+  fi
   relay="${PIDS[relay]}"
-  wait_for 30 curl -fsS -m 1 -o /dev/null "http://127.0.0.1:$OPS_PORT/metrics" ||
-    die "the relay did not answer /metrics (log $run/relay.log)"
   duration=$((WARMUP_SECS + MEASURE_SECS + 1))
-  "$LOADGEN" --verify-only --verify "127.0.0.1:$WAN_PORT" --trace "$run/trace.json" \
+  "${others[@]}" "$LOADGEN" --verify-only --verify "127.0.0.1:$WAN_PORT" --trace "$run/trace.json" \
     --trace-wait-secs $((duration + 60)) >"$run/verify.out" 2>"$run/verify.err" &
   PIDS[verify]=$!
-  "$LOADGEN" --nats "nats://127.0.0.1:$NATS_PORT" --discovery-dir "$run/discovery" \
+  "${others[@]}" "$LOADGEN" --nats "nats://127.0.0.1:$NATS_PORT" --discovery-dir "$run/discovery" \
     --pools "$POOLS" --workers-per-pool "$WORKERS" --ranks "$RANKS" --rate "$rate" \
     --blocks-per-event "$BLOCKS" --chain-share "$CHAIN" --live-cap "$LIVE_CAP" \
     --duration-secs "$duration" --warmup-ms $(((IDLE_SECS + 3) * 1000)) --trace "$run/trace.json" \
@@ -153,12 +182,17 @@ for rate in $RATES; do
     perf report -i "$run/perf.data" --no-children --percent-limit 0.7 --stdio 2>/dev/null |
       grep -v '^$' | head -400 >"$run/perf-report.txt" || true
   fi
-  drops="$(metric kvrelay_event_plane_client_drops_total)"
-  # DC inputs per wake-up of the node over the whole run (relays before batching: "-").
-  inputs="$(metric kvrelay_dc_inputs_total)"; batches="$(metric kvrelay_dc_input_batches_total)"
+  # The relay's own count of messages its NATS client dropped, and DC inputs per wake-up of the
+  # node over the whole run (kvrelay only; "-" for Dynamo's relay, which reports neither).
+  drops=-; inputs=0; batches=0
+  if [[ "$RELAY" == kvrelay ]]; then
+    drops="$(metric kvrelay_event_plane_client_drops_total)"
+    inputs="$(metric kvrelay_dc_inputs_total)"; batches="$(metric kvrelay_dc_input_batches_total)"
+  fi
+  slow="$(nats_varz slow_consumers)"
   hwm="$(rss_kib "$relay" VmHWM)"; rss="$(rss_kib "$relay" VmRSS)"
   awk -v b="$before" -v a="$after" -v t0="$t0" -v t1="$t1" -v hz="$HZ" -v rate="$rate" \
-    -v ach="${achieved:-0}" -v blocks="$BLOCKS" -v hwm="$hwm" -v rss="$rss" -v drops="$drops" \
+    -v ach="${achieved:-0}" -v blocks="$BLOCKS" -v hwm="$hwm" -v rss="$rss" -v drops="$drops" -v slow="${slow:--}" \
     -v verdict="$verdict" -v cs="$((cs_after - cs_before))" -v inputs="$inputs" -v batches="$batches" \
     -v idle="$((idle_after - idle_before))" -v i0="$i0" -v i1="$i1" \
     -v nats="$(( ${nats_after:-0} - ${nats_before:-0} ))" -v wan="$(( ${wan_after:-0} - ${wan_before:-0} ))" 'BEGIN {
@@ -168,11 +202,11 @@ for rate in $RATES; do
       net = events > 0 ? (cpu - idle_rate * wall) * 1e6 / events : 0
       per_batch = batches > 0 ? sprintf("%.2f", inputs / batches) : "-"
       stored = events * blocks
-      printf "| %d | %.1f | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f | %s | %.0f / %.0f | %.1f | %.1f | %d | %s |\n",
+      printf "| %d | %.1f | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f | %s | %.0f / %.0f | %.1f | %.1f | %s | %s | %s |\n",
         rate, ach, per, net, per / blocks, 100 * cpu / wall, 100 * idle_rate,
         (events > 0 ? cs / events : 0), per_batch, hwm / 1024, rss / 1024,
-        (stored > 0 ? wan / stored : 0), (stored > 0 ? nats / stored : 0), drops, verdict }'
+        (stored > 0 ? wan / stored : 0), (stored > 0 ? nats / stored : 0), drops, slow, verdict }'
   stop_all
 done
 echo
-echo "shape: $POOLS pool(s) x $WORKERS workers x $RANKS rank(s), $BLOCKS block(s)/event, chain $CHAIN, live cap $LIVE_CAP; window ${MEASURE_SECS}s after ${WARMUP_SECS}s, idle ${IDLE_SECS}s; relay env: ${KVRELAY_ENV:-none}${TASKSET:+, taskset $TASKSET}; logs in $OUT"
+echo "shape: $POOLS pool(s) x $WORKERS workers x $RANKS rank(s), $BLOCKS block(s)/event, chain $CHAIN, live cap $LIVE_CAP; window ${MEASURE_SECS}s after ${WARMUP_SECS}s, idle ${IDLE_SECS}s; relay: $RELAY, env: ${KVRELAY_ENV:-none}${TASKSET:+, taskset $TASKSET}; logs in $OUT"

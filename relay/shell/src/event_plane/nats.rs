@@ -553,8 +553,19 @@ fn note_client_event(counters: &EventPlaneCounters, event: &Event) {
             counters.bump(|stats| increment(&mut stats.disconnects));
         }
         Event::SlowConsumer(subscription) => {
-            warn!(subscription, "NATS client dropped messages of a slow subscription");
-            counters.bump(|stats| increment(&mut stats.client_drops));
+            // One notice per dropped message: under an overload that is thousands a second, so
+            // the log takes the 1st, 2nd, 4th, ... with the total (the metric has every one).
+            let mut drops = 0;
+            counters.bump(|stats| {
+                increment(&mut stats.client_drops);
+                drops = stats.client_drops;
+            });
+            if drops.is_power_of_two() {
+                warn!(
+                    subscription,
+                    drops, "NATS client dropped a message of a slow subscription (total so far)"
+                );
+            }
         }
         Event::ClientError(error) => {
             debug!(%error, "NATS client error");
@@ -693,6 +704,37 @@ mod tests {
         let nowhere =
             NatsEventPlaneConfig { namespaces: NatsNamespaces::Only([].into()), ..config };
         assert!(matches!(nowhere.validate(), Err(EventPlaneError::InvalidConfig(_))));
+    }
+
+    /// Counts the WARN events it sees.
+    struct WarnCount(Arc<std::sync::atomic::AtomicU64>);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for WarnCount {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            if *event.metadata().level() == tracing::Level::WARN {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    #[test]
+    fn every_client_drop_is_counted_and_the_log_takes_powers_of_two() {
+        use tracing_subscriber::layer::SubscriberExt;
+        let warnings = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let subscriber = tracing_subscriber::registry().with(WarnCount(warnings.clone()));
+        let counters = EventPlaneCounters::new();
+        tracing::subscriber::with_default(subscriber, || {
+            for _ in 0..1000 {
+                note_client_event(&counters, &Event::SlowConsumer(1));
+            }
+        });
+        assert_eq!(counters.snapshot().client_drops, 1000);
+        // 1, 2, 4, ..., 512: ten lines for a thousand drops.
+        assert_eq!(warnings.load(Ordering::Relaxed), 10);
     }
 
     #[test]
