@@ -27,7 +27,7 @@
 #   CPU_MAX=90                 the relay's CPU share of its core above which it is saturated
 #   MEASURE_SECS=10 IDLE_SECS=2 WARMUP_SECS=3
 #   RELAY_CPU=1 OTHERS_CPU=0   the relay's core, and the rest's
-#   OUT=/tmp/kvrelay-ceiling   every run's table row and logs
+#   OUT=/tmp/kvrelay-ceiling   every run's ingest-cpu.sh table and logs
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -42,10 +42,11 @@ die() { echo "ceiling: $*" >&2; exit 2; }
 (( $(nproc) >= 2 )) || die "needs 2 CPUs (the relay on one, the rest on the other)"
 rm -rf "$OUT"; mkdir -p "$OUT"
 
-# run RELAY RATE: one ingest-cpu.sh run; prints its table row (empty when the run failed).
+# run RELAY RATE: one ingest-cpu.sh run (its whole table, WAN and NATS bytes included, kept in
+# $OUT/RELAY-RATE.out); prints its row (empty when the run failed).
 run() {
   RELAY="$1" RATES="$2" TASKSET="$RELAY_CPU" OTHERS_TASKSET="$OTHERS_CPU" OUT="$OUT/$1-$2" \
-    bash "$ROOT/scripts/ingest-cpu.sh" 2>"$OUT/$1-$2.err" | grep "^| $2 |" || true
+    bash "$ROOT/scripts/ingest-cpu.sh" 2>"$OUT/$1-$2.err" | tee "$OUT/$1-$2.out" | grep "^| $2 |" || true
 }
 # verdict RATE ROW: "followed", "loadgen" (loadgen fell short of the rate) or why not followed.
 verdict() {
