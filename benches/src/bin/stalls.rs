@@ -20,6 +20,7 @@ use clap::Parser;
 
 use kvrelay_benches::ingest;
 use kvrelay_core::filter::ckf::{CkfFormat, MAX_KICKS_DEFAULT};
+use kvrelay_core::model::kv_events::SourceKey;
 use kvrelay_core::pool::{PoolOwnership, RankReplacement, TableKey};
 use kvrelay_core::rng::rng_from_seed;
 
@@ -109,25 +110,31 @@ fn main() -> ExitCode {
     }
     println!("slowest apply: {slowest:.1?}");
     // A rank reset (a gap on a live-only rank) drops the rank's whole lineage in one call.
-    if let Some((source, blocks)) = pool.sources().max_by_key(|&(_, blocks)| blocks) {
-        let before = Instant::now();
-        let reset = pool.remove_rank(source);
-        println!(
-            "reset of the largest rank ({blocks} blocks): {:.1?}{}",
-            before.elapsed(),
-            if reset.is_ok() { "" } else { " (failed)" }
-        );
-    }
+    time_largest_rank(&mut pool, "reset of the largest rank", |pool, source| {
+        pool.remove_rank(source).is_ok()
+    });
     // A recovery that finds a worker restarted replaces the rank's lineage by an empty dump.
-    if let Some((source, blocks)) = pool.sources().max_by_key(|&(_, blocks)| blocks) {
-        let empty = RankReplacement::new(TableKey::from_rng(&rng_from_seed(2)));
-        let before = Instant::now();
-        let replaced = pool.replace_ranks(BTreeMap::from([(source, empty)]));
-        println!(
-            "replacement of the other rank ({blocks} blocks) by an empty dump: {:.1?}{}",
-            before.elapsed(),
-            if replaced.is_ok() { "" } else { " (failed)" }
-        );
-    }
+    time_largest_rank(
+        &mut pool,
+        "replacement of the other rank by an empty dump",
+        |pool, source| {
+            let empty = RankReplacement::new(TableKey::from_rng(&rng_from_seed(2)));
+            pool.replace_ranks(BTreeMap::from([(source, empty)])).is_ok()
+        },
+    );
     ExitCode::SUCCESS
+}
+
+/// Time `work` on the rank that owns the most blocks now, and print it under `what`; `work`
+/// says whether the pool took it.
+fn time_largest_rank(
+    pool: &mut PoolOwnership,
+    what: &str,
+    work: impl FnOnce(&mut PoolOwnership, SourceKey) -> bool,
+) {
+    let Some((source, blocks)) = pool.sources().max_by_key(|&(_, blocks)| blocks) else { return };
+    let before = Instant::now();
+    let took_it = work(pool, source);
+    let took = before.elapsed();
+    println!("{what} ({blocks} blocks): {took:.1?}{}", if took_it { "" } else { " (failed)" });
 }
