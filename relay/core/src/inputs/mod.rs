@@ -25,6 +25,7 @@ mod errors;
 mod event_plane;
 mod facts;
 pub mod limits;
+mod subject_cache;
 mod weight;
 mod wire;
 
@@ -56,3 +57,4 @@ pub use facts::{
     LoraInfo, ModelCard, ModelInput, ModelTypeFlags, RecoveryTarget, RequestPlaneTransport,
     RuntimeConfig, WorkerType,
 };
+pub use subject_cache::{SUBJECT_CACHE_BYTES_MAX, SubjectCache};

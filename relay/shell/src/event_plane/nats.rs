@@ -73,8 +73,8 @@ use super::backlog::Backlog;
 use super::counters::{EventPlaneCounters, increment};
 use super::nats_auth::NatsSecurity;
 use kvrelay_core::inputs::{
-    DcInput, InputError, KV_EVENTS_TOPIC, KV_METRICS_TOPIC, decode_kv_events_message,
-    decode_kv_metrics_message, event_subject_prefix, parse_event_subject,
+    DcInput, InputError, KV_EVENTS_TOPIC, KV_METRICS_TOPIC, SubjectCache, decode_kv_events_message,
+    decode_kv_metrics_message, event_subject_prefix,
 };
 use kvrelay_core::model::identity::EndpointPath;
 
@@ -240,13 +240,19 @@ fn escaped_namespace(namespace: &str) -> Result<String, EventPlaneError> {
         .ok_or_else(|| invalid("the shared subject encoder changed its layout".to_owned()))
 }
 
-/// Decode one NATS message into a fact: the endpoint comes from `subject`, the fact from `body`.
-pub(crate) fn decode_nats_message(subject: &str, body: &[u8]) -> Result<DcInput, InputError> {
-    let parsed = parse_event_subject(subject)?;
+/// Decode one NATS message into a fact: the endpoint comes from `subject` (parsed once per
+/// subject, through `subjects`), the fact from `body`.
+pub(crate) fn decode_nats_message(
+    subjects: &mut SubjectCache,
+    subject: &str,
+    body: &[u8],
+) -> Result<DcInput, InputError> {
+    let parsed = subjects.parse(subject)?;
+    let endpoint = parsed.endpoint.clone();
     match parsed.topic.as_str() {
-        KV_EVENTS_TOPIC => decode_kv_events_message(parsed.endpoint, body).map(DcInput::KvEvents),
+        KV_EVENTS_TOPIC => decode_kv_events_message(endpoint, body).map(DcInput::KvEvents),
         KV_METRICS_TOPIC => decode_kv_metrics_message(body)
-            .map(|observation| DcInput::Load { endpoint: parsed.endpoint, observation }),
+            .map(|observation| DcInput::Load { endpoint, observation }),
         other => Err(InputError::UnexpectedTopic {
             expected: KV_EVENTS_TOPIC,
             found: other.chars().take(64).collect(),
@@ -445,6 +451,7 @@ impl ClientSession<'_> {
         // empty, and past the backlog's budget messages are dropped here, counted.
         let mut backlog = Backlog::new(config.subscription_bytes_max);
         let mut backlog_peak = 0;
+        let mut subjects = SubjectCache::new();
         loop {
             let front_weight = backlog.front_weight();
             tokio::select! {
@@ -473,7 +480,7 @@ impl ClientSession<'_> {
                     if let Some(rebuild) = self.grown(&client) {
                         return Ok(rebuild);
                     }
-                    let decoded = decode_nats_message(message.subject.as_str(), &message.payload);
+                    let decoded = decode_nats_message(&mut subjects, message.subject.as_str(), &message.payload);
                     self.counters.record(&decoded);
                     let input = match decoded {
                         Ok(input) => input,
@@ -640,18 +647,23 @@ mod tests {
             })
             .unwrap();
         let subject = "namespace.team%2Ea.component.backend.endpoint.generate.kv_metrics";
-        let DcInput::Load { endpoint, observation } =
-            decode_nats_message(subject, &envelope).unwrap()
-        else {
+        let mut subjects = SubjectCache::new();
+        let first = decode_nats_message(&mut subjects, subject, &envelope).unwrap();
+        let DcInput::Load { endpoint, observation } = &first else {
             panic!("not a load report");
         };
-        assert_eq!(endpoint, EndpointPath::new("team.a", "backend", "generate").unwrap());
+        assert_eq!(*endpoint, EndpointPath::new("team.a", "backend", "generate").unwrap());
         assert_eq!(observation.kv_used_blocks, Some(3));
-        // The same body on the kv-events subject is the wrong topic, not a panic.
+        // The second message on the subject takes its parse from the cache: the same fact.
+        assert_eq!(decode_nats_message(&mut subjects, subject, &envelope).unwrap(), first);
+        assert_eq!(subjects.len(), 1);
+        // The same body on the kv-events subject is the wrong topic, not a panic, each time.
         let wrong = "namespace.dynamo.component.backend.endpoint.generate.kv-events";
-        let error = decode_nats_message(wrong, &envelope).unwrap_err();
-        assert_eq!(error.kind(), InputErrorKind::UnexpectedTopic);
-        let error = decode_nats_message("namespace.x", &envelope).unwrap_err();
+        for _ in 0..2 {
+            let error = decode_nats_message(&mut subjects, wrong, &envelope).unwrap_err();
+            assert_eq!(error.kind(), InputErrorKind::UnexpectedTopic);
+        }
+        let error = decode_nats_message(&mut subjects, "namespace.x", &envelope).unwrap_err();
         assert_eq!(error.kind(), InputErrorKind::MalformedSubject);
     }
 

@@ -18,6 +18,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use thiserror::Error;
 
@@ -256,12 +257,13 @@ pub enum EndpointPathError {
 /// A Dynamo serving endpoint `namespace/component/endpoint`: the default routing-scope input.
 ///
 /// Invariant: every segment is non-empty and free of `/`, so [`Display`](fmt::Display) and
-/// [`FromStr`] round-trip exactly.
+/// [`FromStr`] round-trip exactly. The segments are shared: a clone copies three pointers, so
+/// every input of an endpoint can carry its path without allocating.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct EndpointPath {
-    namespace: String,
-    component: String,
-    endpoint: String,
+    namespace: Arc<str>,
+    component: Arc<str>,
+    endpoint: Arc<str>,
 }
 
 impl EndpointPath {
@@ -277,15 +279,12 @@ impl EndpointPath {
         component: impl Into<String>,
         endpoint: impl Into<String>,
     ) -> Result<Self, EndpointPathError> {
-        let path = EndpointPath {
-            namespace: namespace.into(),
-            component: component.into(),
-            endpoint: endpoint.into(),
-        };
+        let (namespace, component, endpoint) =
+            (namespace.into(), component.into(), endpoint.into());
         for (segment, text) in [
-            (EndpointSegment::Namespace, &path.namespace),
-            (EndpointSegment::Component, &path.component),
-            (EndpointSegment::Endpoint, &path.endpoint),
+            (EndpointSegment::Namespace, &namespace),
+            (EndpointSegment::Component, &component),
+            (EndpointSegment::Endpoint, &endpoint),
         ] {
             if text.is_empty() {
                 return Err(EndpointPathError::EmptySegment(segment));
@@ -294,7 +293,11 @@ impl EndpointPath {
                 return Err(EndpointPathError::SeparatorInSegment(segment));
             }
         }
-        Ok(path)
+        Ok(EndpointPath {
+            namespace: namespace.into(),
+            component: component.into(),
+            endpoint: endpoint.into(),
+        })
     }
 
     /// The Dynamo namespace.
