@@ -127,6 +127,7 @@ fn main() -> ExitCode {
 
 /// Time `work` on the rank that owns the most blocks now, and print it under `what`; `work`
 /// says whether the pool took it.
+#[allow(clippy::disallowed_methods, reason = "a benchmark times itself with the wall clock")]
 fn time_largest_rank(
     pool: &mut PoolOwnership,
     what: &str,
