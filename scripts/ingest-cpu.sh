@@ -29,7 +29,8 @@
 #   IDLE_SECS=5             idle CPU window (workers registered, pool subscribed, no events)
 #                           before publishing starts; the "net" column subtracts its rate
 #   BLOCKS=1 POOLS=1 WORKERS=2 RANKS=1 CHAIN=0.5 LIVE_CAP=50000   loadgen's shape
-#   RELAY=kvrelay           kvrelay | dynamo (DYNLIVE=/tmp/dynlive: the venv install.sh made)
+#   RELAY=kvrelay           kvrelay | dynamo (DYNLIVE=/tmp/dynlive: the venv install.sh made;
+#                           DYNAMO_LIVE=../shared/tools/dynamo-live: its env.sh is sourced)
 #   KVRELAY_ENV=""          extra NAME=VALUE settings for the relay (e.g. TOKIO_WORKER_THREADS=1)
 #   RELAY_LOG=warn          the relay's DYN_LOG (its log is OUT/rate-N/relay.log)
 #   TASKSET=""              a CPU list to pin the relay to (e.g. 1), for "on one core"
@@ -47,6 +48,7 @@ BLOCKS="${BLOCKS:-1}" POOLS="${POOLS:-1}" WORKERS="${WORKERS:-2}" RANKS="${RANKS
 CHAIN="${CHAIN:-0.5}" LIVE_CAP="${LIVE_CAP:-50000}"
 KVRELAY_ENV="${KVRELAY_ENV:-}" TASKSET="${TASKSET:-}" OTHERS_TASKSET="${OTHERS_TASKSET:-}"
 RELAY="${RELAY:-kvrelay}" DYNLIVE="${DYNLIVE:-/tmp/dynlive}"
+TOOLS="${DYNAMO_LIVE:-$ROOT/../shared/tools/dynamo-live}"
 TARGET_DIR="${TARGET_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}}"
 OUT="${OUT:-/tmp/kvrelay-ingest}"
 NATS_PORT="${NATS_PORT:-4232}" WAN_PORT="${WAN_PORT:-5572}" OPS_PORT="${OPS_PORT:-9474}"
@@ -63,6 +65,7 @@ case "$RELAY" in
   kvrelay) [[ -x "$KVRELAY" ]] || die "no $KVRELAY: cargo build --release -p kvrelay --bin kvrelay" ;;
   dynamo)
     PY="$DYNLIVE/venv/bin/python"
+    [[ -f "$TOOLS/env.sh" ]] || die "no $TOOLS/env.sh (set DYNAMO_LIVE to the dynamo-live tools)"
     "$PY" -c 'import dynamo.llm' 2>/dev/null ||
       die "$PY cannot import dynamo.llm: run ../shared/tools/dynamo-live/install.sh" ;;
   *) die "RELAY is kvrelay or dynamo, not '$RELAY'" ;;
@@ -128,12 +131,16 @@ for rate in $RATES; do
     wait_for 30 curl -fsS -m 1 -o /dev/null "http://127.0.0.1:$OPS_PORT/metrics" ||
       die "the relay did not answer /metrics (log $run/relay.log)"
   else
-    # Dynamo's loopback settings (request plane, offline tokenizers) and log level "info": its
-    # start-up line is how we know it listens.
-    env DYN_REQUEST_PLANE=tcp DYN_TCP_RPC_HOST=127.0.0.1 DYN_TCP_RESPONSE_STREAM_HOST=127.0.0.1 \
-      DYN_SYSTEM_HOST=127.0.0.1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "${plane[@]}" DYN_LOG=info \
-      "${pin[@]}" "$PY" -m dynamo.kv_dc_relay --dc-id dc-a --bind "127.0.0.1:$WAN_PORT" \
-      >"$run/relay.log" 2>&1 &
+    # Dynamo's environment from the dynamo-live tools (loopback request plane, offline
+    # tokenizers), then this run's planes, and log level "info": its start-up line is how we
+    # know it listens.
+    (
+      export DYN_FILE_KV="$run/discovery"
+      # shellcheck source=/dev/null
+      source "$TOOLS/env.sh"
+      exec env "${plane[@]}" DYN_LOG=info "${pin[@]}" "$PY" -m dynamo.kv_dc_relay \
+        --dc-id dc-a --bind "127.0.0.1:$WAN_PORT"
+    ) >"$run/relay.log" 2>&1 &
     PIDS[relay]=$!
     wait_for 60 grep -q "KV DC Relay started" "$run/relay.log" ||
       die "Dynamo's relay did not start (log $run/relay.log)"

@@ -267,7 +267,8 @@ pub struct EndpointPath {
 }
 
 impl EndpointPath {
-    /// Bytes of the three segments' texts (what the path holds beyond its own value).
+    /// Bytes of the three segments' texts. Clones share them, so charging every holder this
+    /// much (as input weights do) is an upper bound.
     #[must_use]
     pub fn text_bytes(&self) -> usize {
         self.namespace.len() + self.component.len() + self.endpoint.len()
