@@ -63,25 +63,34 @@ verdict() {
   }' <<<"$2"
 }
 
+# try RATE: one run of $relay, its row printed, and best / failed / limit moved; returns 0 when
+# followed, 1 when not, 2 when loadgen fell short; a run that did not complete ends the script.
+try() {
+  local rate="$1" row v
+  row="$(run "$relay" "$rate")"
+  if [[ -z "$row" ]]; then
+    v="run failed (see $OUT/$relay-$rate.err)"
+    echo "| $relay | $rate | - | - | - | - | - | - | $v |"
+  else
+    v="$(verdict "$rate" "$row")"
+    awk -F'|' -v relay="$relay" -v v="$v" '{
+      printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", relay, $2, $3, $4, $7, $14, $15, $16, v }' \
+      <<<"$row"
+  fi
+  case "$v" in
+    followed) best="$rate" ;;
+    loadgen) limit="$rate"; return 2 ;;
+    "run failed"*) die "$relay at $rate: $v" ;;
+    *) failed="$rate"; return 1 ;;
+  esac
+}
+
 declare -A CEILING=()
 for relay in $RELAYS; do
   echo "== $relay (pinned to CPU $RELAY_CPU; loadgen, verifier and nats-server on CPU $OTHERS_CPU)"
   echo "| relay | rate asked | achieved | µs/event | CPU % of a core | client drops | NATS slow consumers | verify | verdict |"
   echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"
   best=0 failed=0 limit=""
-  try() { # try RATE: run, print, and move best/failed
-    local rate="$1" row v
-    row="$(run "$relay" "$rate")"
-    if [[ -z "$row" ]]; then v="run failed (see $OUT/$relay-$rate.err)"; else v="$(verdict "$rate" "$row")"; fi
-    awk -F'|' -v relay="$relay" -v v="$v" '{
-      printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", relay, $2, $3, $4, $7, $14, $15, $16, v }' \
-      <<<"${row:-| $rate | - | - | - | - | - | - | - | - | - | - | - | - | - | - |}"
-    case "$v" in
-      followed) best="$rate" ;;
-      loadgen) limit="$rate"; return 2 ;;
-      *) failed="$rate"; return 1 ;;
-    esac
-  }
   for rate in $RATES; do try "$rate" || break; done
   for ((i = 0; i < BISECT; i++)); do
     [[ "$failed" -gt 0 && -z "$limit" ]] || break
@@ -107,6 +116,7 @@ if [[ -n "${CEILING[kvrelay]:-}" && -n "${CEILING[dynamo]:-}" ]]; then
   k="${CEILING[kvrelay]}" d="${CEILING[dynamo]}"
   awk -v k="${k%+}" -v d="${d%+}" -v kopen="${k//[0-9]/}" -v dopen="${d//[0-9]/}" 'BEGIN {
     if (d == 0) { print "ceiling ratio: Dynamo followed no rate tried"; exit }
+    if (kopen == "+" && dopen == "+") { print "ceiling ratio: neither ceiling was reached; try higher rates"; exit }
     bound = kopen == "+" && dopen == "" ? "at least " : (dopen == "+" && kopen == "" ? "at most " : "")
     printf "ceiling ratio (kvrelay / dynamo): %s%.2fx (%s / %s stored events/s; goal >= 4x)\n",
       bound, k / d, k kopen, d dopen }'
