@@ -30,6 +30,16 @@ pub fn may_take_another(
     taken < BATCH_INPUTS_MAX && held_blocks < BATCH_BLOCKS_MAX && !report_waiting && !timer_due
 }
 
+/// Whether the node lets every other task run before its next wake-up, after a batch that took
+/// `taken` inputs and left `held_blocks` blocks of pool writes to apply: when the batch ended at
+/// either bound. A batch cut at a bound leaves inputs queued, and taking them in the same turn
+/// would keep the thread from the transports' readers and from the publication hubs, whose
+/// delta broadcast buffers a few batches' publications, not a queue's worth.
+#[must_use]
+pub fn yields_after(taken: usize, held_blocks: usize) -> bool {
+    taken >= BATCH_INPUTS_MAX || held_blocks >= BATCH_BLOCKS_MAX
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -42,5 +52,13 @@ mod tests {
         assert!(!may_take_another(1, BATCH_BLOCKS_MAX, false, false), "the block bound");
         assert!(!may_take_another(1, 0, true, false), "a waiting report goes first");
         assert!(!may_take_another(1, 0, false, true), "a due timer goes first");
+    }
+
+    #[test]
+    fn the_node_yields_after_a_batch_cut_at_a_bound_only() {
+        assert!(!yields_after(1, 0), "a batch that emptied the queue");
+        assert!(!yields_after(BATCH_INPUTS_MAX - 1, BATCH_BLOCKS_MAX - 1));
+        assert!(yields_after(BATCH_INPUTS_MAX, 0), "the input bound");
+        assert!(yields_after(1, BATCH_BLOCKS_MAX), "the block bound");
     }
 }

@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
-use super::batch::{BATCH_BLOCKS_MAX, may_take_another};
+use super::batch::{may_take_another, yields_after};
 use super::input_queue::{
     INPUT_QUEUE_BYTES_MAX_DEFAULT, InputCharge, InputReceiver, InputSender, input_queue,
 };
@@ -362,13 +362,13 @@ impl Node {
                     }
                 }
             }
-            let heavy = self.relay.held_blocks() >= BATCH_BLOCKS_MAX;
+            let cut = yields_after(taken, self.relay.held_blocks());
             self.flush_applies().await;
             // The wake-up's work is done: a yield below lets others run, it does not hold them.
             self.record_wakeup(woke, taken);
-            if heavy {
-                // The batch kept the thread for a block bound's worth of writes: let the
-                // transports' readers (and every other task) run before the next wake-up.
+            if cut {
+                // The batch ended at a bound with inputs still queued: let the transports'
+                // readers and the hubs (which take this batch's deltas) run before the next.
                 tokio::task::yield_now().await;
             }
             self.debug_check();
