@@ -15,8 +15,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kvrelay::event_plane::{
-    BACKLOG_ENTRY_BYTES, ChannelChange, EventPlaneCounters, EventPlaneError, NatsEventPlaneConfig,
-    NatsNamespaces, ZmqEventPlaneConfig, run_nats_event_plane, run_zmq_event_plane,
+    BACKLOG_ENTRY_BYTES, ChannelChange, EventPlaneCounters, EventPlaneError,
+    NATS_SUBSCRIPTION_CAPACITY_MIN, NatsEventPlaneConfig, NatsNamespaces, ZmqEventPlaneConfig,
+    run_nats_event_plane, run_zmq_event_plane,
 };
 use kvrelay_core::inputs::{
     DcInput, EventChannelRecord, EventEnvelope, EventRecordKey, EventTransport, InputErrorKind,
@@ -296,8 +297,11 @@ async fn nats_plane_delivers_dynamo_envelopes_and_survives_a_server_restart() {
         assert!(stats.connects >= 2, "{stats:?}");
         assert!(stats.disconnects >= 1, "{stats:?}");
         // NATS's default max_payload: the default budget holds 64 messages per subscription,
-        // and the first client needed no rebuild.
-        assert_eq!((stats.server_max_payload_bytes, stats.subscription_capacity), (1 << 20, 1024));
+        // raised to the floor, and the first client needed no rebuild.
+        assert_eq!(
+            (stats.server_max_payload_bytes, stats.subscription_capacity),
+            (1 << 20, NATS_SUBSCRIPTION_CAPACITY_MIN as u64)
+        );
         assert_eq!((stats.subscriptions, stats.client_rebuilds), (4, 0));
 
         cancel.cancel();
@@ -308,10 +312,11 @@ async fn nats_plane_delivers_dynamo_envelopes_and_survives_a_server_restart() {
 }
 
 /// Each subscription's queue inside the NATS client is sized from the server's `max_payload`:
-/// under the default 64 MiB budget a server configured for 16 KiB messages gets 4,096 messages
-/// per subscription (the client first built for NATS's default 1 MiB is replaced before it
-/// subscribes). A burst while the node takes nothing is held in the plane's backlog, not
-/// dropped. A restart with 32 KiB makes the plane rebuild its client for 2,048 messages.
+/// under a 1 GiB budget a server configured for 16 KiB messages gets 65,536 messages per
+/// subscription (the client first built for NATS's default 1 MiB, 16,384 messages, is replaced
+/// before it subscribes). A burst while the node takes nothing is held in the plane's backlog,
+/// not dropped. A restart with 32 KiB makes the plane rebuild its client for 32,768 messages; a
+/// restart with 16 KiB again keeps it (a smaller `max_payload` never rebuilds).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_subscription_queues_hold_the_byte_budget_of_the_servers_max_payload() {
     bounded(async {
@@ -321,8 +326,10 @@ async fn nats_subscription_queues_hold_the_byte_budget_of_the_servers_max_payloa
         let server = NatsServer::start_with_max_payload(port, 16 * KIB).await;
         let url = server.url();
         let namespaces = NatsNamespaces::Only(["dynamo".to_owned()].into());
-        let config = NatsEventPlaneConfig::new(url.clone(), namespaces);
-        assert_eq!(config.subscription_bytes_max, 64 * MIB);
+        let config = NatsEventPlaneConfig {
+            subscription_bytes_max: 1024 * MIB,
+            ..NatsEventPlaneConfig::new(url.clone(), namespaces)
+        };
         // The node's queue holds one input: the plane blocks on the second one it takes.
         let NatsPlane { task: plane, mut inputs, counters, cancel } = start_nats_plane(config, 1);
         let publisher = async_nats::connect(url.as_str()).await.unwrap();
@@ -332,7 +339,7 @@ async fn nats_subscription_queues_hold_the_byte_budget_of_the_servers_max_payloa
         let stats = counters.snapshot();
         assert_eq!(
             (stats.server_max_payload_bytes, stats.subscription_capacity, stats.subscriptions),
-            (16 * KIB as u64, 4096, 2),
+            (16 * KIB as u64, 65_536, 2),
             "{stats:?}"
         );
         assert_eq!(stats.client_rebuilds, 1, "{stats:?}");
@@ -352,16 +359,24 @@ async fn nats_subscription_queues_hold_the_byte_budget_of_the_servers_max_payloa
         assert!(stats.backlog_bytes_peak > 0, "{stats:?}");
 
         // The server comes back allowing 32 KiB messages: the plane's client reconnects, finds
-        // the larger max_payload, and is replaced by one holding 2,048 messages per subscription.
+        // the larger max_payload, and is replaced by one holding 32,768 messages per
+        // subscription.
         drop(server);
         let server = NatsServer::start_with_max_payload(port, 32 * KIB).await;
         probe_until_live(&publisher, subject, &mut inputs, Duration::from_secs(40)).await;
         let stats = counters.snapshot();
         assert_eq!(
             (stats.server_max_payload_bytes, stats.subscription_capacity, stats.client_rebuilds),
-            (32 * KIB as u64, 2048, 2),
+            (32 * KIB as u64, 32_768, 2),
             "{stats:?}"
         );
+
+        // Back to 16 KiB: a smaller max_payload keeps the client built for 32 KiB.
+        drop(server);
+        let server = NatsServer::start_with_max_payload(port, 16 * KIB).await;
+        probe_until_live(&publisher, subject, &mut inputs, Duration::from_secs(40)).await;
+        let stats = counters.snapshot();
+        assert_eq!((stats.subscription_capacity, stats.client_rebuilds), (32_768, 2), "{stats:?}");
 
         cancel.cancel();
         assert!(matches!(plane.await.unwrap(), Ok(())));
@@ -388,7 +403,10 @@ async fn nats_backlog_holds_its_byte_budget_and_drops_and_counts_beyond_it() {
         let publisher = async_nats::connect(url.as_str()).await.unwrap();
         let subject = "namespace.dynamo.component.backend.endpoint.generate.kv_metrics";
         probe_until_live(&publisher, subject, &mut inputs, Duration::from_secs(20)).await;
-        assert_eq!(counters.snapshot().subscription_capacity, 1024);
+        assert_eq!(
+            counters.snapshot().subscription_capacity,
+            NATS_SUBSCRIPTION_CAPACITY_MIN as u64
+        );
         settle_and_drain(&mut inputs).await;
 
         const BURST: u64 = 20_000;

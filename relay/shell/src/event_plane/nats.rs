@@ -31,28 +31,31 @@
 //! `sequence` gap, so its rank recovers (core NATS has no flow control to push back on).
 //!
 //! The client's own queues are bounded only in messages (`subscription_capacity`, fixed when
-//! the client is built). The client pushes every message of a socket read into them before the
-//! plane can run, so they must hold a read's worth of small messages: the capacity is
-//! `subscription_bytes_max / max_payload` (the message count whose largest legal messages fit
-//! the budget), but never below [`NATS_SUBSCRIPTION_CAPACITY_MIN`] (a 64 KiB read of the
-//! smallest Dynamo messages, about 100 bytes on the wire, is some 650 messages) and never above
-//! `subscription_capacity` ([`nats_subscription_capacity`]: 1,024 messages at NATS's default
-//! 1 MiB `max_payload`). As the plane drains them continuously, they hold what arrived since it
-//! last ran; only a plane starved of CPU while the server sends messages near `max_payload`
-//! could let them hold up to capacity × `max_payload`. At the capacity the client drops (the
-//! slow-consumer behaviour) and notifies the plane, which counts it in
+//! the client is built), and the client pushes every message of a poll of its connection (until
+//! the socket is empty, or tokio's budget of 128 reads is spent) into them before the plane can
+//! run. The plane therefore empties them at every wake-up, outside tokio's budget, into its
+//! backlog: on the relay's one-thread runtime the plane runs between two polls of the
+//! connection, so the queues hold at most one poll's reads, whatever their capacity. The
+//! capacity must hold a poll's worth of small messages (at 200,000 events/s a few milliseconds
+//! without a poll fill the socket with thousands): it is `subscription_bytes_max / max_payload`
+//! (the message count whose largest legal messages fit the budget), but never below
+//! [`NATS_SUBSCRIPTION_CAPACITY_MIN`] and never above `subscription_capacity`
+//! ([`nats_subscription_capacity`]: 16,384 messages at the defaults). Only a plane starved of CPU
+//! over several polls while the server sends messages near `max_payload` could let them hold up
+//! to capacity × `max_payload`. At the capacity the client drops (the slow-consumer behaviour)
+//! and notifies the plane, which counts it in
 //! [`client_drops`](super::EventPlaneStats::client_drops). The client hands notices over
 //! through a queue of 128 events, so a burst of drops faster than they are handed over can be
 //! under-counted; the gaps still show every lost event.
 //!
 //! The first client is built for NATS's default [`NATS_MAX_PAYLOAD_DEFAULT`]; once it is
-//! connected, and before it subscribes, the plane reads the server's `max_payload` and, if it
-//! differs, replaces the client by one built for it (nothing can be lost yet). While subscribed,
-//! the plane compares the client's `max_payload` with the one its capacity was derived from at
-//! every (re)connection notice and every message it takes: a server advertising more (a
-//! reconnection to a differently configured server) makes it replace the client the same way,
-//! losing what was queued (sequence gaps, hence recovery). A smaller `max_payload` keeps the
-//! client. Each replacement counts in [`client_rebuilds`](super::EventPlaneStats::client_rebuilds);
+//! connected, and before it subscribes, the plane reads the server's `max_payload` and, if the
+//! capacity derived from it differs, replaces the client by one built for it (nothing can be
+//! lost yet). While subscribed, the plane compares the client's `max_payload` with the one its
+//! capacity was derived from at every (re)connection notice and every wake-up: a server
+//! advertising more (a reconnection to a differently configured server) whose capacity is
+//! smaller makes it replace the client the same way, losing what was queued (sequence gaps,
+//! hence recovery). Any other `max_payload` keeps the client. Each replacement counts in [`client_rebuilds`](super::EventPlaneStats::client_rebuilds);
 //! the figures in effect are in [`EventPlaneStats`](super::EventPlaneStats) and `/metrics`, and
 //! logged when the plane subscribes.
 
@@ -60,6 +63,7 @@ use crate::node::InputSender;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use async_nats::{Client, ClientError, ConnectOptions, Event};
@@ -82,17 +86,19 @@ use kvrelay_core::model::identity::EndpointPath;
 pub const DEFAULT_NATS_SERVER: &str = "nats://127.0.0.1:4222";
 
 /// Most messages one subscription's queue inside the client holds, however small they are (the
-/// item bound beside the byte budget).
-pub const NATS_SUBSCRIPTION_CAPACITY_DEFAULT: usize = 8192;
+/// item bound beside the byte budget; async-nats' own default, and Dynamo's).
+pub const NATS_SUBSCRIPTION_CAPACITY_DEFAULT: usize = 65_536;
 
-/// Fewest messages one subscription's queue inside the client holds: a socket read's worth of
-/// the smallest messages (the client queues every message of a read before the plane runs).
-pub const NATS_SUBSCRIPTION_CAPACITY_MIN: usize = 1024;
+/// Fewest messages one subscription's queue inside the client holds: a poll of the client's
+/// connection's worth of small messages (it queues every message of a poll before the plane
+/// runs; 16,384 Dynamo messages of about 370 bytes on the wire are 6 MiB, the most a Linux
+/// socket buffers by default, and 30 ms of a 200,000 events/s stream).
+pub const NATS_SUBSCRIPTION_CAPACITY_MIN: usize = 16_384;
 
 /// Default byte budget of the plane's backlog, and the bytes of largest messages one
 /// subscription's queue inside the client is sized for (64 messages at NATS's default
-/// `max_payload`, raised to [`NATS_SUBSCRIPTION_CAPACITY_MIN`]). Normal messages are a few
-/// hundred bytes.
+/// `max_payload`, raised to [`NATS_SUBSCRIPTION_CAPACITY_MIN`]: the plane empties the queue at
+/// every wake-up, so what it holds is one poll's reads). Normal messages are a few hundred bytes.
 pub const NATS_SUBSCRIPTION_BYTES_MAX_DEFAULT: usize = 64 << 20;
 
 /// NATS's default `max_payload` (1 MiB): the message size a client's capacity is derived from
@@ -346,8 +352,8 @@ struct ClientSession<'a> {
     subjects: &'a [String],
     /// The `max_payload` this client's capacity is derived from.
     payload_bytes_max: usize,
-    /// The plane's first client: any difference from the server's `max_payload` rebuilds it
-    /// (later clients rebuild only for a larger one, so the rebuilds are bounded).
+    /// The plane's first client: a server whose `max_payload` calls for another capacity
+    /// rebuilds it (later clients rebuild only for a larger one, so the rebuilds are bounded).
     first_client: bool,
     connected_once: &'a Arc<AtomicBool>,
     counters: &'a EventPlaneCounters,
@@ -362,11 +368,7 @@ impl ClientSession<'_> {
         cancel: &CancellationToken,
     ) -> Result<SessionEnd, EventPlaneError> {
         let config = self.config;
-        let capacity = nats_subscription_capacity(
-            config.subscription_bytes_max,
-            self.payload_bytes_max,
-            config.subscription_capacity,
-        );
+        let capacity = self.capacity_for(self.payload_bytes_max);
         // The first refusal before any connection succeeded; later ones are the client's to retry.
         let (refused_tx, mut refused) = mpsc::channel::<String>(1);
         let connected = Arc::new(Notify::new());
@@ -419,9 +421,9 @@ impl ClientSession<'_> {
         }
         let max_payload = client.server_info().max_payload;
         let differs = if self.first_client {
-            max_payload != self.payload_bytes_max
+            self.capacity_for(max_payload) != capacity
         } else {
-            max_payload > self.payload_bytes_max
+            self.shrinks(max_payload, capacity)
         };
         if differs {
             return Ok(SessionEnd::Rebuild { max_payload });
@@ -447,13 +449,17 @@ impl ClientSession<'_> {
             max_payload, "NATS event plane subscribed");
         // Fair across subjects: a busy kv-events stream cannot starve kv_metrics.
         let mut messages = futures::stream::select_all(subscriptions);
-        // Messages keep being taken while the node's queue is full: the client's queues stay near
-        // empty, and past the backlog's budget messages are dropped here, counted.
-        let mut backlog = Backlog::new(config.subscription_bytes_max);
-        let mut backlog_peak = 0;
-        let mut subjects = SubjectCache::new();
+        // Messages keep being taken while the node's queue is full: the client's queues are
+        // emptied at every wake-up, and past the backlog's budget messages are dropped here,
+        // counted.
+        let mut intake = Intake {
+            counters: self.counters,
+            backlog: Backlog::new(config.subscription_bytes_max),
+            backlog_peak: 0,
+            subjects: SubjectCache::new(),
+        };
         loop {
-            let front_weight = backlog.front_weight();
+            let front_weight = intake.backlog.front_weight();
             tokio::select! {
                 biased;
                 () = cancel.cancelled() => return Ok(SessionEnd::Cancelled),
@@ -467,10 +473,11 @@ impl ClientSession<'_> {
                 // stays in the backlog.
                 room = sink.reserve(front_weight.unwrap_or(0)), if front_weight.is_some() => {
                     let Ok(room) = room else { return Err(EventPlaneError::SinkClosed) };
-                    if let Some(input) = backlog.pop() {
+                    if let Some(input) = intake.backlog.pop() {
                         room.send(input);
                         self.counters.bump(|stats| increment(&mut stats.delivered));
                     }
+                    intake.feed(sink)?;
                 }
                 message = messages.next() => {
                     let Some(message) = message else {
@@ -480,38 +487,19 @@ impl ClientSession<'_> {
                     if let Some(rebuild) = self.grown(&client) {
                         return Ok(rebuild);
                     }
-                    let decoded = decode_nats_message(&mut subjects, message.subject.as_str(), &message.payload);
-                    self.counters.record(&decoded);
-                    let input = match decoded {
-                        Ok(input) => input,
-                        Err(error) => {
-                            debug!(subject = %message.subject, %error, "dropping malformed NATS message");
-                            continue;
-                        }
-                    };
-                    // Nothing waiting and room in the node's queue: straight through.
-                    if backlog.bytes() == 0 {
-                        let Ok(room) = sink.try_reserve(input.weight_bytes()) else {
-                            return Err(EventPlaneError::SinkClosed);
-                        };
-                        if let Some(room) = room {
-                            room.send(input);
-                            self.counters.bump(|stats| increment(&mut stats.delivered));
-                            continue;
-                        }
+                    intake.take(&message, sink)?;
+                    // Everything else the client has queued: it fills its queues from a whole
+                    // poll of its socket before the plane runs, so emptying them at every
+                    // wake-up is what bounds them by a poll's reads rather than by their
+                    // capacity in messages.
+                    let (_, ended) =
+                        drain_ready(&mut messages, |message| intake.take(&message, sink)).await?;
+                    if ended {
+                        warn!("NATS subscriptions ended");
+                        return Err(EventPlaneError::SubscriptionsClosed);
                     }
-                    let dropped = backlog.offer(input);
-                    if dropped > 0 {
-                        self.counters.bump(|stats| {
-                            stats.backlog_drops = stats.backlog_drops.saturating_add(dropped);
-                        });
-                    }
-                    if backlog.bytes() > backlog_peak {
-                        backlog_peak = backlog.bytes();
-                        let peak = u64::try_from(backlog_peak).unwrap_or(u64::MAX);
-                        self.counters.bump(|stats| {
-                            stats.backlog_bytes_peak = stats.backlog_bytes_peak.max(peak);
-                        });
+                    if let Some(rebuild) = self.grown(&client) {
+                        return Ok(rebuild);
                     }
                 }
             }
@@ -519,10 +507,28 @@ impl ClientSession<'_> {
     }
 
     /// A rebuild, if the client's server now advertises a larger `max_payload` than the
-    /// capacity was derived from (after a reconnection).
+    /// capacity was derived from, and the capacity derived from it is smaller (after a
+    /// reconnection).
     fn grown(&self, client: &Client) -> Option<SessionEnd> {
         let max_payload = client.max_payload();
-        (max_payload > self.payload_bytes_max).then_some(SessionEnd::Rebuild { max_payload })
+        let capacity = self.capacity_for(self.payload_bytes_max);
+        self.shrinks(max_payload, capacity).then_some(SessionEnd::Rebuild { max_payload })
+    }
+
+    /// The subscription capacity a client built for `max_payload` gets.
+    fn capacity_for(&self, max_payload: usize) -> usize {
+        let config = self.config;
+        nats_subscription_capacity(
+            config.subscription_bytes_max,
+            max_payload,
+            config.subscription_capacity,
+        )
+    }
+
+    /// Whether a server advertising `max_payload` calls for a smaller capacity than `capacity`
+    /// (only a larger `max_payload` can: the rebuilds are bounded).
+    fn shrinks(&self, max_payload: usize, capacity: usize) -> bool {
+        max_payload > self.payload_bytes_max && self.capacity_for(max_payload) < capacity
     }
 
     fn refused(&self, reason: String) -> EventPlaneError {
@@ -530,6 +536,103 @@ impl ClientSession<'_> {
         warn!(server = %config.server_url, %reason, auth = config.security.auth.method(),
             "NATS refused the connection");
         EventPlaneError::NatsRefused { server: config.server_url.clone(), reason }
+    }
+}
+
+/// Take every item `stream` has ready now through `take`, outside tokio's cooperative budget
+/// (which would end the turn after 128 items of a tokio channel). Returns how many were taken
+/// and whether the stream ended, or the first error of `take`.
+async fn drain_ready<S, E>(
+    stream: &mut S,
+    mut take: impl FnMut(S::Item) -> Result<(), E>,
+) -> Result<(usize, bool), E>
+where
+    S: futures::Stream + Unpin,
+{
+    let mut taken = 0;
+    tokio::task::unconstrained(std::future::poll_fn(|cx| {
+        loop {
+            match stream.poll_next_unpin(cx) {
+                Poll::Ready(Some(item)) => {
+                    if let Err(error) = take(item) {
+                        return Poll::Ready(Err(error));
+                    }
+                    taken += 1;
+                }
+                Poll::Ready(None) => return Poll::Ready(Ok((taken, true))),
+                Poll::Pending => return Poll::Ready(Ok((taken, false))),
+            }
+        }
+    }))
+    .await
+}
+
+/// What the plane does with each message it takes off the client: decode it, then hand it to
+/// the node, or hold it in the byte-bounded backlog while the node's queue is full.
+struct Intake<'a> {
+    counters: &'a EventPlaneCounters,
+    backlog: Backlog,
+    backlog_peak: usize,
+    subjects: SubjectCache,
+}
+
+impl Intake<'_> {
+    /// Decode `message` and deliver it, or hold it; a malformed message is counted and dropped.
+    fn take(
+        &mut self,
+        message: &async_nats::Message,
+        sink: &InputSender,
+    ) -> Result<(), EventPlaneError> {
+        let decoded =
+            decode_nats_message(&mut self.subjects, message.subject.as_str(), &message.payload);
+        self.counters.record(&decoded);
+        let input = match decoded {
+            Ok(input) => input,
+            Err(error) => {
+                debug!(subject = %message.subject, %error, "dropping malformed NATS message");
+                return Ok(());
+            }
+        };
+        // Nothing waiting and room in the node's queue: straight through.
+        if self.backlog.bytes() == 0 {
+            let Ok(room) = sink.try_reserve(input.weight_bytes()) else {
+                return Err(EventPlaneError::SinkClosed);
+            };
+            if let Some(room) = room {
+                room.send(input);
+                self.counters.bump(|stats| increment(&mut stats.delivered));
+                return Ok(());
+            }
+        }
+        let dropped = self.backlog.offer(input);
+        if dropped > 0 {
+            self.counters.bump(|stats| {
+                stats.backlog_drops = stats.backlog_drops.saturating_add(dropped);
+            });
+        }
+        if self.backlog.bytes() > self.backlog_peak {
+            self.backlog_peak = self.backlog.bytes();
+            let peak = u64::try_from(self.backlog_peak).unwrap_or(u64::MAX);
+            self.counters.bump(|stats| {
+                stats.backlog_bytes_peak = stats.backlog_bytes_peak.max(peak);
+            });
+        }
+        Ok(())
+    }
+
+    /// Move held inputs into the node's queue, in the backlog's order, while it has room.
+    fn feed(&mut self, sink: &InputSender) -> Result<(), EventPlaneError> {
+        while let Some(weight) = self.backlog.front_weight() {
+            let Ok(room) = sink.try_reserve(weight) else {
+                return Err(EventPlaneError::SinkClosed);
+            };
+            let Some(room) = room else { return Ok(()) };
+            if let Some(input) = self.backlog.pop() {
+                room.send(input);
+                self.counters.bump(|stats| increment(&mut stats.delivered));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -667,20 +770,62 @@ mod tests {
         assert_eq!(error.kind(), InputErrorKind::MalformedSubject);
     }
 
+    /// The plane empties a tokio channel in one turn, past the cooperative budget that ends a
+    /// plain poll loop after 128 items; an error of `take` stops it, and an ended stream is said.
+    #[tokio::test(flavor = "current_thread")]
+    async fn draining_takes_everything_ready_in_one_turn() {
+        let (tx, mut rx) = mpsc::channel::<u32>(2000);
+        for item in 0..1000 {
+            tx.try_send(item).unwrap();
+        }
+        // A plain loop under the budget stops early (what the drain exists to avoid).
+        let constrained = std::future::poll_fn(|cx| {
+            let mut count = 0;
+            while let Poll::Ready(Some(_)) = rx.poll_recv(cx) {
+                count += 1;
+            }
+            Poll::Ready(count)
+        })
+        .await;
+        assert!(constrained < 1000, "the budget did not end the loop: {constrained}");
+        tokio::task::yield_now().await;
+        let mut stream = futures::stream::poll_fn(|cx| rx.poll_recv(cx));
+        let mut seen = Vec::new();
+        let drained = drain_ready(&mut stream, |item| {
+            seen.push(item);
+            Ok::<(), ()>(())
+        })
+        .await;
+        assert_eq!(drained, Ok((1000 - constrained, false)));
+        assert_eq!(seen, (constrained as u32..1000).collect::<Vec<_>>(), "in order");
+
+        for item in 0..10 {
+            tx.try_send(item).unwrap();
+        }
+        let failed = drain_ready(&mut stream, |item| if item == 3 { Err(item) } else { Ok(()) });
+        assert_eq!(failed.await, Err(3), "the first error stops the drain");
+        drop(tx);
+        let rest = drain_ready(&mut stream, |_| Ok::<(), ()>(())).await;
+        assert_eq!(rest, Ok((6, true)), "what was left, then the end");
+    }
+
     #[test]
     fn the_capacity_is_the_byte_budget_over_max_payload_within_its_bounds() {
         let mib = 1 << 20;
         let budget = NATS_SUBSCRIPTION_BYTES_MAX_DEFAULT;
         let messages = NATS_SUBSCRIPTION_CAPACITY_DEFAULT;
         let min = NATS_SUBSCRIPTION_CAPACITY_MIN;
-        // NATS's default max_payload and larger ones: a socket read of small messages fits.
+        // NATS's default max_payload and larger ones: a poll's reads of small messages fit.
         assert_eq!(nats_subscription_capacity(budget, NATS_MAX_PAYLOAD_DEFAULT, messages), min);
         assert_eq!(nats_subscription_capacity(budget, 8 * mib, messages), min);
         assert_eq!(nats_subscription_capacity(budget, 64 * mib + 1, messages), min);
-        // Small max_payloads: the budget over max_payload, rounded down, up to the message bound.
-        assert_eq!(nats_subscription_capacity(budget, 32 * 1024, messages), 2048);
-        assert_eq!(nats_subscription_capacity(budget, 3 * 10_000, messages), 2236);
-        assert_eq!(nats_subscription_capacity(budget, 1024, messages), messages);
+        assert_eq!(nats_subscription_capacity(budget, 32 * 1024, messages), min);
+        // Small max_payloads under a larger budget: the budget over max_payload, rounded down, up
+        // to the message bound.
+        let gib = 1 << 30;
+        assert_eq!(nats_subscription_capacity(gib, 32 * 1024, messages), 32_768);
+        assert_eq!(nats_subscription_capacity(gib, 3 * 10_000, messages), 35_791);
+        assert_eq!(nats_subscription_capacity(gib, 1024, messages), messages);
         assert_eq!(nats_subscription_capacity(budget, 0, messages), messages);
         // The message bound wins over the minimum.
         assert_eq!(nats_subscription_capacity(budget, mib, 16), 16);

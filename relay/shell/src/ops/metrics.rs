@@ -685,7 +685,7 @@ fn input_families(out: &mut Exposition, snapshot: &OpsSnapshot) {
             (
                 "kvrelay_event_plane_subscription_capacity",
                 Kind::Gauge,
-                "Messages one NATS subscription's queue holds (byte budget over max_payload, at least 1024).",
+                "Messages one NATS subscription's queue holds (byte budget over max_payload, at least 16384).",
                 events.subscription_capacity,
             ),
             (
