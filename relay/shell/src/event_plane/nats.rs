@@ -448,6 +448,7 @@ impl ClientSession<'_> {
             subscription_capacity = capacity, subscription_bytes_max = config.subscription_bytes_max,
             max_payload, "NATS event plane subscribed");
         // Fair across subjects: a busy kv-events stream cannot starve kv_metrics.
+        let drain_limit = capacity.saturating_mul(subscriptions.len());
         let mut messages = futures::stream::select_all(subscriptions);
         // Messages keep being taken while the node's queue is full: the client's queues are
         // emptied at every wake-up, and past the backlog's budget messages are dropped here,
@@ -491,9 +492,13 @@ impl ClientSession<'_> {
                     // Everything else the client has queued: it fills its queues from a whole
                     // poll of its socket before the plane runs, so emptying them at every
                     // wake-up is what bounds them by a poll's reads rather than by their
-                    // capacity in messages.
-                    let (_, ended) =
-                        drain_ready(&mut messages, |message| intake.take(&message, sink)).await?;
+                    // capacity in messages. At most the queues' capacity per turn, so that a
+                    // client filling them from another thread as fast as they drain cannot keep
+                    // the plane from its cancellation.
+                    let (_, ended) = drain_ready(&mut messages, drain_limit, |message| {
+                        intake.take(&message, sink)
+                    })
+                    .await?;
                     if ended {
                         warn!("NATS subscriptions ended");
                         return Err(EventPlaneError::SubscriptionsClosed);
@@ -539,11 +544,12 @@ impl ClientSession<'_> {
     }
 }
 
-/// Take every item `stream` has ready now through `take`, outside tokio's cooperative budget
-/// (which would end the turn after 128 items of a tokio channel). Returns how many were taken
-/// and whether the stream ended, or the first error of `take`.
+/// Take every item `stream` has ready now, at most `limit`, through `take`, outside tokio's
+/// cooperative budget (which would end the turn after 128 items of a tokio channel). Returns
+/// how many were taken and whether the stream ended, or the first error of `take`.
 async fn drain_ready<S, E>(
     stream: &mut S,
+    limit: usize,
     mut take: impl FnMut(S::Item) -> Result<(), E>,
 ) -> Result<(usize, bool), E>
 where
@@ -552,6 +558,9 @@ where
     let mut taken = 0;
     tokio::task::unconstrained(std::future::poll_fn(|cx| {
         loop {
+            if taken >= limit {
+                return Poll::Ready(Ok((taken, false)));
+            }
             match stream.poll_next_unpin(cx) {
                 Poll::Ready(Some(item)) => {
                     if let Err(error) = take(item) {
@@ -771,7 +780,8 @@ mod tests {
     }
 
     /// The plane empties a tokio channel in one turn, past the cooperative budget that ends a
-    /// plain poll loop after 128 items; an error of `take` stops it, and an ended stream is said.
+    /// plain poll loop after 128 items; an error of `take` stops it, the limit ends the turn,
+    /// and an ended stream is said.
     #[tokio::test(flavor = "current_thread")]
     async fn draining_takes_everything_ready_in_one_turn() {
         let (tx, mut rx) = mpsc::channel::<u32>(2000);
@@ -791,7 +801,7 @@ mod tests {
         tokio::task::yield_now().await;
         let mut stream = futures::stream::poll_fn(|cx| rx.poll_recv(cx));
         let mut seen = Vec::new();
-        let drained = drain_ready(&mut stream, |item| {
+        let drained = drain_ready(&mut stream, usize::MAX, |item| {
             seen.push(item);
             Ok::<(), ()>(())
         })
@@ -802,11 +812,14 @@ mod tests {
         for item in 0..10 {
             tx.try_send(item).unwrap();
         }
-        let failed = drain_ready(&mut stream, |item| if item == 3 { Err(item) } else { Ok(()) });
+        let failed =
+            drain_ready(&mut stream, 100, |item| if item == 3 { Err(item) } else { Ok(()) });
         assert_eq!(failed.await, Err(3), "the first error stops the drain");
+        let limited = drain_ready(&mut stream, 4, |_| Ok::<(), ()>(())).await;
+        assert_eq!(limited, Ok((4, false)), "no more than the limit in one turn");
         drop(tx);
-        let rest = drain_ready(&mut stream, |_| Ok::<(), ()>(())).await;
-        assert_eq!(rest, Ok((6, true)), "what was left, then the end");
+        let rest = drain_ready(&mut stream, 100, |_| Ok::<(), ()>(())).await;
+        assert_eq!(rest, Ok((2, true)), "what was left, then the end");
     }
 
     #[test]
