@@ -329,3 +329,70 @@ async fn a_pool_publishes_on_its_own_timer_from_the_node_loop() {
     reader.abort();
     node.shutdown().await;
 }
+
+/// A queue's worth of inputs taken at once does not outrun the publication hubs: the node lets
+/// them run after every batch cut at its bound, so a subscriber keeps its stream through a burst
+/// whose deltas are several times what the hub's broadcast buffers (a hub that falls behind it
+/// takes a new snapshot and ends every subscriber).
+#[tokio::test(start_paused = true)]
+async fn a_queued_burst_keeps_every_subscriber_of_its_pool() {
+    let serving = endpoint("burst/backend/generate");
+    let mut worker = WorkerSpec::aggregated(serving.clone(), "burst-llm");
+    worker.capacity_blocks_per_rank = 4096;
+    let traffic =
+        TrafficConfig { prefix_count: 4, prefix_tokens: 32, tail_tokens_max: 64, vocabulary: 1000 };
+    let (dc, mut rng) = simulated_dc(vec![worker], traffic, "node-test/hub-burst-dc");
+    let mut config = node_config(64 << 20);
+    config.input_queue_capacity = 8192;
+    let broadcast = config.pool.delta_broadcast_capacity as u64;
+    let threshold = u64::from(config.pool.publication_threshold_events);
+    let node = start_on(&dc, config).await;
+    let [pool] = published(&node, std::slice::from_ref(&serving)).await[..] else { unreachable!() };
+    let producer = node.publications.producer(&pool).expect("active");
+    let mut stream = node.publications.subscribe(&producer).await.expect("subscribes");
+    let ended = Arc::new(Mutex::new(None));
+    let reader = crate::runtime::spawn({
+        let ended = Arc::clone(&ended);
+        async move {
+            let error = loop {
+                if let Err(error) = stream.next().await {
+                    break error;
+                }
+            };
+            *ended.lock().expect("not poisoned") = Some(error);
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let before = stats(&node, &pool).await;
+
+    // Queue the whole burst without yielding (no budgeted send): the node finds it all at once.
+    let mut burst = Vec::new();
+    let mut events = 0u64;
+    while events < 8 * broadcast * threshold {
+        let facts = dc.with(|dc| dc.step(8, &mut rng));
+        events += facts
+            .iter()
+            .map(|fact| match fact {
+                kvrelay_core::inputs::DcInput::KvEvents(batch) => batch.events.len() as u64,
+                _ => 0,
+            })
+            .sum::<u64>();
+        burst.extend(facts);
+    }
+    let sent = burst.len() as u64;
+    for fact in burst {
+        let room = node.inputs.try_reserve(fact.weight_bytes()).expect("node runs");
+        room.expect("room for the whole burst").send(fact);
+    }
+    let mut status = node.status.clone();
+    let target = status.borrow().inputs_handled + sent;
+    status.wait_for(|s| s.inputs_handled == target).await.expect("node runs");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let after = stats(&node, &pool).await;
+    let deltas = after.sequence - before.sequence;
+    assert!(deltas > 2 * broadcast, "the burst published {deltas} deltas");
+    let ended = *ended.lock().expect("not poisoned");
+    assert_eq!(ended, None, "the subscriber's stream ended during the burst");
+    reader.abort();
+    node.shutdown().await;
+}
