@@ -32,6 +32,7 @@
 //! [`TopologyState`]: crate::readiness::topology::TopologyState
 
 mod config;
+mod early_loads;
 mod plane;
 mod protocol;
 pub mod wire;

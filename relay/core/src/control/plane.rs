@@ -77,6 +77,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::config::{ControlConfig, ControlError, INSTANCE_LISTINGS_MAX};
+use super::early_loads::EarlyLoads;
 use super::protocol::{ControlCommand, ControlCounters, ControlHealth, ShellReport};
 use crate::discovery::{CardChange, DiscoveryView, ModelTarget};
 use crate::host::{
@@ -194,6 +195,8 @@ pub struct ControlPlane {
     now_last: Duration,
     /// The host's `RecoverSource` call in flight per endpoint (the host makes at most one).
     host_recoveries: BTreeMap<EndpointPath, HostRecovery>,
+    /// Worker load reports that came before their pool expected the rank.
+    early_loads: EarlyLoads,
 }
 
 /// A host `RecoverSource` call the plane answers from the pool's tracker once the rank's
@@ -250,6 +253,7 @@ impl ControlPlane {
             last_error: None,
             now_last: Duration::ZERO,
             host_recoveries: BTreeMap::new(),
+            early_loads: EarlyLoads::default(),
         })
     }
 
@@ -288,7 +292,7 @@ impl ControlPlane {
                 return out;
             }
             DcInput::Load { endpoint, observation } => {
-                self.route_load(&endpoint, &observation);
+                self.route_load(&endpoint, &observation, now);
                 self.audit();
                 return out;
             }
@@ -359,6 +363,7 @@ impl ControlPlane {
                 match self.pools.get_mut(&endpoint) {
                     Some(pool) if pool.producer.layout_generation() == layout_generation => {
                         pool.load.clear_observations();
+                        self.early_loads.forget(&endpoint);
                         self.counters.load_streams_interrupted =
                             self.counters.load_streams_interrupted.saturating_add(1);
                     }
@@ -617,6 +622,12 @@ impl ControlPlane {
         self.pools.get(endpoint).map(|pool| pool.load.snapshot())
     }
 
+    /// Worker load reports kept until a pool expects their rank.
+    #[must_use]
+    pub fn early_loads_kept(&self) -> usize {
+        self.early_loads.len()
+    }
+
     /// Verify the invariants of the module docs, including every tracker's own (O(state); the
     /// plane runs the structural part after every structural change, tests run all of it).
     pub fn check_invariants(&self) -> Result<(), String> {
@@ -632,7 +643,7 @@ impl ControlPlane {
         for (endpoint, pool) in &self.pools {
             pool.tracker.check_invariants().map_err(|error| format!("{endpoint}: {error}"))?;
         }
-        Ok(())
+        self.early_loads.check_invariants().map_err(|error| format!("early loads: {error}"))
     }
 
     // ---- input handlers ------------------------------------------------------------------
@@ -751,18 +762,37 @@ impl ControlPlane {
         }
     }
 
-    fn route_load(&mut self, endpoint: &EndpointPath, observation: &LoadObservation) {
+    fn route_load(
+        &mut self,
+        endpoint: &EndpointPath,
+        observation: &LoadObservation,
+        now: Duration,
+    ) {
+        let outcome = self.pools.get_mut(endpoint).map(|pool| pool.load.observe(observation));
         let counters = &mut self.counters;
-        let Some(pool) = self.pools.get_mut(endpoint) else {
-            counters.load_reports_unrouted = counters.load_reports_unrouted.saturating_add(1);
-            return;
-        };
-        let counter = match pool.load.observe(observation) {
-            ObserveOutcome::Recorded => &mut counters.load_reports_recorded,
-            ObserveOutcome::Advisory => &mut counters.load_reports_advisory,
-            ObserveOutcome::UnknownRank => &mut counters.load_reports_unknown_rank,
+        let counter = match outcome {
+            Some(ObserveOutcome::Recorded) => &mut counters.load_reports_recorded,
+            Some(ObserveOutcome::Advisory) => &mut counters.load_reports_advisory,
+            Some(ObserveOutcome::UnknownRank) => &mut counters.load_reports_unknown_rank,
+            None => &mut counters.load_reports_unrouted,
         };
         *counter = counter.saturating_add(1);
+        if matches!(outcome, None | Some(ObserveOutcome::UnknownRank)) {
+            self.keep_early(endpoint, observation, now);
+        }
+    }
+
+    /// Keep a worker report whose rank no pool expects yet, for when one does.
+    fn keep_early(
+        &mut self,
+        endpoint: &EndpointPath,
+        observation: &LoadObservation,
+        now: Duration,
+    ) {
+        let Some(used_blocks) = observation.kv_used_blocks else { return };
+        let forgotten = self.early_loads.keep(endpoint, observation.source, used_blocks, now);
+        self.counters.early_load_reports_forgotten =
+            self.counters.early_load_reports_forgotten.saturating_add(forgotten);
     }
 
     /// Hand a shell report to the tracker of `endpoint`'s active generation `layout_generation`.
@@ -828,7 +858,7 @@ impl ControlPlane {
             self.sync_pools();
             self.feed_views(now, rng, out);
         }
-        self.refresh_capacities();
+        self.refresh_capacities(now);
 
         let catalog_revision = self.host.catalog().revision();
         if dirty.memberships
@@ -1127,23 +1157,41 @@ impl ControlPlane {
     }
 
     /// Re-derive each active pool's expected ranks and capacity when its runtime configs
-    /// changed. A rejected update leaves the load empty (degraded), never stale.
-    fn refresh_capacities(&mut self) {
+    /// changed (a rejected update leaves the load empty, degraded, never stale), and record the
+    /// early reports of the ranks it now expects.
+    fn refresh_capacities(&mut self, now: Duration) {
         for (endpoint, pool) in &mut self.pools {
-            let Some(membership) = self.view.membership(endpoint) else {
-                continue;
-            };
-            if pool.capacity_configs == membership.runtime_configs {
+            if let Some(membership) = self.view.membership(endpoint)
+                && pool.capacity_configs != membership.runtime_configs
+            {
+                let workers =
+                    membership.runtime_configs.iter().map(|(worker, config)| (*worker, config));
+                if pool.load.set_capacity(workers).is_err() {
+                    pool.load.clear();
+                    self.counters.capacity_updates_rejected =
+                        self.counters.capacity_updates_rejected.saturating_add(1);
+                }
+                pool.capacity_configs.clone_from(&membership.runtime_configs);
+            }
+            if self.early_loads.is_empty() {
                 continue;
             }
-            let workers =
-                membership.runtime_configs.iter().map(|(worker, config)| (*worker, config));
-            if pool.load.set_capacity(workers).is_err() {
-                pool.load.clear();
-                self.counters.capacity_updates_rejected =
-                    self.counters.capacity_updates_rejected.saturating_add(1);
+            // Reports that came before the pool expected their rank (a new pool, or a rank
+            // that just joined it).
+            let early =
+                self.early_loads.take_expected(endpoint, now, |rank| pool.load.expects(rank));
+            for (source, used_blocks) in early {
+                let observation = LoadObservation {
+                    source,
+                    kv_used_blocks: Some(used_blocks),
+                    active_decode_blocks: None,
+                    active_prefill_tokens: None,
+                };
+                if matches!(pool.load.observe(&observation), ObserveOutcome::Recorded) {
+                    self.counters.early_load_reports_recorded =
+                        self.counters.early_load_reports_recorded.saturating_add(1);
+                }
             }
-            pool.capacity_configs.clone_from(&membership.runtime_configs);
         }
     }
 

@@ -160,6 +160,10 @@ pub struct ControlCounters {
     pub load_reports_unknown_rank: u64,
     /// Load reports for an endpoint without an active pool.
     pub load_reports_unrouted: u64,
+    /// Worker reports kept while no pool expected their rank, recorded once one did.
+    pub early_load_reports_recorded: u64,
+    /// Worker reports kept while no pool expected their rank, forgotten to keep the bound.
+    pub early_load_reports_forgotten: u64,
     /// Capacity updates the load projection rejected (the pool's load is then degraded).
     pub capacity_updates_rejected: u64,
     /// Shell reports naming a generation that is no longer starting or active.

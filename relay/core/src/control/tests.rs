@@ -369,6 +369,47 @@ fn a_source_advert_after_the_card_materializes_the_pool() {
     assert_eq!(shell.plane.counters().adverts_repeated, 1);
 }
 
+/// A worker publishes a rank's occupancy only when it changes, so a report that comes before
+/// discovery shows the worker must not be lost: the latest one is recorded once the pool
+/// expects the rank. A report kept longer than the age bound is not.
+#[test]
+fn a_load_report_before_discovery_is_recorded_once_its_rank_is_expected() {
+    let mut shell = Shell::new();
+    shell.input(load(PREFILL, PREFILL_WORKER, Some(600)));
+    shell.input(load(PREFILL, PREFILL_WORKER, Some(640)));
+    // A router report carries no occupancy: nothing to keep.
+    shell.input(load(BACKEND, WORKER, None));
+    // The decode worker's report comes long before its pool exists.
+    shell.input(load(BACKEND, WORKER, Some(7)));
+    assert_eq!(shell.plane.counters().load_reports_unrouted, 4);
+    shell.now += super::early_loads::EARLY_LOAD_AGE_MAX;
+
+    shell.input(instances(PREFILL, &[PREFILL_WORKER]));
+    shell.input(card_input(
+        PREFILL,
+        PREFILL_WORKER,
+        card(WorkerType::Prefill, vec![vec![WorkerType::Decode]]),
+    ));
+    shell.input(advert(PREFILL, PREFILL_WORKER, PREFILL_PUBLISHER, false));
+    let prefill = shell.plane.pool_load(&endpoint(PREFILL)).unwrap();
+    assert_eq!((prefill.kv_observed_ranks, prefill.kv_used_blocks), (1, Some(640)));
+
+    shell.now += Duration::from_millis(1);
+    shell.input(instances(BACKEND, &[WORKER]));
+    shell.input(card_input(
+        BACKEND,
+        WORKER,
+        card(WorkerType::Decode, vec![vec![WorkerType::Prefill]]),
+    ));
+    shell.input(advert(BACKEND, WORKER, PUBLISHER, false));
+    let decode = shell.plane.pool_load(&endpoint(BACKEND)).unwrap();
+    assert_eq!((decode.kv_observed_ranks, decode.kv_used_blocks), (0, None), "too old");
+    let counters = *shell.plane.counters();
+    assert_eq!(counters.early_load_reports_recorded, 1);
+    assert_eq!(counters.load_reports_recorded, 0, "counted once, when it arrived");
+    shell.plane.check_invariants().unwrap();
+}
+
 #[test]
 fn load_is_routed_to_the_pool_of_its_serving_endpoint() {
     let mut shell = Shell::new();
