@@ -111,6 +111,34 @@ impl FilterSummary {
     }
 }
 
+/// Which side of a comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Which {
+    /// The left side.
+    Left,
+    /// The right side.
+    Right,
+}
+
+/// A pool whose load the two sides agree on except that one has observed every expected rank
+/// and the other has not: same expected ranks and capacity, one complete (`kv_used_blocks`
+/// known), the other degraded with fewer ranks observed. Kept apart from the differences so a
+/// caller can accept one side seeing more (a worker's only report for a rank came before one
+/// relay knew the rank).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CoverageGap {
+    /// The pool.
+    pub pool_id: PoolId,
+    /// The side that observed every expected rank.
+    pub complete: Which,
+    /// Ranks observed on the left side.
+    pub left_observed: u32,
+    /// Ranks observed on the right side.
+    pub right_observed: u32,
+    /// Ranks both sides expect.
+    pub expected: u32,
+}
+
 /// Entry counts of one section on both sides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Counts {
@@ -133,13 +161,22 @@ pub struct Comparison {
     pub filters: Vec<FilterSummary>,
     /// Every disagreement, in section, key and field order.
     pub differences: Vec<Difference>,
+    /// Pools whose load differs only in coverage ([`CoverageGap`]), in pool order.
+    pub coverage_gaps: Vec<CoverageGap>,
 }
 
 impl Comparison {
     /// Whether the sides agree on everything compared.
     #[must_use]
     pub fn matches(&self) -> bool {
-        self.differences.is_empty()
+        self.differences.is_empty() && self.coverage_gaps.is_empty()
+    }
+
+    /// Whether the sides agree on everything compared, except pools whose load `side` alone
+    /// observed completely.
+    #[must_use]
+    pub fn matches_where_more_complete(&self, side: Which) -> bool {
+        self.differences.is_empty() && self.coverage_gaps.iter().all(|gap| gap.complete == side)
     }
 
     /// Differences in `section`.
@@ -342,13 +379,53 @@ fn load_text(load: Option<&PoolLoad>) -> [String; 4] {
     }
 }
 
-fn compare_load(left: &ConsumerSnapshot, right: &ConsumerSnapshot, out: &mut Vec<Difference>) {
+/// The side whose load alone covers every expected rank, when that is the only difference.
+fn coverage_gap(pool_id: PoolId, left: &PoolLoad, right: &PoolLoad) -> Option<CoverageGap> {
+    let complete = |load: &PoolLoad| {
+        load.kv_used_blocks.is_some() && load.kv_observed_ranks == load.kv_expected_ranks
+    };
+    let short = |load: &PoolLoad| {
+        load.kv_used_blocks.is_none() && load.kv_observed_ranks < load.kv_expected_ranks
+    };
+    if left.kv_expected_ranks != right.kv_expected_ranks
+        || left.total_kv_blocks != right.total_kv_blocks
+    {
+        return None;
+    }
+    let side = if complete(left) && short(right) {
+        Which::Left
+    } else if complete(right) && short(left) {
+        Which::Right
+    } else {
+        return None;
+    };
+    Some(CoverageGap {
+        pool_id,
+        complete: side,
+        left_observed: left.kv_observed_ranks,
+        right_observed: right.kv_observed_ranks,
+        expected: left.kv_expected_ranks,
+    })
+}
+
+fn compare_load(
+    left: &ConsumerSnapshot,
+    right: &ConsumerSnapshot,
+    out: &mut Vec<Difference>,
+    gaps: &mut Vec<CoverageGap>,
+) {
     let by_pool = |snapshot: &ConsumerSnapshot| -> BTreeMap<PoolId, PoolLoad> {
         snapshot.load.iter().map(|load| (load.producer.pool_id(), *load)).collect()
     };
     let (left_loads, right_loads) = (by_pool(left), by_pool(right));
     let keys: BTreeSet<PoolId> = left_loads.keys().chain(right_loads.keys()).copied().collect();
     for pool_id in keys {
+        if let (Some(l), Some(r)) = (left_loads.get(&pool_id), right_loads.get(&pool_id))
+            && let Some(gap) = coverage_gap(pool_id, l, r)
+        {
+            gaps.push(gap);
+            continue;
+        }
         let mut fields = Fields { out, section: Section::Load, key: pool_id.to_string() };
         let [l_used, l_total, l_observed, l_expected] = load_text(left_loads.get(&pool_id));
         let [r_used, r_total, r_observed, r_expected] = load_text(right_loads.get(&pool_id));
@@ -473,7 +550,12 @@ pub fn compare(left: Side<'_>, right: Side<'_>) -> Comparison {
     };
     compare_catalog(left.snapshot, right.snapshot, &mut comparison.differences);
     compare_readiness(left.snapshot, right.snapshot, &mut comparison.differences);
-    compare_load(left.snapshot, right.snapshot, &mut comparison.differences);
+    compare_load(
+        left.snapshot,
+        right.snapshot,
+        &mut comparison.differences,
+        &mut comparison.coverage_gaps,
+    );
     compare_filters(left, right, &mut comparison);
     // Stable: fields keep the order they were checked in.
     comparison.differences.sort_by(|a, b| (a.section, &a.key).cmp(&(b.section, &b.key)));

@@ -244,3 +244,49 @@ fn canonical_items_refuse_a_word_count_that_does_not_fit_the_format() {
     let probe = Addressing::new(&format).probe(HASHES[0]);
     assert_eq!(items, [(probe.bucket_a.min(probe.bucket_b), probe.fingerprint)]);
 }
+
+/// A pool whose load one side observed on every expected rank and the other on fewer is a
+/// coverage gap, not a field difference: strict matching refuses it, matching that accepts the
+/// complete side's lead accepts it only for that side. Any other load difference stays a
+/// difference.
+#[test]
+fn a_load_complete_on_one_side_only_is_a_coverage_gap() {
+    let mut left = view(1, 1, 1);
+    let mut right = view(2, 1, 1);
+    for load in [&mut left.load[0], &mut right.load[0]] {
+        load.kv_expected_ranks = 2;
+        load.kv_observed_ranks = 2;
+    }
+    left.load[0].kv_observed_ranks = 1;
+    left.load[0].kv_used_blocks = None;
+    let words = words_with(&[(HASHES[0], false)]);
+    let comparison = run(&left, words.clone(), &right, words.clone());
+    assert!(comparison.differences.is_empty(), "{:?}", comparison.differences);
+    let pool_id = right.pools[0].descriptor.pool_id();
+    assert_eq!(
+        comparison.coverage_gaps,
+        [CoverageGap {
+            pool_id,
+            complete: Which::Right,
+            left_observed: 1,
+            right_observed: 2,
+            expected: 2
+        }]
+    );
+    assert!(!comparison.matches());
+    assert!(comparison.matches_where_more_complete(Which::Right));
+    assert!(!comparison.matches_where_more_complete(Which::Left));
+
+    // The other way round: the lead is the left side's.
+    let swapped = run(&right, words.clone(), &left, words.clone());
+    assert_eq!(swapped.coverage_gaps[0].complete, Which::Left);
+    assert!(!swapped.matches_where_more_complete(Which::Right));
+
+    // Different capacities are a difference even with the same coverage shape.
+    let mut other = right.clone();
+    other.load[0].total_kv_blocks = Some(1);
+    let differs = run(&left, words.clone(), &other, words);
+    assert!(differs.coverage_gaps.is_empty());
+    assert!(!differs.matches_where_more_complete(Which::Right));
+    assert_eq!(differs.differences_in(Section::Load), 3);
+}

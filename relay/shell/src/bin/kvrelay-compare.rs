@@ -5,7 +5,10 @@
 //! at least `--min-pools` pools are catalogued on each side and every pool's replica is
 //! installed, then compares every `--interval-ms` until `--stable-checks` consecutive
 //! comparisons agree completely (exit 0) or `--timeout-secs` passes (exit 1 with the last
-//! differences). Exit 2 when the sides never settled or a consumer halted.
+//! differences). Exit 2 when the sides never settled or a consumer halted. With
+//! `--accept-right-load-coverage`, a pool whose load only the right side observed on every
+//! expected rank (a coverage gap, see `kvrelay_consumer::compare::CoverageGap`) is reported
+//! and does not count against agreement; one the left side alone covers always does.
 //!
 //! Run: `kvrelay-compare --left 127.0.0.1:5561 --right 127.0.0.1:5562`.
 
@@ -15,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 use clap::Parser;
-use kvrelay_consumer::compare::{Comparison, Section, Side, compare};
+use kvrelay_consumer::compare::{Comparison, Section, Side, Which, compare};
 use kvrelay_consumer::{ConsumerConfig, ConsumerSnapshot, FilterCopy, FilterStatus, RelayConsumer};
 use kvrelay_core::model::identity::PoolId;
 use kvrelay_core::rng::rng_from_seed;
@@ -52,9 +55,14 @@ struct Args {
     #[arg(long, default_value_t = 1000)]
     interval_ms: u64,
     /// Print the report as JSON, one object per line (`type`: `section`, `filter`, `diff`,
-    /// then `result`).
+    /// `coverage`, then `result`).
     #[arg(long)]
     json: bool,
+    /// Agree although some pools' load is complete on the right side only (every expected
+    /// rank observed there, fewer on the left, nothing else different): the right relay kept a
+    /// rank's report the left one lost.
+    #[arg(long)]
+    accept_right_load_coverage: bool,
     /// TLS for `host:port` sides when --tls-ca is given and for `https://` sides always;
     /// an `http://` side stays plaintext.
     #[command(flatten)]
@@ -155,6 +163,17 @@ fn print_json_report(comparison: &Comparison) {
         });
         println!("{line}");
     }
+    for gap in &comparison.coverage_gaps {
+        let line = serde_json::json!({
+            "type": "coverage",
+            "poolId": gap.pool_id.to_string(),
+            "complete": if gap.complete == Which::Left { "left" } else { "right" },
+            "leftObservedRanks": gap.left_observed,
+            "rightObservedRanks": gap.right_observed,
+            "expectedRanks": gap.expected,
+        });
+        println!("{line}");
+    }
     for difference in &comparison.differences {
         let line = serde_json::json!({
             "type": "diff",
@@ -233,6 +252,13 @@ fn print_report(args: &Args, comparison: &Comparison) {
             if filter.identical_words { "identical" } else { "differ (placement)" }
         );
     }
+    for gap in &comparison.coverage_gaps {
+        let complete = if gap.complete == Which::Left { l } else { r };
+        println!(
+            "coverage load {}: observed ranks {}={} {}={} of {}, complete on {complete} only",
+            gap.pool_id, l, gap.left_observed, r, gap.right_observed, gap.expected
+        );
+    }
     for difference in &comparison.differences {
         println!(
             "diff {} {} {}: {}={} {}={}",
@@ -282,7 +308,12 @@ async fn run(args: &Args) -> Result<ExitCode> {
             Side { snapshot: &left_view, filters: &left_filters },
             Side { snapshot: &right_view, filters: &right_filters },
         );
-        agreeing = if comparison.matches() { agreeing + 1 } else { 0 };
+        let agrees = if args.accept_right_load_coverage {
+            comparison.matches_where_more_complete(Which::Right)
+        } else {
+            comparison.matches()
+        };
+        agreeing = if agrees { agreeing + 1 } else { 0 };
         let done = agreeing >= args.stable_checks;
         last = Some(comparison);
         if done {
@@ -301,11 +332,20 @@ async fn run(args: &Args) -> Result<ExitCode> {
         Some(comparison) => {
             print_report(args, &comparison);
             if agreeing >= args.stable_checks {
-                let text = format!("RESULT: MATCH ({agreeing} consecutive agreeing comparisons)");
-                print_result(args, "MATCH", serde_json::json!({"agreeing": agreeing}), text);
+                let gaps = comparison.coverage_gaps.len();
+                let text = if gaps == 0 {
+                    format!("RESULT: MATCH ({agreeing} consecutive agreeing comparisons)")
+                } else {
+                    format!(
+                        "RESULT: MATCH ({agreeing} consecutive agreeing comparisons; {gaps} pool load(s) complete on {} only)",
+                        args.right_name
+                    )
+                };
+                let detail = serde_json::json!({"agreeing": agreeing, "coverageGaps": gaps});
+                print_result(args, "MATCH", detail, text);
                 Ok(ExitCode::SUCCESS)
             } else {
-                let differences = comparison.differences.len();
+                let differences = comparison.differences.len() + comparison.coverage_gaps.len();
                 let text =
                     format!("RESULT: DIFF ({differences} differences at the last comparison)");
                 let detail = serde_json::json!({"differences": differences});
