@@ -55,9 +55,10 @@
 //! capacity was derived from at every (re)connection notice and every wake-up: a server
 //! advertising more (a reconnection to a differently configured server) whose capacity is
 //! smaller makes it replace the client the same way, losing what was queued (sequence gaps,
-//! hence recovery). Any other `max_payload` keeps the client. Each replacement counts in [`client_rebuilds`](super::EventPlaneStats::client_rebuilds);
-//! the figures in effect are in [`EventPlaneStats`](super::EventPlaneStats) and `/metrics`, and
-//! logged when the plane subscribes.
+//! hence recovery). Any other `max_payload` keeps the client. Each replacement counts in
+//! [`client_rebuilds`](super::EventPlaneStats::client_rebuilds); the figures in effect are in
+//! [`EventPlaneStats`](super::EventPlaneStats) and `/metrics`, and logged when the plane
+//! subscribes.
 
 use crate::node::InputSender;
 use std::collections::BTreeSet;
