@@ -54,8 +54,8 @@ struct Args {
     /// Pause between comparisons.
     #[arg(long, default_value_t = 1000)]
     interval_ms: u64,
-    /// Print the report as JSON, one object per line (`type`: `section`, `filter`, `diff`,
-    /// `coverage`, then `result`).
+    /// Print the report as JSON, one object per line (`type`: `section`, `filter`, `coverage`,
+    /// `diff`, then `result`).
     #[arg(long)]
     json: bool,
     /// Agree although some pools' load is complete on the right side only (every expected
@@ -137,7 +137,7 @@ impl Followed {
 }
 
 /// The report as JSON lines: one `section` object per section, one `filter` object per pool,
-/// one `diff` object per difference.
+/// one `coverage` object per coverage gap, one `diff` object per difference.
 fn print_json_report(comparison: &Comparison) {
     for section in Section::ALL {
         let (left, right, unit) = section_counts(comparison, section);
@@ -228,8 +228,12 @@ fn print_report(args: &Args, comparison: &Comparison) {
     for section in Section::ALL {
         let (left, right, unit) = section_counts(comparison, section);
         let differences = comparison.differences_in(section);
-        let verdict =
-            if differences == 0 { "MATCH".to_owned() } else { format!("DIFF ({differences})") };
+        let gaps = if section == Section::Load { comparison.coverage_gaps.len() } else { 0 };
+        let verdict = match (differences, gaps) {
+            (0, 0) => "MATCH".to_owned(),
+            (0, gaps) => format!("COVERAGE ({gaps})"),
+            (differences, _) => format!("DIFF ({differences})"),
+        };
         println!(
             "{:<10} {:>12} {:>12}  {verdict}",
             section.name(),

@@ -29,7 +29,8 @@ pub struct MemoryBudgets {
     /// `DYN_RELAY_INPUT_QUEUE_BYTES_MAX`: bytes of DC inputs queued for the node (and in its step).
     pub input_queue_bytes_max: usize,
     /// `DYN_RELAY_NATS_BACKLOG_BYTES_MAX`: bytes of decoded NATS messages the event plane holds
-    /// while the node's queue is full (also what its subscription queues are sized for).
+    /// while the node's queue is full (its subscription queues' capacity is derived from it,
+    /// but never below 16,384 messages).
     pub nats_backlog_bytes_max: usize,
     /// `DYN_RELAY_RECOVERY_RESPONSE_BYTES_MAX`: bytes of one recovery answer (a worker's tree
     /// dump or event range); a larger answer fails its query (default 128 MiB, also the most).

@@ -52,7 +52,7 @@
 //! connected, and before it subscribes, the plane reads the server's `max_payload` and, if the
 //! capacity derived from it differs, replaces the client by one built for it (nothing can be
 //! lost yet). While subscribed, the plane compares the client's `max_payload` with the one its
-//! capacity was derived from at every (re)connection notice and every wake-up: a server
+//! capacity was derived from at every (re)connection notice and every message wake-up: a server
 //! advertising more (a reconnection to a differently configured server) whose capacity is
 //! smaller makes it replace the client the same way, losing what was queued (sequence gaps,
 //! hence recovery). Any other `max_payload` keeps the client. Each replacement counts in
@@ -93,7 +93,7 @@ pub const NATS_SUBSCRIPTION_CAPACITY_DEFAULT: usize = 65_536;
 /// Fewest messages one subscription's queue inside the client holds: a poll of the client's
 /// connection's worth of small messages (it queues every message of a poll before the plane
 /// runs; 16,384 Dynamo messages of about 370 bytes on the wire are 6 MiB, the most a Linux
-/// socket buffers by default, and 30 ms of a 200,000 events/s stream).
+/// socket buffers by default, and 80 ms of a 200,000 events/s stream).
 pub const NATS_SUBSCRIPTION_CAPACITY_MIN: usize = 16_384;
 
 /// Default byte budget of the plane's backlog, and the bytes of largest messages one
@@ -145,9 +145,10 @@ pub struct NatsEventPlaneConfig {
     pub namespaces: NatsNamespaces,
     /// Most messages one subscription's queue inside the client holds (at least 1).
     pub subscription_capacity: usize,
-    /// Bytes one subscription's queue inside the client may hold (at least
-    /// [`NATS_MAX_PAYLOAD_DEFAULT`]); the capacity in messages is derived from it and the
-    /// server's `max_payload` (see the module documentation).
+    /// The plane's backlog budget in bytes (at least [`NATS_MAX_PAYLOAD_DEFAULT`]); the client's
+    /// capacity in messages is derived from it and the server's `max_payload`, within
+    /// [`NATS_SUBSCRIPTION_CAPACITY_MIN`] and `subscription_capacity` (see the module
+    /// documentation: at the floor the client's queues are bounded by the drain, not by it).
     pub subscription_bytes_max: usize,
     /// Connection name shown by the server.
     pub client_name: String,
@@ -470,6 +471,9 @@ impl ClientSession<'_> {
                     if let Some(rebuild) = self.grown(&client) {
                         return Ok(rebuild);
                     }
+                    // A reconnection that keeps the client: the server in effect may differ.
+                    let max_payload = u64::try_from(client.max_payload()).unwrap_or(u64::MAX);
+                    self.counters.bump(|stats| stats.server_max_payload_bytes = max_payload);
                 }
                 // Cancel-safe: a reservation that loses the race holds nothing, and the input
                 // stays in the backlog.

@@ -32,7 +32,7 @@ pub fn may_take_another(
 
 /// Whether the node lets every other task run before its next wake-up, after a batch that took
 /// `taken` inputs and left `held_blocks` blocks of pool writes to apply: when the batch ended at
-/// either bound. A batch cut at a bound leaves inputs queued, and taking them in the same turn
+/// either bound. A batch cut at a bound may leave inputs queued, and taking them in the same turn
 /// would keep the thread from the transports' readers and from the publication hubs, whose
 /// delta broadcast buffers a few batches' publications, not a queue's worth.
 #[must_use]
