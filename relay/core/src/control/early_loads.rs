@@ -110,6 +110,7 @@ impl EarlyLoads {
     }
 
     /// Reports kept.
+    #[cfg(test)]
     #[must_use]
     pub fn len(&self) -> usize {
         self.reports.len()

@@ -622,12 +622,6 @@ impl ControlPlane {
         self.pools.get(endpoint).map(|pool| pool.load.snapshot())
     }
 
-    /// Worker load reports kept until a pool expects their rank.
-    #[must_use]
-    pub fn early_loads_kept(&self) -> usize {
-        self.early_loads.len()
-    }
-
     /// Verify the invariants of the module docs, including every tracker's own (O(state); the
     /// plane runs the structural part after every structural change, tests run all of it).
     pub fn check_invariants(&self) -> Result<(), String> {

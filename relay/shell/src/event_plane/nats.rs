@@ -60,7 +60,7 @@
 //! [`EventPlaneStats`](super::EventPlaneStats) and `/metrics`, and logged when the plane
 //! subscribes.
 
-use crate::node::InputSender;
+use crate::node::{InputPermit, InputSender};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -468,7 +468,7 @@ impl ClientSession<'_> {
                 () = cancel.cancelled() => return Ok(SessionEnd::Cancelled),
                 Some(reason) = refused.recv() => return Err(self.refused(reason)),
                 () = connected.notified() => {
-                    if let Some(rebuild) = self.grown(&client) {
+                    if let Some(rebuild) = self.grown(&client, capacity) {
                         return Ok(rebuild);
                     }
                     // A reconnection that keeps the client: the server in effect may differ.
@@ -479,18 +479,14 @@ impl ClientSession<'_> {
                 // stays in the backlog.
                 room = sink.reserve(front_weight.unwrap_or(0)), if front_weight.is_some() => {
                     let Ok(room) = room else { return Err(EventPlaneError::SinkClosed) };
-                    if let Some(input) = intake.backlog.pop() {
-                        room.send(input);
-                        self.counters.bump(|stats| increment(&mut stats.delivered));
-                    }
-                    intake.feed(sink)?;
+                    intake.feed(Some(room), sink)?;
                 }
                 message = messages.next() => {
                     let Some(message) = message else {
                         warn!("NATS subscriptions ended");
                         return Err(EventPlaneError::SubscriptionsClosed);
                     };
-                    if let Some(rebuild) = self.grown(&client) {
+                    if let Some(rebuild) = self.grown(&client, capacity) {
                         return Ok(rebuild);
                     }
                     intake.take(&message, sink)?;
@@ -508,7 +504,7 @@ impl ClientSession<'_> {
                         warn!("NATS subscriptions ended");
                         return Err(EventPlaneError::SubscriptionsClosed);
                     }
-                    if let Some(rebuild) = self.grown(&client) {
+                    if let Some(rebuild) = self.grown(&client, capacity) {
                         return Ok(rebuild);
                     }
                 }
@@ -516,12 +512,11 @@ impl ClientSession<'_> {
         }
     }
 
-    /// A rebuild, if the client's server now advertises a larger `max_payload` than the
-    /// capacity was derived from, and the capacity derived from it is smaller (after a
-    /// reconnection).
-    fn grown(&self, client: &Client) -> Option<SessionEnd> {
+    /// A rebuild, if the client's server now advertises a larger `max_payload` than this
+    /// client's `capacity` was derived from, and the capacity derived from it is smaller (after
+    /// a reconnection).
+    fn grown(&self, client: &Client, capacity: usize) -> Option<SessionEnd> {
         let max_payload = client.max_payload();
-        let capacity = self.capacity_for(self.payload_bytes_max);
         self.shrinks(max_payload, capacity).then_some(SessionEnd::Rebuild { max_payload })
     }
 
@@ -634,13 +629,22 @@ impl Intake<'_> {
         Ok(())
     }
 
-    /// Move held inputs into the node's queue, in the backlog's order, while it has room.
-    fn feed(&mut self, sink: &InputSender) -> Result<(), EventPlaneError> {
+    /// Move held inputs into the node's queue, in the backlog's order, while it has room: the
+    /// first into `reserved` (room already reserved for the backlog's front), if given.
+    fn feed(
+        &mut self,
+        mut reserved: Option<InputPermit<'_>>,
+        sink: &InputSender,
+    ) -> Result<(), EventPlaneError> {
         while let Some(weight) = self.backlog.front_weight() {
-            let Ok(room) = sink.try_reserve(weight) else {
-                return Err(EventPlaneError::SinkClosed);
+            let room = match reserved.take() {
+                Some(room) => room,
+                None => match sink.try_reserve(weight) {
+                    Ok(Some(room)) => room,
+                    Ok(None) => return Ok(()),
+                    Err(_) => return Err(EventPlaneError::SinkClosed),
+                },
             };
-            let Some(room) = room else { return Ok(()) };
             if let Some(input) = self.backlog.pop() {
                 room.send(input);
                 self.counters.bump(|stats| increment(&mut stats.delivered));
