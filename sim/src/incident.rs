@@ -243,7 +243,10 @@ pub fn cut(journal: &Path, from: Duration, to: Duration, out: &Path) -> anyhow::
             Record::Checkpoint { at, checkpoint } => {
                 window.push(Record::Checkpoint { at: shift(at), checkpoint });
             }
-            Record::Publication { .. } | Record::PoolStart { .. } | Record::Header(_) => {}
+            Record::Publication { .. }
+            | Record::PoolStart { .. }
+            | Record::Timer { .. }
+            | Record::Header(_) => {}
         }
     }
     let start_wall = start_wall.context("no record in the window")?;

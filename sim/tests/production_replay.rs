@@ -62,7 +62,11 @@ fn a_recorded_serve_run_replays_every_checkpoint_in_the_simulator_with_a_consume
     assert!(checkpoints >= 3, "{checkpoints} checkpoints recorded");
     assert!(
         count(|record| matches!(record, Record::Publication { .. })) > 0,
-        "the pools' publication points are recorded"
+        "the pools' publication points (the subscriber's barrier) are recorded"
+    );
+    assert!(
+        count(|record| matches!(record, Record::Timer { .. })) > 0,
+        "the node's timer firings are recorded"
     );
     assert!(
         records.iter().any(|record| matches!(record,

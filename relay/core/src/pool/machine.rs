@@ -13,15 +13,16 @@
 //! never inside an input.
 //!
 //! Invariants ([`PoolMachine::check_invariants`]):
-//! - an armed publication timer means unpublished writes exist, and a scripted machine never
-//!   arms it (its publication points come from the script);
+//! - an armed publication timer means unpublished writes exist;
 //! - only a scripted machine holds subscriptions, and every held one has a distinct id;
 //! - the ownership state's own invariants ([`PoolOwnership::check_invariants`]).
 //!
 //! Journaling ([`PublicationRole`]): a reporting machine emits every publication point its
-//! deterministic inputs do not determine (timer, flush, barrier, lease retirement, failed
-//! delivery). A scripted machine performs the recorded points after the same deterministic
-//! inputs until the script's end, then runs free. While scripted, a subscription never moves the
+//! inputs do not determine (flush, barrier, lease retirement, failed delivery). Its timer is not
+//! one of them: a timer firing is an input (the journal records the node's firings, and a replay
+//! fires them at the recorded times), so every role arms and fires the timer alike. A scripted
+//! machine performs the recorded points after the same deterministic inputs until the script's
+//! end, then runs free. While scripted, a subscription never moves the
 //! publisher: it is answered once the publisher holds its lease with nothing unpublished (so the
 //! snapshot is exactly the state at the last published sequence and the next delta continues
 //! it), and held until then; a retirement from a subscriber is ignored (the recording's
@@ -239,22 +240,20 @@ impl PoolMachine {
         }
     }
 
-    /// Fire whatever is due at `now`: the publication timer publishes the pending writes; the
-    /// end of the script turns the machine free, arms the timer over unpublished writes, and
-    /// releases every held subscription ([`PoolEffect::Release`]).
+    /// Fire whatever is due at `now`: the publication timer publishes the pending writes (not a
+    /// point: the firing itself is the journal's input); the end of the script turns the
+    /// machine free and releases every held subscription ([`PoolEffect::Release`]).
     pub fn handle_timeout(&mut self, now: Duration, outlet: &mut impl DeltaOutlet) {
         if self.deadline.is_some_and(|deadline| deadline <= now) {
             self.deadline = None;
             let _ = self.publish(outlet);
-            self.report(PublicationStep::Publish);
+            // A held subscription may be answerable at the state just published.
+            self.answer_held();
         }
         if let Role::Scripted(script) = &self.role
             && script.until <= now
         {
             self.role = Role::Free;
-            if self.pool.has_unpublished_writes() {
-                self.deadline = Some(now + self.delay);
-            }
             for (hold, lease) in std::mem::take(&mut self.held) {
                 self.effects.push_back(PoolEffect::Release { hold, lease });
             }
@@ -293,10 +292,7 @@ impl PoolMachine {
         if due {
             self.deadline = None;
             let _ = self.publish(outlet);
-        } else if !self.is_scripted()
-            && self.deadline.is_none()
-            && self.pool.has_unpublished_writes()
-        {
+        } else if self.deadline.is_none() && self.pool.has_unpublished_writes() {
             self.deadline = Some(now + self.delay);
         }
         self.deterministic_step(outlet);
@@ -495,9 +491,6 @@ impl PoolMachine {
         if self.deadline.is_some() && !self.pool.has_unpublished_writes() {
             return Err("the publication timer is armed with nothing to publish".into());
         }
-        if self.is_scripted() && self.deadline.is_some() {
-            return Err("a scripted machine armed the publication timer".into());
-        }
         if !self.is_scripted() && !self.held.is_empty() {
             return Err(format!("a free machine holds {} subscriptions", self.held.len()));
         }
@@ -567,6 +560,7 @@ impl PoolMachine {
             let Some(point) = script.next_due(self.position) else { break };
             match point.step {
                 PublicationStep::Publish => {
+                    self.deadline = None;
                     let _ = self.publish(outlet);
                 }
                 PublicationStep::Barrier(lease) => {

@@ -140,6 +140,7 @@ fn a_reporting_machine_emits_every_point_its_inputs_do_not_determine() {
     subscribed(&mut pool, 1, &mut outlet);
     pool.apply(FENCE, &[store(1, None)], Duration::ZERO, &mut outlet);
     pool.handle_timeout(MS, &mut outlet);
+    assert_eq!(outlet.deltas.len(), 1, "the timer published");
     pool.apply(FENCE, &[store(2, None)], MS, &mut outlet);
     assert_eq!(pool.flush(&mut outlet), Ok(2));
     pool.retire_lease(lease(1));
@@ -147,7 +148,7 @@ fn a_reporting_machine_emits_every_point_its_inputs_do_not_determine() {
         points(&mut pool),
         [
             PublicationStep::Barrier(LeaseRecord(1, 0, 1)),
-            PublicationStep::Publish,
+            // The timer's publication is no point: the journal records the firing itself.
             PublicationStep::Publish,
             PublicationStep::RetireLease(LeaseRecord(1, 0, 1)),
         ]
@@ -181,7 +182,6 @@ fn a_scripted_machine_replays_the_recorded_points_and_holds_subscribers_until_th
     let mut outlet = Outlet::default();
     let mut pool = machine(PublicationRole::Scripted(script));
     assert!(pool.is_scripted());
-    // Scripted: no timer for pending writes, only the script's end.
     let SubscribeStep::Held(hold) = pool.subscribe(lease(1), &mut outlet) else {
         panic!("a scripted machine holds subscriptions");
     };
@@ -193,24 +193,58 @@ fn a_scripted_machine_replays_the_recorded_points_and_holds_subscribers_until_th
     };
     assert_eq!((*answered_hold, snapshot.sequence, snapshot.lease), (hold, 0, lease(1)));
     pool.apply(FENCE, &[store(1, None)], Duration::ZERO, &mut outlet);
-    assert_eq!(pool.poll_timeout(), Some(100 * MS), "no publication timer while scripted");
+    // The timer is armed as in production: its firings are replayed as inputs.
+    assert_eq!(pool.poll_timeout(), Some(MS), "the publication timer, before the script's end");
     assert!(outlet.deltas.is_empty());
     pool.apply(FENCE, &[store(2, None)], Duration::ZERO, &mut outlet);
-    assert_eq!(outlet.deltas.len(), 1, "the recorded publication after the second batch");
+    assert_eq!(outlet.deltas.len(), 1, "the recorded flush after the second batch");
     assert_eq!(pool.script_mismatches(), 0);
+    assert_eq!(pool.poll_timeout(), Some(100 * MS), "published: only the script's end is left");
     // A flush does not publish while scripted, and a subscriber under another lease waits.
-    pool.apply(FENCE, &[store(3, None)], Duration::ZERO, &mut outlet);
+    pool.apply(FENCE, &[store(3, None)], 2 * MS, &mut outlet);
     assert_eq!(pool.flush(&mut outlet), Ok(1));
     let SubscribeStep::Held(waiting) = pool.subscribe(lease(2), &mut outlet) else {
         panic!("held");
     };
     assert!(effects(&mut pool).is_empty());
-    // At the script's end the machine runs free: the held one is released, the tail timed.
+    // A timer firing publishes the tail while scripted, and answers nobody under another lease.
+    pool.handle_timeout(3 * MS, &mut outlet);
+    assert_eq!(outlet.deltas.len(), 2);
+    assert!(effects(&mut pool).is_empty());
+    assert_eq!(pool.poll_timeout(), Some(100 * MS));
+    // At the script's end the machine runs free: the held one is released.
+    pool.apply(FENCE, &[store(4, None)], 99 * MS, &mut outlet);
     pool.handle_timeout(100 * MS, &mut outlet);
     assert!(!pool.is_scripted());
     assert_eq!(effects(&mut pool), [PoolEffect::Release { hold: waiting, lease: lease(2) }]);
-    assert_eq!(pool.poll_timeout(), Some(101 * MS));
+    assert_eq!(outlet.deltas.len(), 3, "the tail's timer was due too");
     pool.check_invariants().expect("invariants hold");
+}
+
+#[test]
+fn a_scripted_machine_answers_a_held_subscriber_once_its_timer_published_the_tail() {
+    let script = PublicationScript {
+        points: vec![PublicationPoint {
+            position: ScriptPosition { commands: 0, digests: 0 },
+            step: PublicationStep::Barrier(LeaseRecord(1, 0, 1)),
+            sequence: 0,
+        }],
+        until: 100 * MS,
+    };
+    let mut outlet = Outlet::default();
+    let mut pool = machine(PublicationRole::Scripted(script));
+    pool.apply(FENCE, &[store(1, None)], Duration::ZERO, &mut outlet);
+    // Unpublished writes: a subscriber under the recorded lease is held, not answered.
+    let SubscribeStep::Held(hold) = pool.subscribe(lease(1), &mut outlet) else {
+        panic!("held");
+    };
+    assert!(effects(&mut pool).is_empty());
+    pool.handle_timeout(MS, &mut outlet);
+    let answered = effects(&mut pool);
+    let [PoolEffect::Answer { hold: answered_hold, snapshot }] = answered.as_slice() else {
+        panic!("answered once the timer published: {answered:?}");
+    };
+    assert_eq!((*answered_hold, snapshot.sequence), (hold, 1));
 }
 
 #[test]
@@ -243,12 +277,13 @@ fn the_invariant_audit_fires_on_a_bad_state() {
     pool.next_hold = 1;
     assert!(pool.check_invariants().unwrap_err().contains("holds 1 subscriptions"));
     pool.held.clear();
-    // A scripted machine with an armed timer.
+    // A held subscription whose id was never issued.
     let script = PublicationScript { points: Vec::new(), until: 10 * MS };
     let mut scripted = machine(PublicationRole::Scripted(script));
     scripted.apply(FENCE, &[store(1, None)], Duration::ZERO, &mut outlet);
-    scripted.deadline = Some(MS);
-    assert!(scripted.check_invariants().unwrap_err().contains("scripted"));
+    scripted.check_invariants().expect("a scripted machine arms its timer like a free one");
+    scripted.held.insert(3, lease(1));
+    assert!(scripted.check_invariants().unwrap_err().contains("never issued"));
 }
 
 #[test]

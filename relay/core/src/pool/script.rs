@@ -2,14 +2,14 @@
 //! determine, so a journal can record it and a replay can perform it at the same point.
 //!
 //! A pool's *deterministic* inputs are the ones its node sends as a function of the node's
-//! inputs: event batches, rank replacements and resets (counted in
-//! [`ScriptPosition::commands`]) and checkpoint digests (counted in
-//! [`ScriptPosition::digests`]). Everything else that moves the publisher — the publication
-//! delay timer, a flush, a subscriber's barrier, a lease retirement, a delta nobody received —
-//! happens at a point between two of those inputs that timing decides. A
-//! [`PublicationRole::Reported`] machine emits each as a [`PublicationPoint`]; a
-//! [`PublicationRole::Scripted`] machine arms no timer and performs the recorded points after
-//! the same inputs instead, so its published sequence follows the recording.
+//! inputs and timer firings (the journal records both, and a replay feeds both): event batches,
+//! rank replacements and resets (counted in [`ScriptPosition::commands`]), the publication
+//! timer's firings, and checkpoint digests (counted in [`ScriptPosition::digests`]). What else
+//! moves the publisher comes from its subscribers — a flush, a subscriber's barrier, a lease
+//! retirement, a delta nobody received — at a point between two of those inputs that timing
+//! decides. A [`PublicationRole::Reported`] machine emits each as a [`PublicationPoint`]; a
+//! [`PublicationRole::Scripted`] machine performs the recorded points after the same inputs
+//! instead (and holds its own subscribers), so its published sequence follows the recording.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
@@ -55,7 +55,9 @@ impl From<LeaseRecord> for LaneLease {
 /// What happened at a publication point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PublicationStep {
-    /// A publication of the pending writes (the delay timer or a flush), whatever its outcome.
+    /// A flush's publication of the pending writes, whatever its outcome (journal formats
+    /// before 6 also recorded the delay timer's publications so; this build refuses to replay
+    /// them).
     Publish,
     /// A barrier snapshot under this lease (publishes the pending tail, installs the lease).
     Barrier(LeaseRecord),
@@ -95,8 +97,8 @@ pub enum PublicationRole {
     Free,
     /// As [`PublicationRole::Free`], and every point is emitted as an effect.
     Reported,
-    /// Replay: no timer; the script's points are performed after the same inputs, and a
-    /// subscriber is answered only at a published state (see [`super::PoolMachine`]).
+    /// Replay: the script's points are performed after the same inputs, and a subscriber is
+    /// answered only at a published state (see [`super::PoolMachine`]).
     Scripted(PublicationScript),
 }
 

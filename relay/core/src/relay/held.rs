@@ -1,5 +1,7 @@
 //! Pool writes held back within a batch, so each pool is given its writes once per batch rather
-//! than once per input.
+//! than once per input. Each write keeps the time of the step that issued it, and is applied at
+//! that time: a pool's publication deadline counts from its first pending write, whatever the
+//! batch it travelled in (so a replay that batches differently arms the same deadlines).
 //!
 //! Invariants:
 //! - within a generation the segments keep their issue order; across generations the order is
@@ -7,6 +9,7 @@
 //! - [`HeldWrites::blocks`] is the weight of exactly the segments held.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use crate::model::kv_events::{KvCacheEventData, RouterEvent};
 use crate::sources::RankFence;
@@ -16,19 +19,28 @@ use super::GenerationKey;
 /// Events of one rank written under one fence: what one input's step asks of a pool.
 pub type ApplySegment = (RankFence, Vec<RouterEvent>);
 
+/// One held write and the time of the step that issued it.
+pub type HeldSegment = (Duration, ApplySegment);
+
 /// Held writes, by generation.
 #[derive(Debug, Default)]
 pub struct HeldWrites {
-    writes: BTreeMap<GenerationKey, Vec<ApplySegment>>,
+    writes: BTreeMap<GenerationKey, Vec<HeldSegment>>,
     /// Blocks the held writes carry (an event without blocks weighs one).
     blocks: usize,
 }
 
 impl HeldWrites {
-    /// Hold one command's events for generation `key`.
-    pub fn push(&mut self, key: GenerationKey, fence: RankFence, events: Vec<RouterEvent>) {
+    /// Hold one command's events for generation `key`, issued at `at`.
+    pub fn push(
+        &mut self,
+        key: GenerationKey,
+        at: Duration,
+        fence: RankFence,
+        events: Vec<RouterEvent>,
+    ) {
         self.blocks += events.iter().map(event_weight).sum::<usize>();
-        self.writes.entry(key).or_default().push((fence, events));
+        self.writes.entry(key).or_default().push((at, (fence, events)));
     }
 
     /// Blocks the held writes carry.
@@ -44,7 +56,7 @@ impl HeldWrites {
     }
 
     /// Take every held write, in generation order.
-    pub fn take(&mut self) -> BTreeMap<GenerationKey, Vec<ApplySegment>> {
+    pub fn take(&mut self) -> BTreeMap<GenerationKey, Vec<HeldSegment>> {
         self.blocks = 0;
         std::mem::take(&mut self.writes)
     }
@@ -94,10 +106,11 @@ mod tests {
         let (first, second) = if a < b { (a, b) } else { (b, a) };
         let mut held = HeldWrites::default();
         assert!(held.is_empty());
-        held.push((second, 1), RankFence(1), clears(2));
-        held.push((first, 3), RankFence(1), clears(1));
-        held.push((second, 1), RankFence(2), clears(3));
-        held.push((first, 2), RankFence(5), clears(1));
+        let ms = Duration::from_millis;
+        held.push((second, 1), ms(1), RankFence(1), clears(2));
+        held.push((first, 3), ms(1), RankFence(1), clears(1));
+        held.push((second, 1), ms(2), RankFence(2), clears(3));
+        held.push((first, 2), ms(3), RankFence(5), clears(1));
         assert!(!held.is_empty());
         assert_eq!(held.blocks(), 7, "a clear weighs one block");
         let writes = held.take();
@@ -105,8 +118,14 @@ mod tests {
         assert!(held.is_empty());
         let keys: Vec<_> = writes.keys().copied().collect();
         assert_eq!(keys, vec![(first, 2), (first, 3), (second, 1)], "generation order");
-        let fences: Vec<_> =
-            writes[&(second, 1)].iter().map(|(fence, events)| (*fence, events.len())).collect();
-        assert_eq!(fences, vec![(RankFence(1), 2), (RankFence(2), 3)], "issue order kept");
+        let fences: Vec<_> = writes[&(second, 1)]
+            .iter()
+            .map(|(at, (fence, events))| (*at, *fence, events.len()))
+            .collect();
+        assert_eq!(
+            fences,
+            vec![(ms(1), RankFence(1), 2), (ms(2), RankFence(2), 3)],
+            "issue order and issue times kept"
+        );
     }
 }

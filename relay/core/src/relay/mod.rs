@@ -389,7 +389,7 @@ impl<O: DeltaOutlet> Relay<O> {
                 // A write for a generation not running (its start failed, or it stopped) is
                 // dropped.
                 if self.pools.contains_key(&key) {
-                    self.held.push(key, fence, events);
+                    self.held.push(key, now, fence, events);
                 }
             }
             SourceCommand::ResetRank { source, fence, .. } => {
@@ -445,15 +445,17 @@ impl<O: DeltaOutlet> Relay<O> {
         self.effects.push_back(effect);
     }
 
-    /// Apply every held write, one call per generation in generation order.
+    /// Apply every held write, one call per generation in generation order, each write at the
+    /// time of the step that issued it (its pool's publication deadline counts from there);
+    /// what the pools raise is reported at `now`.
     fn apply_held(&mut self, now: Duration, rng: &mut RelayRng) {
         if self.held.is_empty() {
             return;
         }
         for (key, segments) in self.held.take() {
             self.on_pool(&key, now, rng, |machine, outlet| {
-                for (fence, events) in &segments {
-                    machine.apply(*fence, events, now, outlet);
+                for (issued, (fence, events)) in &segments {
+                    machine.apply(*fence, events, *issued, outlet);
                 }
             });
         }

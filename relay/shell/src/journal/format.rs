@@ -20,12 +20,13 @@ pub const SEGMENT_MAGIC: [u8; 4] = *b"KVRJ";
 
 /// The format version this build writes. Version 4 records recovery failures as
 /// [`RecoveryFailure`] values; version 5 records where each pool start was applied
-/// ([`Record::PoolStart`]).
-pub const FORMAT_VERSION: u16 = 5;
+/// ([`Record::PoolStart`]); version 6 records the node's timer firings ([`Record::Timer`]) and no
+/// longer the pools' timer publications.
+pub const FORMAT_VERSION: u16 = 6;
 
-/// The first format version that records pool starts: in an older journal every start was
-/// applied within the step that issued it (the allocation ran inline).
-pub const FORMAT_VERSION_POOL_STARTS: u16 = 5;
+/// The first format version that records timer firings. An older recording's pools published
+/// on their timers as script points instead, which this build does not replay (it reads them).
+pub const FORMAT_VERSION_TIMERS: u16 = 6;
 
 /// The oldest format version this build reads. Version 3 kept a recovery failure as its text
 /// only; it is read as [`RecoveryFailure::Unreachable`] with that text (every failure kind
@@ -166,6 +167,14 @@ pub enum Record {
         /// What happened, after which of the pool's deterministic commands.
         point: PublicationPoint,
     },
+    /// The node fired the relay's timers (version 6): an input like [`Record::Input`], which a
+    /// replay performs at the same time after the same inputs.
+    Timer {
+        /// When: the time the relay was given.
+        at: Stamp,
+        /// Inputs the node had handled.
+        inputs_handled: u64,
+    },
     /// A pool start applied by the node: where in its step sequence, and whether the pool
     /// started (version 5). The allocation runs off the node's loop, so this point is not a
     /// function of the inputs.
@@ -194,6 +203,7 @@ impl Record {
             | Record::Checkpoint { at, .. }
             | Record::Gap { at, .. }
             | Record::Publication { at, .. }
+            | Record::Timer { at, .. }
             | Record::PoolStart { at, .. } => Some(*at),
         }
     }

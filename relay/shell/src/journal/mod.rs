@@ -38,7 +38,7 @@ pub use checkpoint::{
     Checkpoint, CheckpointDiff, CheckpointSchedule, NO_CADENCE, PoolCheckpoint, compare_checkpoints,
 };
 pub use format::{
-    FORMAT_VERSION, FORMAT_VERSION_POOL_STARTS, JournalHeader, Record, RecoveryOutcome, Stamp,
+    FORMAT_VERSION, FORMAT_VERSION_TIMERS, JournalHeader, Record, RecoveryOutcome, Stamp,
 };
 pub use reader::{JournalError, JournalErrorKind, JournalReader, read_journal};
 pub use recorder::{
@@ -49,4 +49,4 @@ pub use replay::{
     Divergence, END_MARGIN, JournalReplay, ReplayError, ReplayOptions, ReplayReport, replay_journal,
 };
 pub use segments::{SegmentLimits, SegmentWriter};
-pub use tap::NodeTap;
+pub use tap::{NodeTap, TimerPlan};

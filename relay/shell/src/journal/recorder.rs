@@ -185,7 +185,7 @@ struct Queued {
 #[must_use]
 pub fn record_weight_bytes(record: &Record) -> usize {
     let heap = match record {
-        Record::Header(_) | Record::Gap { .. } => 0,
+        Record::Header(_) | Record::Gap { .. } | Record::Timer { .. } => 0,
         Record::Input { input, .. } => input.weight_bytes(),
         Record::Checkpoint { checkpoint, .. } => checkpoint_heap_bytes(checkpoint),
         Record::Recovery { outcome, .. } => outcome_heap_bytes(outcome),
@@ -321,6 +321,10 @@ impl NodeTap for RecorderTap {
 
     fn input(&self, at: Duration, input: &DcInput) {
         self.0.enqueue(Record::Input { at: self.0.stamp(at), input: input.clone() });
+    }
+
+    fn timer_fired(&self, at: Duration, inputs_handled: u64) {
+        self.0.enqueue(Record::Timer { at: self.0.stamp(at), inputs_handled });
     }
 
     fn checkpoint_due(&self, at: Duration, inputs_handled: u64) -> bool {

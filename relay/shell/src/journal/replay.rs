@@ -10,8 +10,14 @@
 //! schedule. Pool starts are applied at the points of the step sequence the recording applied
 //! them ([`Record::PoolStart`]), the node waiting there for the allocation. Other internal
 //! reports (pool faults, fences) are not read from the journal: the node regenerates them.
-//! Pools run scripted: each performs its recorded publication points after the same
-//! commands, with no timer, until the end of the replayed window.
+//! The journal drives the node's time: the relay is given each input at its recorded stamp, and
+//! its timers fire exactly where the recording fired them ([`Record::Timer`]: after the same
+//! inputs, at the same time), not on the replay's clock; past the last recorded firing the node
+//! runs on its own timer again, from the end of the window on. Pools run scripted: each
+//! performs its recorded publication points (the ones its subscribers decided) after the same
+//! commands until the end of the replayed window. A recording older than format 6 published on
+//! its pools' timers as script points, and is refused; a window cut out of a recording carries
+//! no firing and replays on the node's own clock and timer, with free pools.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::Path;
@@ -23,10 +29,10 @@ use thiserror::Error;
 use tokio::time::Instant;
 
 use super::checkpoint::{Checkpoint, CheckpointDiff, CheckpointSchedule, compare_checkpoints};
-use super::format::{FORMAT_VERSION_POOL_STARTS, JournalHeader, Record, RecoveryOutcome, Stamp};
+use super::format::{FORMAT_VERSION_TIMERS, JournalHeader, Record, RecoveryOutcome, Stamp};
 use super::reader::{JournalError, JournalReader};
 use super::scripts::RecordedTiming;
-use super::tap::NodeTap;
+use super::tap::{NodeTap, TimerPlan};
 use crate::node::{
     NodeConfig, NodeHandle, RecoveryTransport, StartPoint, StartTiming, start_node_with_tap,
 };
@@ -105,6 +111,16 @@ pub enum ReplayError {
     /// The node refused the configuration.
     #[error("starting the node: {0}")]
     Start(#[from] ControlError),
+    /// A recording in a format that predates recorded timer firings.
+    #[error(
+        "journal format {version} recorded its pools' timer publications as script points; this \
+         build replays recordings of format {FORMAT_VERSION_TIMERS} on, which record the timer \
+         firings themselves (a window cut out of it still replays; record again to replay it whole)"
+    )]
+    TimersNotRecorded {
+        /// The journal's format version.
+        version: u16,
+    },
 }
 
 /// How long past the end of the journal the replayed node keeps running before it stops (and
@@ -165,9 +181,8 @@ struct ReplayShared {
 struct RecordedStarts {
     /// `(pool, layout generation)` → the point and whether the pool started.
     points: BTreeMap<(String, u64), (StartPoint, bool)>,
-    /// The journal records every start it applied (format 5 on, not a window): a start it has
-    /// no record of was still allocating when it ended. Otherwise a start without a record
-    /// is applied where it was issued, as the inline allocation of older formats did.
+    /// The journal records every start it applied (not a window): a start it has no record of
+    /// was still allocating when it ended. In a window a start is applied where it was issued.
     complete: bool,
 }
 
@@ -193,6 +208,18 @@ impl NodeTap for ReplayShared {
     }
 
     fn input(&self, _at: Duration, _input: &DcInput) {}
+
+    fn input_time(&self, inputs_handled: u64) -> Option<Duration> {
+        self.timing.input_time(inputs_handled)
+    }
+
+    fn timer_plan(&self, inputs_handled: u64) -> TimerPlan {
+        self.timing.timer_plan(inputs_handled)
+    }
+
+    fn timer_fired(&self, at: Duration, inputs_handled: u64) {
+        self.timing.fired(inputs_handled, at);
+    }
 
     fn checkpoint_due(&self, at: Duration, inputs_handled: u64) -> bool {
         let at = self.timing.input_at(inputs_handled).unwrap_or(at);
@@ -283,13 +310,14 @@ impl JournalReplay {
     pub fn open(path: &Path, options: ReplayOptions) -> Result<Self, ReplayError> {
         let reader = JournalReader::open(path)?;
         let header = reader.header().clone();
-        let mut starts = RecordedStarts {
-            points: BTreeMap::new(),
-            complete: reader.format_version() >= FORMAT_VERSION_POOL_STARTS && !header.is_window(),
-        };
+        let mut starts = RecordedStarts { points: BTreeMap::new(), complete: !header.is_window() };
+        let version = reader.format_version();
         let (records, journal_fault) = reader.read_all();
         if header.segment != 0 {
             return Err(ReplayError::StartMissing { first_segment: header.segment });
+        }
+        if !header.is_window() && version < FORMAT_VERSION_TIMERS {
+            return Err(ReplayError::TimersNotRecorded { version });
         }
         let in_window = |at: Duration| options.until.is_none_or(|until| at <= until);
         let mut inputs = Vec::new();
@@ -299,6 +327,9 @@ impl JournalReplay {
             BTreeMap::new();
         let mut recoveries_recorded = 0u64;
         let mut timing = RecordedTiming::default();
+        if !header.is_window() {
+            timing.drive_time();
+        }
         let mut last_at = Duration::ZERO;
         for record in records {
             let Some(at) = record.stamp().filter(|stamp| in_window(stamp.mono())) else {
@@ -321,6 +352,9 @@ impl JournalReplay {
                 }
                 Record::PoolStart { pool, layout_generation, point, started, .. } => {
                     starts.points.insert((pool, layout_generation), (point, started));
+                }
+                Record::Timer { inputs_handled, .. } => {
+                    timing.push_firing(inputs_handled, at.mono());
                 }
                 Record::Header(_) => {}
             }

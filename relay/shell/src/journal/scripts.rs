@@ -1,27 +1,33 @@
 //! What a recording decided that its replay must follow, beyond the inputs themselves: when
-//! each input was taken (the checkpoint schedule runs on those times), and each pool's
-//! publication points.
+//! each input was taken (the relay's time, and the checkpoint schedule's), when the node fired
+//! the relay's timers, and each pool's publication points.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::tap::TimerPlan;
 use crate::pool::PublicationMode;
 use kvrelay_core::model::identity::PoolId;
 use kvrelay_core::pool::PublicationPoint;
 
-/// The recorded input times, and the recorded [`PublicationPoint`]s per `(pool, generation)`,
-/// handed to each pool as the replaying node starts it. A journal with no point at all (a
-/// window cut out of a recording, whose pools' command counts start elsewhere) replays with
-/// free pools.
+/// The recorded input times, the recorded timer firings, and the recorded
+/// [`PublicationPoint`]s per `(pool, generation)`, handed to each pool as the replaying node
+/// starts it. A window cut out of a recording carries neither firings nor points (its pools'
+/// command counts start elsewhere): it does not drive the time, and replays on the node's own
+/// clock and timer with free pools.
 #[derive(Debug, Default)]
 pub(super) struct RecordedTiming {
     inputs: Vec<Duration>,
     points: Mutex<BTreeMap<(String, u64), Vec<PublicationPoint>>>,
-    any: bool,
     end: Duration,
+    /// The journal drives the node's time (its inputs' stamps and its timer firings) and its
+    /// pools' publication (their points).
+    drives_time: bool,
+    /// Firings not yet performed: `(inputs handled, time)`, in journal order.
+    firings: Mutex<VecDeque<(u64, Duration)>>,
 }
 
 impl RecordedTiming {
@@ -38,9 +44,53 @@ impl RecordedTiming {
         self.inputs.get(index).copied()
     }
 
+    /// The journal's stamps and firings drive the replaying node's time.
+    pub(super) fn drive_time(&mut self) {
+        self.drives_time = true;
+    }
+
+    /// Add a recorded timer firing (in journal order).
+    pub(super) fn push_firing(&mut self, inputs_handled: u64, at: Duration) {
+        self.firings_mut().push_back((inputs_handled, at));
+    }
+
+    /// The relay's time for input number `inputs_handled`, when the journal drives it.
+    pub(super) fn input_time(&self, inputs_handled: u64) -> Option<Duration> {
+        if self.drives_time { self.input_at(inputs_handled) } else { None }
+    }
+
+    /// Where the node's next firing comes from with `inputs_handled` inputs handled.
+    pub(super) fn timer_plan(&self, inputs_handled: u64) -> TimerPlan {
+        if !self.drives_time {
+            return TimerPlan::Own;
+        }
+        match self.firings().front() {
+            // A firing the node passed (it never should: a recorded firing ends a batch) is
+            // still fired, late, rather than skipped.
+            Some(&(handled, at)) if handled <= inputs_handled => TimerPlan::Recorded(at),
+            Some(_) => TimerPlan::AfterInputs,
+            None => TimerPlan::OwnFrom(self.end),
+        }
+    }
+
+    /// The node fired its timers at `at`: the recorded firing due there is done.
+    pub(super) fn fired(&self, inputs_handled: u64, at: Duration) {
+        let mut firings = self.firings();
+        if firings.front().is_some_and(|&(handled, due)| handled <= inputs_handled && due <= at) {
+            firings.pop_front();
+        }
+    }
+
+    fn firings(&self) -> std::sync::MutexGuard<'_, VecDeque<(u64, Duration)>> {
+        self.firings.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn firings_mut(&mut self) -> &mut VecDeque<(u64, Duration)> {
+        self.firings.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Add a recorded point (in journal order).
     pub(super) fn push(&mut self, pool: String, layout_generation: u64, point: PublicationPoint) {
-        self.any = true;
         self.points
             .get_mut()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -62,7 +112,9 @@ impl RecordedTiming {
         pool_id: &PoolId,
         layout_generation: u64,
     ) -> PublicationMode {
-        let Some(origin) = origin.filter(|_| self.any) else { return PublicationMode::Free };
+        let Some(origin) = origin.filter(|_| self.drives_time) else {
+            return PublicationMode::Free;
+        };
         let points = self
             .points
             .lock()
@@ -70,5 +122,41 @@ impl RecordedTiming {
             .remove(&(pool_id.to_string(), layout_generation))
             .unwrap_or_default();
         PublicationMode::Scripted { points, until: origin + self.end }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn recorded_firings_drive_the_timer_in_order_then_the_node_runs_free_from_the_end() {
+        let mut timing = RecordedTiming::default();
+        timing.inputs_at([MS, 2 * MS, 5 * MS]);
+        timing.push_firing(0, MS / 2);
+        timing.push_firing(2, 3 * MS);
+        timing.push_firing(2, 4 * MS);
+        timing.end_at(9 * MS);
+        // Not driving (a window): the node's own clock and timer.
+        assert_eq!(timing.timer_plan(0), TimerPlan::Own);
+        assert_eq!(timing.input_time(1), None);
+        timing.drive_time();
+        assert_eq!(timing.input_time(2), Some(2 * MS), "the recorded stamp");
+        assert_eq!(timing.input_time(4), None, "past the recorded inputs: the clock");
+        assert_eq!(timing.timer_plan(0), TimerPlan::Recorded(MS / 2));
+        timing.fired(0, MS / 2);
+        assert_eq!(timing.timer_plan(0), TimerPlan::AfterInputs, "the next follows input 2");
+        assert_eq!(timing.timer_plan(1), TimerPlan::AfterInputs);
+        assert_eq!(timing.timer_plan(2), TimerPlan::Recorded(3 * MS));
+        // A firing the node has not reached yet is not consumed.
+        timing.fired(2, 2 * MS);
+        assert_eq!(timing.timer_plan(2), TimerPlan::Recorded(3 * MS));
+        timing.fired(2, 3 * MS);
+        // One passed by (never expected) is still fired, late.
+        assert_eq!(timing.timer_plan(3), TimerPlan::Recorded(4 * MS));
+        timing.fired(3, 4 * MS);
+        assert_eq!(timing.timer_plan(3), TimerPlan::OwnFrom(9 * MS), "then free from the end");
     }
 }

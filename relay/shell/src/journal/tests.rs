@@ -476,7 +476,9 @@ fn a_version_2_journal_is_refused_with_the_version_named() {
     assert_eq!(error.offset, 0);
     assert_eq!(error.kind, JournalErrorKind::Format(FormatErrorAlias::Version { found: 2 }));
     let text = error.to_string();
-    assert!(text.contains("journal format version 2; this build reads versions 3 to 5"), "{text}");
+    let expected =
+        format!("journal format version 2; this build reads versions 3 to {FORMAT_VERSION}");
+    assert!(text.contains(&expected), "{text}");
     let (_, records, fault) = read_journal(dir.path()).map_or_else(
         |error| (None, Vec::new(), Some(error)),
         |(header, records, fault)| (Some(header), records, fault),
@@ -594,6 +596,18 @@ impl NodeTap for PoolsSeen {
 
     fn input(&self, at: Duration, input: &DcInput) {
         self.inner.input(at, input);
+    }
+
+    fn input_time(&self, inputs_handled: u64) -> Option<Duration> {
+        self.inner.input_time(inputs_handled)
+    }
+
+    fn timer_plan(&self, inputs_handled: u64) -> crate::journal::TimerPlan {
+        self.inner.timer_plan(inputs_handled)
+    }
+
+    fn timer_fired(&self, at: Duration, inputs_handled: u64) {
+        self.inner.timer_fired(at, inputs_handled);
     }
 
     fn checkpoint_due(&self, at: Duration, inputs_handled: u64) -> bool {
@@ -785,8 +799,8 @@ async fn pool_starts_applied_inputs_after_their_issue_replay_at_their_recorded_p
     assert!(report.checkpoints_compared >= 4, "{} compared", report.checkpoints_compared);
     assert_eq!(report.divergence, None);
 
-    // The same journal without its start records, as format 4 wrote it: each start is applied
-    // where it was issued, and the replay leaves the recording.
+    // Without its start records the same journal replays the starts nowhere: the replay
+    // leaves the recording.
     let stripped = tempfile::tempdir().expect("tempdir");
     let mut writer = SegmentWriter::create(stripped.path(), header, generous()).expect("writer");
     for record in records.iter().filter(|record| !matches!(record, Record::PoolStart { .. })) {
@@ -794,12 +808,159 @@ async fn pool_starts_applied_inputs_after_their_issue_replay_at_their_recorded_p
     }
     writer.flush(true).expect("flush");
     drop(writer);
+    let report = replay(stripped.path().to_path_buf()).await;
+    assert!(report.divergence.is_some(), "starts never applied change the checkpoints");
+
+    // Marked as format 5 (before timer firings were recorded), the recording is refused with
+    // its format named; it is still read.
     let path = single_segment(stripped.path());
     let mut bytes = std::fs::read(&path).expect("read");
-    bytes[4..6].copy_from_slice(&4u16.to_le_bytes());
+    bytes[4..6].copy_from_slice(&5u16.to_le_bytes());
     std::fs::write(&path, &bytes).expect("write");
-    let report = replay(stripped.path().to_path_buf()).await;
-    assert!(report.divergence.is_some(), "starts applied early change the checkpoints");
+    let refused = replay_journal(
+        stripped.path(),
+        node_config(),
+        Arc::new(InlineExecutor),
+        ReplayOptions::default(),
+    )
+    .await
+    .expect_err("refused");
+    assert!(matches!(refused, ReplayError::TimersNotRecorded { version: 5 }), "{refused:?}");
+    let text = refused.to_string();
+    assert!(text.contains("journal format 5") && text.contains("format 6 on"), "{text}");
+    let (_, records_read, fault) = read_journal(stripped.path()).expect("a format 5 journal reads");
+    let kept = records.iter().filter(|record| !matches!(record, Record::PoolStart { .. }));
+    assert_eq!((records_read.len(), fault), (kept.count(), None));
+}
+
+/// `record` with its stamp `by` later (a recording taken off the replay clock's milliseconds).
+fn shifted(record: &Record, by: Duration) -> Record {
+    let later = |at: &Stamp| Stamp {
+        mono_ns: at.mono_ns + u64::try_from(by.as_nanos()).expect("small"),
+        wall_us: at.wall_us,
+    };
+    let mut record = record.clone();
+    match &mut record {
+        Record::Header(_) => {}
+        Record::Input { at, .. }
+        | Record::Recovery { at, .. }
+        | Record::Checkpoint { at, .. }
+        | Record::Gap { at, .. }
+        | Record::Publication { at, .. }
+        | Record::Timer { at, .. }
+        | Record::PoolStart { at, .. } => *at = later(at),
+    }
+    record
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_recording_between_the_replay_clocks_milliseconds_replays_at_its_own_stamps() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stats = record_simulated_run(dir.path(), 40).await;
+    assert_eq!((stats.records_dropped, stats.write_errors), (0, 0));
+    let (header, records) = read_ok(dir.path());
+    // 0.4 ms later: the replay's paused clock reaches each input only at the next whole
+    // millisecond, 0.6 ms after its stamp, and each recorded firing 1.4 ms after it.
+    let late = tempfile::tempdir().expect("tempdir");
+    let mut writer = SegmentWriter::create(late.path(), header, generous()).expect("writer");
+    for record in &records {
+        writer.append(&shifted(record, Duration::from_micros(400))).expect("append");
+    }
+    writer.flush(true).expect("flush");
+    drop(writer);
+    let report = replay_journal(
+        late.path(),
+        node_config(),
+        Arc::new(InlineExecutor),
+        ReplayOptions::default(),
+    )
+    .await
+    .expect("replays");
+    // Every input reaches the core at its recorded stamp, not at the clock's reading (given
+    // that instead, the core's time is not the recording's and the first checkpoint differs).
+    assert_eq!(report.divergence, None);
+    assert!(report.checkpoints_compared >= 2, "{} compared", report.checkpoints_compared);
+}
+
+/// A tap that plays timer firings at set input counts (as a replay's does) and notes the input
+/// count at each firing the node performs.
+#[derive(Debug, Default)]
+struct FiringsAt {
+    due: Mutex<std::collections::VecDeque<(u64, Duration)>>,
+    fired_after: Mutex<Vec<u64>>,
+}
+
+impl NodeTap for FiringsAt {
+    fn node_started(&self, _origin: tokio::time::Instant) {}
+
+    fn input(&self, _at: Duration, _input: &DcInput) {}
+
+    fn timer_plan(&self, inputs_handled: u64) -> TimerPlan {
+        match self.due.lock().expect("not poisoned").front() {
+            Some(&(handled, at)) if handled <= inputs_handled => TimerPlan::Recorded(at),
+            Some(_) => TimerPlan::AfterInputs,
+            None => TimerPlan::OwnFrom(Duration::from_secs(3600)),
+        }
+    }
+
+    fn timer_fired(&self, _at: Duration, inputs_handled: u64) {
+        self.due.lock().expect("not poisoned").pop_front();
+        self.fired_after.lock().expect("not poisoned").push(inputs_handled);
+    }
+
+    fn checkpoint_due(&self, _at: Duration, _inputs_handled: u64) -> bool {
+        false
+    }
+
+    fn checkpoint(&self, _at: Duration, _checkpoint: Checkpoint) {}
+
+    fn start_timing(
+        &self,
+        _pool_id: &kvrelay_core::model::identity::PoolId,
+        _layout_generation: u64,
+        _issued: crate::node::StartPoint,
+    ) -> crate::node::StartTiming {
+        crate::node::StartTiming::Free
+    }
+
+    fn pool_started(
+        &self,
+        _at: Duration,
+        _pool_id: &kvrelay_core::model::identity::PoolId,
+        _layout_generation: u64,
+        _point: crate::node::StartPoint,
+        _started: bool,
+    ) {
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_played_firing_lands_between_the_same_two_inputs_even_when_they_queue_together() {
+    let mut rng = rng_from_seed(derive_seed(SEED, "journal-test/dc"));
+    let dc = SimulatedDc::start(&Deployment::demo(), TrafficConfig::default(), &mut rng);
+    let facts = dc.discovery_facts();
+    assert!(facts.len() >= 4, "{} facts", facts.len());
+    let tap = Arc::new(FiringsAt::default());
+    tap.due.lock().expect("not poisoned").extend([(1, Duration::ZERO), (2, Duration::ZERO)]);
+    let node = start_node_with_tap(
+        node_config(),
+        Arc::new(InlineExecutor),
+        Arc::new(ManualWallClock::new(1_700_000_000_000_000)),
+        Arc::new(crate::node::NoRecovery),
+        Some(Arc::clone(&tap) as Arc<dyn NodeTap>),
+    )
+    .expect("node starts");
+    // Every fact is queued before the node runs, so it could take them all in one batch.
+    let sent = facts.len() as u64;
+    for fact in facts {
+        node.inputs.send(fact).await.expect("node runs");
+    }
+    let mut status = node.status.clone();
+    let handled = status.wait_for(|status| status.inputs_handled == sent);
+    tokio::time::timeout(Duration::from_secs(5), handled).await.expect("handled").expect("runs");
+    // Each firing ends the batch after the input it follows, as the recording had it.
+    assert_eq!(*tap.fired_after.lock().expect("not poisoned"), [1, 2]);
+    node.shutdown().await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -853,6 +1014,34 @@ async fn the_node_keeps_taking_inputs_while_pool_filters_allocate() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_replay_fires_the_timers_where_the_journal_does_and_not_on_its_own_clock() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stats = record_simulated_run(dir.path(), 40).await;
+    assert_eq!((stats.records_dropped, stats.write_errors), (0, 0));
+    let (header, records) = read_ok(dir.path());
+    let replay = |dir: PathBuf| async move {
+        replay_journal(&dir, node_config(), Arc::new(InlineExecutor), ReplayOptions::default())
+            .await
+            .expect("replays")
+    };
+    assert_eq!(replay(dir.path().to_path_buf()).await.divergence, None);
+    let is_timer = |record: &&Record| matches!(record, Record::Timer { .. });
+    assert!(records.iter().filter(is_timer).count() > 10, "firings recorded");
+    // Without its firings the journal still drives the node's time: no timer fires before
+    // the window's end, the pools keep their writes unpublished, and the replay leaves the
+    // recording at its first checkpoint.
+    let stripped = tempfile::tempdir().expect("tempdir");
+    let mut writer = SegmentWriter::create(stripped.path(), header, generous()).expect("writer");
+    for record in records.iter().filter(|record| !is_timer(record)) {
+        writer.append(record).expect("append");
+    }
+    writer.flush(true).expect("flush");
+    drop(writer);
+    let divergence = replay(stripped.path().to_path_buf()).await.divergence.expect("diverges");
+    assert_eq!(divergence.index, 0, "{divergence:?}");
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_recorded_simulated_run_replays_every_checkpoint_twice_identically() {
     let dir = tempfile::tempdir().expect("tempdir");
     let stats = record_simulated_run(dir.path(), 80).await;
@@ -865,12 +1054,13 @@ async fn a_recorded_simulated_run_replays_every_checkpoint_twice_identically() {
     assert!(checkpoints >= 4, "{checkpoints} checkpoints recorded");
     let (_, records) = read_ok(dir.path());
     let publications = records.iter().filter(|r| matches!(r, Record::Publication { .. })).count();
-    assert!(publications > 0, "the pools' timer publications are recorded");
+    let timers = records.iter().filter(|r| matches!(r, Record::Timer { .. })).count();
+    assert!(timers > 0, "the node's timer firings are recorded");
     let starts = records.iter().filter(|r| matches!(r, Record::PoolStart { .. })).count();
     assert!(starts >= 4, "every pool start is recorded ({starts})");
     assert_eq!(
         stats.records_written as usize,
-        inputs + recoveries + checkpoints + publications + starts
+        inputs + recoveries + checkpoints + publications + timers + starts
     );
 
     let first = replay_journal(

@@ -21,7 +21,7 @@ use super::starts::{
 };
 use super::wakeups::{SLOW_WAKEUP, WakeupStats};
 use crate::config::WanTuning;
-use crate::journal::{NodeTap, capture_checkpoint};
+use crate::journal::{NodeTap, TimerPlan, capture_checkpoint};
 use crate::pool::{
     BroadcastOutlet, GenerationKey, PoolConfig, PoolHandle, PoolLink, PoolRequest, PublicationMode,
     pool_machine,
@@ -168,6 +168,10 @@ struct Node {
     clock: Arc<dyn WallClock>,
     status: watch::Sender<NodeStatus>,
     tap: Option<Arc<dyn NodeTap>>,
+    /// While a journal drives the node's time (a replay's recorded inputs and timer firings):
+    /// the recorded time of the last one replayed, which is the node's time until the next.
+    /// Never ahead of the node's clock (the replay waited for it), and it only grows.
+    replayed_now: Option<Duration>,
 }
 
 /// Reports buffered from recovery calls.
@@ -233,6 +237,7 @@ pub fn start_node_with_tap(
         clock,
         status,
         tap,
+        replayed_now: None,
     };
     let task = crate::runtime::spawn(node.run(
         inputs_rx,
@@ -253,8 +258,37 @@ pub fn start_node_with_tap(
 }
 
 impl Node {
+    /// The node's time: its clock since `origin`, or the replayed time while a journal drives
+    /// it.
     fn now(&self) -> Duration {
-        Instant::now().saturating_duration_since(self.origin)
+        self.replayed_now.unwrap_or_else(|| Instant::now().saturating_duration_since(self.origin))
+    }
+
+    /// Where the next timer firing comes from (the node's own timer without a tap).
+    fn timer_plan(&self, inputs_handled: u64) -> TimerPlan {
+        self.tap.as_ref().map_or(TimerPlan::Own, |tap| tap.timer_plan(inputs_handled))
+    }
+
+    /// When to wake for the relay's timers under `plan`, and the recorded time to fire them at.
+    fn timer_wake(&mut self, plan: TimerPlan) -> (Option<Instant>, Option<Duration>) {
+        let own = self.relay.poll_timeout();
+        match plan {
+            TimerPlan::Own => (own.map(|at| self.origin + at), None),
+            TimerPlan::OwnFrom(from) => {
+                // Past the journal: the node's clock again (never behind the replayed time).
+                self.replayed_now = None;
+                (own.map(|at| self.origin + at.max(from)), None)
+            }
+            TimerPlan::Recorded(at) => (Some(self.origin + at), Some(at)),
+            TimerPlan::AfterInputs => (None, None),
+        }
+    }
+
+    /// The time to give the relay for input number `inputs_handled`: the recorded stamp when a
+    /// journal drives the node's time, else the node's clock.
+    fn input_now(&mut self, inputs_handled: u64) -> Duration {
+        self.replayed_now = self.tap.as_ref().and_then(|tap| tap.input_time(inputs_handled));
+        self.now()
     }
 
     async fn run(
@@ -274,7 +308,8 @@ impl Node {
             DeadlineTimer::new(if precise { TimerKind::Precise } else { TimerKind::Tokio });
         let mut inputs_handled = 0u64;
         'run: loop {
-            let wake = self.relay.poll_timeout().map(|at| self.origin + at);
+            let plan = self.timer_plan(inputs_handled);
+            let (wake, recorded_firing) = self.timer_wake(plan);
             // Every branch but an input's hands its work to the relay at once; the effects are
             // carried out below. Each notes when it woke, for the wake-up's duration.
             let woke;
@@ -300,7 +335,14 @@ impl Node {
                     None
                 }
                 () = timer.sleep_until(wake), if wake.is_some() => {
+                    if recorded_firing.is_some() {
+                        self.replayed_now = recorded_firing;
+                    }
                     woke = (self.now(), "timer");
+                    // A firing is an input like the others: the journal records it.
+                    if let Some(tap) = &self.tap {
+                        tap.timer_fired(woke.0, inputs_handled);
+                    }
                     self.relay.handle_timeout(woke.0, &mut self.rng);
                     None
                 }
@@ -339,7 +381,7 @@ impl Node {
                         inputs_handled += 1;
                         taken += 1;
                         // One reading: the journal's stamp is the time the relay is given.
-                        let now = self.now();
+                        let now = self.input_now(inputs_handled);
                         if let Some(tap) = &self.tap {
                             tap.input(now, &input);
                         }
@@ -350,11 +392,14 @@ impl Node {
                         if !stepped {
                             break 'run;
                         }
-                        // The plane's deadlines end a batch; the pools' publication timers
-                        // wait for its end (the writes they would publish are held until then,
-                        // and a batch is bounded).
-                        let timer_due =
-                            self.relay.plane_timeout().is_some_and(|at| at <= self.now());
+                        // The plane's deadlines end a batch, and so does a recorded firing
+                        // after this input; the pools' publication timers wait for its end (the
+                        // writes they would publish are held until then, and a batch is bounded).
+                        let timer_due = self
+                            .relay
+                            .plane_timeout()
+                            .is_some_and(|at| at <= self.now())
+                            || matches!(self.timer_plan(inputs_handled), TimerPlan::Recorded(_));
                         let held = self.relay.held_blocks();
                         if may_take_another(taken, held, !reports.is_empty(), timer_due) {
                             next = inputs.try_recv();
