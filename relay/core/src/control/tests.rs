@@ -411,6 +411,43 @@ fn a_load_report_before_discovery_is_recorded_once_its_rank_is_expected() {
 }
 
 #[test]
+fn a_report_for_a_rank_not_yet_in_its_pool_is_recorded_when_the_rank_joins_unless_interrupted() {
+    const JOINING: u64 = 0x53;
+    const LATE: u64 = 0x54;
+    let prefill_card = || card(WorkerType::Prefill, vec![vec![WorkerType::Decode]]);
+    let mut shell = Shell::new();
+    shell.input(instances(PREFILL, &[PREFILL_WORKER]));
+    shell.input(card_input(PREFILL, PREFILL_WORKER, prefill_card()));
+    shell.input(advert(PREFILL, PREFILL_WORKER, PREFILL_PUBLISHER, false));
+    shell.input(load(PREFILL, PREFILL_WORKER, Some(600)));
+    // The pool exists; a worker it does not expect yet reports its only occupancy.
+    shell.input(load(PREFILL, JOINING, Some(30)));
+    assert_eq!(shell.plane.counters().load_reports_unknown_rank, 1);
+    shell.now += Duration::from_millis(1);
+    shell.input(instances(PREFILL, &[PREFILL_WORKER, JOINING]));
+    shell.input(card_input(PREFILL, JOINING, prefill_card()));
+    let pool = shell.plane.pool_load(&endpoint(PREFILL)).unwrap();
+    assert_eq!((pool.kv_observed_ranks, pool.kv_used_blocks), (2, Some(630)), "{pool:?}");
+    assert_eq!(shell.plane.counters().early_load_reports_recorded, 1);
+
+    // Another one reports, then the pool's kv_metrics stream is interrupted: what came before
+    // the gap proves nothing, and is not recorded when the worker joins.
+    shell.input(load(PREFILL, LATE, Some(40)));
+    let layout_generation = shell.producer(PREFILL).layout_generation();
+    let interrupted =
+        ShellReport::LoadStreamInterrupted { endpoint: endpoint(PREFILL), layout_generation };
+    let commands = shell.plane.report(interrupted, shell.now, &mut shell.rng);
+    shell.execute(commands);
+    shell.input(instances(PREFILL, &[PREFILL_WORKER, JOINING, LATE]));
+    shell.input(card_input(PREFILL, LATE, prefill_card()));
+    let pool = shell.plane.pool_load(&endpoint(PREFILL)).unwrap();
+    assert_eq!((pool.kv_observed_ranks, pool.kv_used_blocks), (0, None), "{pool:?}");
+    let counters = *shell.plane.counters();
+    assert_eq!((counters.early_load_reports_recorded, counters.load_streams_interrupted), (1, 1));
+    shell.plane.check_invariants().unwrap();
+}
+
+#[test]
 fn load_is_routed_to_the_pool_of_its_serving_endpoint() {
     let mut shell = Shell::new();
     shell.input(instances(BACKEND, &[WORKER]));
