@@ -234,19 +234,18 @@ pub fn cut(journal: &Path, from: Duration, to: Duration, out: &Path) -> anyhow::
             u64::try_from(mono.saturating_sub(from).as_micros()).unwrap_or(u64::MAX),
         );
         start_wall.get_or_insert(wall);
-        match record {
-            Record::Input { at, input } => window.push(Record::Input { at: shift(at), input }),
-            Record::Recovery { at, target, request, outcome } => {
-                window.push(Record::Recovery { at: shift(at), target, request, outcome });
+        // Publication points, pool starts and timer firings count from the node's start: a
+        // window replays free of them.
+        if let Record::Input { .. }
+        | Record::Recovery { .. }
+        | Record::Gap { .. }
+        | Record::Checkpoint { .. } = record
+        {
+            let mut record = record;
+            if let Some(at) = record.stamp_mut() {
+                *at = shift(*at);
             }
-            Record::Gap { at, lost } => window.push(Record::Gap { at: shift(at), lost }),
-            Record::Checkpoint { at, checkpoint } => {
-                window.push(Record::Checkpoint { at: shift(at), checkpoint });
-            }
-            Record::Publication { .. }
-            | Record::PoolStart { .. }
-            | Record::Timer { .. }
-            | Record::Header(_) => {}
+            window.push(record);
         }
     }
     let start_wall = start_wall.context("no record in the window")?;

@@ -207,6 +207,20 @@ impl Record {
             | Record::PoolStart { at, .. } => Some(*at),
         }
     }
+
+    /// The record's stamp, to change (`None` for a header).
+    pub fn stamp_mut(&mut self) -> Option<&mut Stamp> {
+        match self {
+            Record::Header(_) => None,
+            Record::Input { at, .. }
+            | Record::Recovery { at, .. }
+            | Record::Checkpoint { at, .. }
+            | Record::Gap { at, .. }
+            | Record::Publication { at, .. }
+            | Record::Timer { at, .. }
+            | Record::PoolStart { at, .. } => Some(at),
+        }
+    }
 }
 
 /// A record could not be encoded.

@@ -790,11 +790,7 @@ async fn pool_starts_applied_inputs_after_their_issue_replay_at_their_recorded_p
         "a deferred allocation completes between steps: {points:?}"
     );
     // Replayed with allocations that finish at once, the starts still wait for their points.
-    let replay = |dir: PathBuf| async move {
-        replay_journal(&dir, node_config(), Arc::new(InlineExecutor), ReplayOptions::default())
-            .await
-            .expect("replays")
-    };
+    let replay = |dir: PathBuf| async move { replay_whole(&dir).await.expect("replays") };
     let report = replay(dir.path().to_path_buf()).await;
     assert!(report.checkpoints_compared >= 4, "{} compared", report.checkpoints_compared);
     assert_eq!(report.divergence, None);
@@ -817,14 +813,7 @@ async fn pool_starts_applied_inputs_after_their_issue_replay_at_their_recorded_p
     let mut bytes = std::fs::read(&path).expect("read");
     bytes[4..6].copy_from_slice(&5u16.to_le_bytes());
     std::fs::write(&path, &bytes).expect("write");
-    let refused = replay_journal(
-        stripped.path(),
-        node_config(),
-        Arc::new(InlineExecutor),
-        ReplayOptions::default(),
-    )
-    .await
-    .expect_err("refused");
+    let refused = replay_whole(stripped.path()).await.expect_err("refused");
     assert!(matches!(refused, ReplayError::TimersNotRecorded { version: 5 }), "{refused:?}");
     let text = refused.to_string();
     assert!(text.contains("journal format 5") && text.contains("format 6 on"), "{text}");
@@ -833,22 +822,16 @@ async fn pool_starts_applied_inputs_after_their_issue_replay_at_their_recorded_p
     assert_eq!((records_read.len(), fault), (kept.count(), None));
 }
 
+/// Replay the whole journal at `path` with the tests' node configuration.
+async fn replay_whole(path: &Path) -> Result<ReplayReport, ReplayError> {
+    replay_journal(path, node_config(), Arc::new(InlineExecutor), ReplayOptions::default()).await
+}
+
 /// `record` with its stamp `by` later (a recording taken off the replay clock's milliseconds).
 fn shifted(record: &Record, by: Duration) -> Record {
-    let later = |at: &Stamp| Stamp {
-        mono_ns: at.mono_ns + u64::try_from(by.as_nanos()).expect("small"),
-        wall_us: at.wall_us,
-    };
     let mut record = record.clone();
-    match &mut record {
-        Record::Header(_) => {}
-        Record::Input { at, .. }
-        | Record::Recovery { at, .. }
-        | Record::Checkpoint { at, .. }
-        | Record::Gap { at, .. }
-        | Record::Publication { at, .. }
-        | Record::Timer { at, .. }
-        | Record::PoolStart { at, .. } => *at = later(at),
+    if let Some(at) = record.stamp_mut() {
+        at.mono_ns += u64::try_from(by.as_nanos()).expect("small");
     }
     record
 }
@@ -868,14 +851,7 @@ async fn a_recording_between_the_replay_clocks_milliseconds_replays_at_its_own_s
     }
     writer.flush(true).expect("flush");
     drop(writer);
-    let report = replay_journal(
-        late.path(),
-        node_config(),
-        Arc::new(InlineExecutor),
-        ReplayOptions::default(),
-    )
-    .await
-    .expect("replays");
+    let report = replay_whole(late.path()).await.expect("replays");
     // Every input reaches the core at its recorded stamp, not at the clock's reading (given
     // that instead, the core's time is not the recording's and the first checkpoint differs).
     assert_eq!(report.divergence, None);
@@ -1019,11 +995,7 @@ async fn the_replay_fires_the_timers_where_the_journal_does_and_not_on_its_own_c
     let stats = record_simulated_run(dir.path(), 40).await;
     assert_eq!((stats.records_dropped, stats.write_errors), (0, 0));
     let (header, records) = read_ok(dir.path());
-    let replay = |dir: PathBuf| async move {
-        replay_journal(&dir, node_config(), Arc::new(InlineExecutor), ReplayOptions::default())
-            .await
-            .expect("replays")
-    };
+    let replay = |dir: PathBuf| async move { replay_whole(&dir).await.expect("replays") };
     assert_eq!(replay(dir.path().to_path_buf()).await.divergence, None);
     let is_timer = |record: &&Record| matches!(record, Record::Timer { .. });
     assert!(records.iter().filter(is_timer).count() > 10, "firings recorded");
@@ -1063,14 +1035,7 @@ async fn a_recorded_simulated_run_replays_every_checkpoint_twice_identically() {
         inputs + recoveries + checkpoints + publications + timers + starts
     );
 
-    let first = replay_journal(
-        dir.path(),
-        node_config(),
-        Arc::new(InlineExecutor),
-        ReplayOptions::default(),
-    )
-    .await
-    .expect("replays");
+    let first = replay_whole(dir.path()).await.expect("replays");
     assert_eq!(first.divergence, None);
     assert_eq!(first.inputs_replayed as usize, inputs);
     assert_eq!(first.checkpoints_compared, checkpoints);
@@ -1079,14 +1044,7 @@ async fn a_recorded_simulated_run_replays_every_checkpoint_twice_identically() {
     assert!(!last.catalog.is_empty() && !last.readiness.is_empty());
     assert!(last.pools.iter().any(|pool| pool.exact_blocks > 0), "{:?}", last.pools);
 
-    let second = replay_journal(
-        dir.path(),
-        node_config(),
-        Arc::new(InlineExecutor),
-        ReplayOptions::default(),
-    )
-    .await
-    .expect("replays");
+    let second = replay_whole(dir.path()).await.expect("replays");
     assert_eq!(second, first);
 }
 
@@ -1106,14 +1064,7 @@ async fn a_recorded_subscriber_s_sequences_replay_without_one() {
         })
         .count();
     assert!(barriers > 0, "the subscriber's barriers are recorded");
-    let report = replay_journal(
-        dir.path(),
-        node_config(),
-        Arc::new(InlineExecutor),
-        ReplayOptions::default(),
-    )
-    .await
-    .expect("replays");
+    let report = replay_whole(dir.path()).await.expect("replays");
     assert_eq!(report.divergence, None);
     assert!(report.checkpoints_compared >= 3);
     let numbered = report
@@ -1148,14 +1099,7 @@ async fn a_replay_missing_an_input_reports_where_it_diverged() {
         }
     }
     writer.flush(true).expect("flush");
-    let report = replay_journal(
-        tampered.path(),
-        node_config(),
-        Arc::new(InlineExecutor),
-        ReplayOptions::default(),
-    )
-    .await
-    .expect("replays");
+    let report = replay_whole(tampered.path()).await.expect("replays");
     let divergence = report.divergence.expect("diverges");
     let at = divergence.recorded_at.expect("a recorded checkpoint");
     assert!(at >= dropped_at, "diverges at {at:?}, after the dropped input at {dropped_at:?}");
@@ -1360,14 +1304,7 @@ async fn a_journal_whose_start_was_deleted_is_not_replayed() {
     };
     let tally = write_all(dir.path(), &big_records(200), limits);
     assert!(tally.deleted > 0);
-    let error = replay_journal(
-        dir.path(),
-        node_config(),
-        Arc::new(InlineExecutor),
-        ReplayOptions::default(),
-    )
-    .await
-    .expect_err("refused");
+    let error = replay_whole(dir.path()).await.expect_err("refused");
     assert!(
         matches!(error, ReplayError::StartMissing { first_segment } if first_segment == tally.deleted)
     );
