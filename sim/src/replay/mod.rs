@@ -105,8 +105,11 @@ impl ReplayOutcome {
 /// Replay the journal at `path` in the simulator (see the module doc).
 pub fn replay(path: &Path, setup: &ReplaySetup) -> anyhow::Result<ReplayOutcome> {
     let script = faults::check(setup.faults.clone())?;
-    let replay = Arc::new(JournalReplay::open(path, ReplayOptions { until: setup.until })?);
-    let plane = faults::need_planes(&script).then(|| {
+    // Through the planes the node's inputs are not the journal's one by one: its own clock.
+    let own_clock = faults::need_planes(&script);
+    let options = ReplayOptions { until: setup.until, own_clock };
+    let replay = Arc::new(JournalReplay::open(path, options)?);
+    let plane = own_clock.then(|| {
         Arc::new(Mutex::new(Planes::new(rng_from_seed(derive_seed(setup.seed, "replay/plane")))))
     });
     let (fed, _) = watch::channel(false);

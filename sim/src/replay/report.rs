@@ -22,7 +22,7 @@ pub fn replay_paused(path: &Path, until: Option<Duration>) -> anyhow::Result<Rep
     let node = (*JournalReader::open(path)?.header().node).clone();
     let runtime =
         tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build()?;
-    let options = ReplayOptions { until };
+    let options = ReplayOptions { until, own_clock: false };
     Ok(runtime.block_on(replay_journal(path, node, Arc::new(InlineExecutor), options))?)
 }
 

@@ -247,8 +247,10 @@ impl PoolMachine {
         if self.deadline.is_some_and(|deadline| deadline <= now) {
             self.deadline = None;
             let _ = self.publish(outlet);
-            // A held subscription may be answerable at the state just published.
-            self.answer_held();
+            self.position.timers += 1;
+            // The points recorded right after this publication, and the held subscriptions
+            // answerable at the state it published.
+            self.catch_up(outlet);
         }
         if let Role::Scripted(script) = &self.role
             && script.until <= now

@@ -169,7 +169,7 @@ fn a_reporting_machine_emits_every_point_its_inputs_do_not_determine() {
 
 #[test]
 fn a_scripted_machine_replays_the_recorded_points_and_holds_subscribers_until_they_fit() {
-    let at = |commands| ScriptPosition { commands, digests: 0 };
+    let at = |commands| ScriptPosition { commands, ..ScriptPosition::default() };
     let point =
         |commands, step, sequence| PublicationPoint { position: at(commands), step, sequence };
     let script = PublicationScript {
@@ -225,7 +225,7 @@ fn a_scripted_machine_replays_the_recorded_points_and_holds_subscribers_until_th
 fn a_scripted_machine_answers_a_held_subscriber_once_its_timer_published_the_tail() {
     let script = PublicationScript {
         points: vec![PublicationPoint {
-            position: ScriptPosition { commands: 0, digests: 0 },
+            position: ScriptPosition::default(),
             step: PublicationStep::Barrier(LeaseRecord(1, 0, 1)),
             sequence: 0,
         }],
@@ -248,10 +248,43 @@ fn a_scripted_machine_answers_a_held_subscriber_once_its_timer_published_the_tai
 }
 
 #[test]
+fn a_point_recorded_right_after_a_timer_publication_is_replayed_after_it() {
+    // Recording: a barrier, one write, the timer publishes it (sequence 1), the subscriber
+    // leaves — no command between the publication and the retirement.
+    let mut outlet = Outlet::default();
+    let mut recording = machine(PublicationRole::Reported);
+    subscribed(&mut recording, 1, &mut outlet);
+    recording.apply(FENCE, &[store(1, None)], Duration::ZERO, &mut outlet);
+    recording.handle_timeout(MS, &mut outlet);
+    recording.retire_lease(lease(1));
+    let points: Vec<PublicationPoint> = effects(&mut recording)
+        .into_iter()
+        .filter_map(|effect| match effect {
+            PoolEffect::Point(point) => Some(point),
+            _ => None,
+        })
+        .collect();
+    let retirement = points.last().expect("points");
+    assert_eq!(retirement.step, PublicationStep::RetireLease(LeaseRecord(1, 0, 1)));
+    assert_eq!(retirement.position, ScriptPosition { commands: 1, digests: 0, timers: 1 });
+    assert_eq!(recording.stats().sequence, 1);
+
+    // Replay: the same write and the same firing, no subscriber. The retirement waits for the
+    // timer's publication, which is numbered under the recorded lease as it was.
+    let script = PublicationScript { points, until: 100 * MS };
+    let mut replay = machine(PublicationRole::Scripted(script));
+    replay.apply(FENCE, &[store(1, None)], Duration::ZERO, &mut outlet);
+    assert_eq!(replay.stats().lease, Some(lease(1)), "not retired before the firing");
+    replay.handle_timeout(MS, &mut outlet);
+    assert_eq!((replay.stats().sequence, replay.stats().lease), (1, None));
+    assert_eq!(replay.script_mismatches(), 0);
+}
+
+#[test]
 fn a_replay_that_leaves_the_recorded_sequence_is_counted() {
     let script = PublicationScript {
         points: vec![PublicationPoint {
-            position: ScriptPosition { commands: 1, digests: 0 },
+            position: ScriptPosition { commands: 1, ..ScriptPosition::default() },
             step: PublicationStep::Publish,
             sequence: 7,
         }],
@@ -476,7 +509,7 @@ fn scripted(points: Vec<(u64, PublicationStep, u64)>) -> PoolMachine {
     let points = points
         .into_iter()
         .map(|(commands, step, sequence)| PublicationPoint {
-            position: ScriptPosition { commands, digests: 0 },
+            position: ScriptPosition { commands, ..ScriptPosition::default() },
             step,
             sequence,
         })

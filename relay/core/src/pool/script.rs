@@ -3,11 +3,11 @@
 //!
 //! A pool's *deterministic* inputs are the ones its node sends as a function of the node's
 //! inputs and timer firings (the journal records both, and a replay feeds both): event batches,
-//! rank replacements and resets (counted in [`ScriptPosition::commands`]), the publication
-//! timer's firings, and checkpoint digests (counted in [`ScriptPosition::digests`]). What else
-//! moves the publisher comes from its subscribers — a flush, a subscriber's barrier, a lease
-//! retirement, a delta nobody received — at a point between two of those inputs that timing
-//! decides. A [`PublicationRole::Reported`] machine emits each as a [`PublicationPoint`]; a
+//! rank replacements and resets (counted in [`ScriptPosition::commands`]), checkpoint digests
+//! (counted in [`ScriptPosition::digests`]) and the publication timer's publications (counted
+//! in [`ScriptPosition::timers`]). What else moves the publisher comes from its subscribers — a
+//! flush, a subscriber's barrier, a lease retirement, a delta nobody received — at a point
+//! between two of those inputs that the subscribers decide. A [`PublicationRole::Reported`] machine emits each as a [`PublicationPoint`]; a
 //! [`PublicationRole::Scripted`] machine performs the recorded points after the same inputs
 //! instead (and holds its own subscribers), so its published sequence follows the recording.
 
@@ -18,21 +18,26 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::identity::LaneLease;
 
-/// Where in a pool's deterministic command stream a point lies: after this many commands and
-/// digests (the two only grow).
+/// Where in a pool's deterministic input stream a point lies: after this many commands,
+/// digests and timer publications (the three only grow).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ScriptPosition {
     /// Event batches, rank replacements and rank resets processed.
     pub commands: u64,
     /// Digests answered.
     pub digests: u64,
+    /// Publications of the publication timer (journal format 6 on; absent before, read as 0).
+    /// Counted so a point the recording reached right after a timer publication, with no
+    /// command between, is performed after it in a replay too.
+    #[serde(default)]
+    pub timers: u64,
 }
 
 impl ScriptPosition {
-    /// Whether `self` has been reached at `now` (both counts at least as large).
+    /// Whether `self` has been reached at `now` (every count at least as large).
     #[must_use]
     pub fn reached_at(&self, now: ScriptPosition) -> bool {
-        self.commands <= now.commands && self.digests <= now.digests
+        self.commands <= now.commands && self.digests <= now.digests && self.timers <= now.timers
     }
 }
 

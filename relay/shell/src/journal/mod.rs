@@ -6,11 +6,12 @@
 //! answer as the transport delivers it, each with the node's monotonic time and the wall clock;
 //! plus the seed and configuration in the header. Everything the node's own tasks report back
 //! (pool faults, fences, host recovery acknowledgements) is a deterministic function of those
-//! and is regenerated on replay, not recorded, except what timing decides: the pools'
-//! publication points that timing or WAN subscribers decide (`Record::Publication`), which a
-//! replay's pools perform at the same command counts, and the point of the node's step
-//! sequence where each pool start (allocated off the node's loop) was applied
-//! (`Record::PoolStart`), where a replay applies it. Periodic [`Checkpoint`]s of the logical
+//! and is regenerated on replay, not recorded, except what timing or WAN subscribers decide:
+//! the node's firings of the core's timers (`Record::Timer`), which a replay performs after the
+//! same inputs at the same times, the pools' publication points that WAN subscribers decide
+//! (`Record::Publication`), which a replay's pools perform at the same input counts, and the
+//! point of the node's step sequence where each pool start (allocated off the node's loop) was
+//! applied (`Record::PoolStart`), where a replay applies it. Periodic [`Checkpoint`]s of the logical
 //! state, taken after inputs on their recorded times, let a replay prove it reproduced the
 //! recording.
 //!

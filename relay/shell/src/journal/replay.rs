@@ -48,6 +48,11 @@ use kvrelay_core::sources::{RecoveryFailure, RecoveryRequest, RecoveryResponse};
 pub struct ReplayOptions {
     /// Stop after the inputs recorded at or before this time (the whole journal when `None`).
     pub until: Option<Duration>,
+    /// The inputs reach the node by another path than one by one in journal order (the
+    /// simulator's DC planes, where faults drop, delay or add inputs): the journal's stamps
+    /// and timer firings, which count the recorded inputs, cannot drive the node's time, so it
+    /// runs on its own clock and timer (its pools still follow their recorded points).
+    pub own_clock: bool,
 }
 
 /// The first point where the replay left the recording.
@@ -328,7 +333,7 @@ impl JournalReplay {
         let mut recoveries_recorded = 0u64;
         let mut timing = RecordedTiming::default();
         if !header.is_window() {
-            timing.drive_time();
+            timing.drive_time(!options.own_clock);
         }
         let mut last_at = Duration::ZERO;
         for record in records {

@@ -23,9 +23,12 @@ pub(super) struct RecordedTiming {
     inputs: Vec<Duration>,
     points: Mutex<BTreeMap<(String, u64), Vec<PublicationPoint>>>,
     end: Duration,
-    /// The journal drives the node's time (its inputs' stamps and its timer firings) and its
-    /// pools' publication (their points).
+    /// The journal drives its pools' publication (their points) and, unless the node runs on
+    /// its own clock, the node's time (its inputs' stamps and its timer firings).
     drives_time: bool,
+    /// The node runs on its own clock and timer (its inputs do not arrive one by one in
+    /// journal order).
+    own_clock: bool,
     /// Firings not yet performed: `(inputs handled, time)`, in journal order.
     firings: Mutex<VecDeque<(u64, Duration)>>,
 }
@@ -44,9 +47,11 @@ impl RecordedTiming {
         self.inputs.get(index).copied()
     }
 
-    /// The journal's stamps and firings drive the replaying node's time.
-    pub(super) fn drive_time(&mut self) {
+    /// The journal drives the replaying pools and, with `time`, the node's time (its stamps
+    /// and firings).
+    pub(super) fn drive_time(&mut self, time: bool) {
         self.drives_time = true;
+        self.own_clock = !time;
     }
 
     /// Add a recorded timer firing (in journal order).
@@ -56,18 +61,23 @@ impl RecordedTiming {
 
     /// The relay's time for input number `inputs_handled`, when the journal drives it.
     pub(super) fn input_time(&self, inputs_handled: u64) -> Option<Duration> {
-        if self.drives_time { self.input_at(inputs_handled) } else { None }
+        if self.drives_time && !self.own_clock { self.input_at(inputs_handled) } else { None }
     }
 
     /// Where the node's next firing comes from with `inputs_handled` inputs handled.
     pub(super) fn timer_plan(&self, inputs_handled: u64) -> TimerPlan {
-        if !self.drives_time {
+        if !self.drives_time || self.own_clock {
             return TimerPlan::Own;
         }
+        // Every recorded input handled: the firings left follow inputs the journal lost (a
+        // gap) and are fired in order rather than waited for.
+        let inputs_done = inputs_handled >= self.inputs.len() as u64;
         match self.firings().front() {
             // A firing the node passed (it never should: a recorded firing ends a batch) is
             // still fired, late, rather than skipped.
-            Some(&(handled, at)) if handled <= inputs_handled => TimerPlan::Recorded(at),
+            Some(&(handled, at)) if handled <= inputs_handled || inputs_done => {
+                TimerPlan::Recorded(at)
+            }
             Some(_) => TimerPlan::AfterInputs,
             None => TimerPlan::OwnFrom(self.end),
         }
@@ -75,8 +85,12 @@ impl RecordedTiming {
 
     /// The node fired its timers at `at`: the recorded firing due there is done.
     pub(super) fn fired(&self, inputs_handled: u64, at: Duration) {
+        let inputs_done = inputs_handled >= self.inputs.len() as u64;
         let mut firings = self.firings();
-        if firings.front().is_some_and(|&(handled, due)| handled <= inputs_handled && due <= at) {
+        if firings
+            .front()
+            .is_some_and(|&(handled, due)| (handled <= inputs_handled || inputs_done) && due <= at)
+        {
             firings.pop_front();
         }
     }
@@ -142,7 +156,11 @@ mod tests {
         // Not driving (a window): the node's own clock and timer.
         assert_eq!(timing.timer_plan(0), TimerPlan::Own);
         assert_eq!(timing.input_time(1), None);
-        timing.drive_time();
+        // Pools scripted, time on the node's own clock (inputs rerouted).
+        timing.drive_time(false);
+        assert_eq!(timing.timer_plan(0), TimerPlan::Own);
+        assert_eq!(timing.input_time(1), None);
+        timing.drive_time(true);
         assert_eq!(timing.input_time(2), Some(2 * MS), "the recorded stamp");
         assert_eq!(timing.input_time(4), None, "past the recorded inputs: the clock");
         assert_eq!(timing.timer_plan(0), TimerPlan::Recorded(MS / 2));
@@ -158,5 +176,25 @@ mod tests {
         assert_eq!(timing.timer_plan(3), TimerPlan::Recorded(4 * MS));
         timing.fired(3, 4 * MS);
         assert_eq!(timing.timer_plan(3), TimerPlan::OwnFrom(9 * MS), "then free from the end");
+    }
+
+    #[test]
+    fn firings_past_the_recorded_inputs_are_fired_once_every_input_is_handled() {
+        // A gap lost inputs: the last firings name input counts the replay never reaches.
+        let mut timing = RecordedTiming::default();
+        timing.inputs_at([MS, 2 * MS]);
+        timing.push_firing(1, MS);
+        timing.push_firing(5, 3 * MS);
+        timing.push_firing(6, 4 * MS);
+        timing.end_at(9 * MS);
+        timing.drive_time(true);
+        assert_eq!(timing.timer_plan(1), TimerPlan::Recorded(MS));
+        timing.fired(1, MS);
+        assert_eq!(timing.timer_plan(1), TimerPlan::AfterInputs);
+        assert_eq!(timing.timer_plan(2), TimerPlan::Recorded(3 * MS), "not waited for");
+        timing.fired(2, 3 * MS);
+        assert_eq!(timing.timer_plan(2), TimerPlan::Recorded(4 * MS));
+        timing.fired(2, 4 * MS);
+        assert_eq!(timing.timer_plan(2), TimerPlan::OwnFrom(9 * MS));
     }
 }

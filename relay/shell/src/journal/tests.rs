@@ -443,7 +443,7 @@ fn another_format_version_is_refused_at_offset_zero() {
 fn publication_points_round_trip() {
     use kvrelay_core::pool::{LeaseRecord, PublicationPoint, PublicationStep, ScriptPosition};
     let dir = tempfile::tempdir().expect("tempdir");
-    let position = ScriptPosition { commands: 12, digests: 3 };
+    let position = ScriptPosition { commands: 12, digests: 3, timers: 5 };
     let lease = LeaseRecord(0xabc, 0, 4);
     let steps = [
         PublicationStep::Publish,
@@ -462,6 +462,23 @@ fn publication_points_round_trip() {
     let (_, read) = read_ok(dir.path());
     assert_eq!(read, records);
     assert_eq!(read.last().and_then(Record::stamp), Some(stamp(9)));
+
+    // A point of formats 3 to 5 has no timer count: it reads as 0.
+    #[derive(serde::Serialize)]
+    struct Format5Point {
+        position: (u64, u64),
+        step: PublicationStep,
+        sequence: u64,
+    }
+    let old =
+        Format5Point { position: (12, 3), step: PublicationStep::Barrier(lease), sequence: 7 };
+    let decoded: PublicationPoint =
+        rmp_serde::from_slice(&rmp_serde::to_vec(&old).expect("encodes")).expect("decodes");
+    let position = ScriptPosition { commands: 12, digests: 3, timers: 0 };
+    assert_eq!(
+        decoded,
+        PublicationPoint { position, step: PublicationStep::Barrier(lease), sequence: 7 }
+    );
 }
 
 #[test]
@@ -1115,7 +1132,7 @@ async fn replay_until_stops_early_and_dumps_the_state_there() {
         dir.path(),
         node_config(),
         Arc::new(InlineExecutor),
-        ReplayOptions { until: Some(until) },
+        ReplayOptions { until: Some(until), own_clock: false },
     )
     .await
     .expect("replays");

@@ -9,9 +9,10 @@
 //! and every pool's, one deadline from the relay) are handed to the relay one at a time, and the
 //! effects each leaves are carried out to completion, in order, before the next is taken. Inputs
 //! come in batches: one wake-up takes every input queued, up to [`batch::BATCH_INPUTS_MAX`],
-//! each in its own step, and ends early when a shell report waits or the control plane's timer
-//! is due (a pool's publication timer waits for the batch's end: the writes it would publish are
-//! held until then). The relay holds a batch's pool writes and gives each pool its writes at once
+//! each in its own step, and ends early when a shell report waits, the control plane's timer
+//! is due, or (in a replay) a recorded timer firing follows the input just taken (a pool's
+//! publication timer waits for the batch's end: the writes it would publish are held until
+//! then, and each is applied at the time of the step that issued it). The relay holds a batch's pool writes and gives each pool its writes at once
 //! when the batch ends (or earlier, before any command that reaches a pool or leaves the core,
 //! and before a checkpoint); the pool applies them as separate inputs, so publication cadence
 //! and journal positions are as if unbatched. A batch also ends at [`batch::BATCH_BLOCKS_MAX`]

@@ -1,5 +1,6 @@
 //! The node task.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -170,8 +171,11 @@ struct Node {
     tap: Option<Arc<dyn NodeTap>>,
     /// While a journal drives the node's time (a replay's recorded inputs and timer firings):
     /// the recorded time of the last one replayed, which is the node's time until the next.
-    /// Never ahead of the node's clock (the replay waited for it), and it only grows.
+    /// Never ahead of the node's clock (the replay waited for it).
     replayed_now: Option<Duration>,
+    /// The latest time the node gave: its time never goes back, even where a replay moves
+    /// from its clock back to recorded stamps.
+    given: Cell<Duration>,
 }
 
 /// Reports buffered from recovery calls.
@@ -214,6 +218,9 @@ pub fn start_node_with_tap(
     if let Some(tap) = &tap {
         tap.node_started(origin);
     }
+    // A journal that drives the node's time does so from its start.
+    let drives_time = tap.as_ref().is_some_and(|tap| tap.timer_plan(0) != TimerPlan::Own);
+    let replayed_now = drives_time.then_some(Duration::ZERO);
     let node = Node {
         relay: Relay::new(plane),
         links: BTreeMap::new(),
@@ -237,7 +244,8 @@ pub fn start_node_with_tap(
         clock,
         status,
         tap,
-        replayed_now: None,
+        replayed_now,
+        given: Cell::new(Duration::ZERO),
     };
     let task = crate::runtime::spawn(node.run(
         inputs_rx,
@@ -259,9 +267,14 @@ pub fn start_node_with_tap(
 
 impl Node {
     /// The node's time: its clock since `origin`, or the replayed time while a journal drives
-    /// it.
+    /// it; never before a time it gave already.
     fn now(&self) -> Duration {
-        self.replayed_now.unwrap_or_else(|| Instant::now().saturating_duration_since(self.origin))
+        let now = self
+            .replayed_now
+            .unwrap_or_else(|| Instant::now().saturating_duration_since(self.origin))
+            .max(self.given.get());
+        self.given.set(now);
+        now
     }
 
     /// Where the next timer firing comes from (the node's own timer without a tap).
@@ -274,11 +287,7 @@ impl Node {
         let own = self.relay.poll_timeout();
         match plan {
             TimerPlan::Own => (own.map(|at| self.origin + at), None),
-            TimerPlan::OwnFrom(from) => {
-                // Past the journal: the node's clock again (never behind the replayed time).
-                self.replayed_now = None;
-                (own.map(|at| self.origin + at.max(from)), None)
-            }
+            TimerPlan::OwnFrom(from) => (own.map(|at| self.origin + at.max(from)), None),
             TimerPlan::Recorded(at) => (Some(self.origin + at), Some(at)),
             TimerPlan::AfterInputs => (None, None),
         }
@@ -335,9 +344,9 @@ impl Node {
                     None
                 }
                 () = timer.sleep_until(wake), if wake.is_some() => {
-                    if recorded_firing.is_some() {
-                        self.replayed_now = recorded_firing;
-                    }
+                    // A recorded firing's time; the node's own timer fires on its clock (past
+                    // a replayed window's end, every recorded time is behind it).
+                    self.replayed_now = recorded_firing;
                     woke = (self.now(), "timer");
                     // A firing is an input like the others: the journal records it.
                     if let Some(tap) = &self.tap {
@@ -681,11 +690,14 @@ impl Node {
             SourceCommand::RequestRecovery(call) => {
                 let now = self.now();
                 let timeout = call.deadline.saturating_sub(now).max(Duration::from_millis(1));
+                // The call's deadline on the node's clock (a replay's time may trail its clock).
+                let deadline =
+                    (self.origin + call.deadline).max(Instant::now() + Duration::from_millis(1));
                 let query = self.recovery.query(call.target.clone(), call.request, timeout);
                 let reports = self.reports.clone();
                 let request_id = call.request_id;
                 let task = crate::runtime::spawn(async move {
-                    let report = match tokio::time::timeout(timeout, query).await {
+                    let report = match tokio::time::timeout_at(deadline, query).await {
                         Ok(Ok(response)) => ShellReport::RecoveryAnswered {
                             endpoint,
                             layout_generation,
