@@ -23,12 +23,11 @@ pub(super) struct RecordedTiming {
     inputs: Vec<Duration>,
     points: Mutex<BTreeMap<(String, u64), Vec<PublicationPoint>>>,
     end: Duration,
-    /// The journal drives its pools' publication (their points) and, unless the node runs on
-    /// its own clock, the node's time (its inputs' stamps and its timer firings).
-    drives_time: bool,
-    /// The node runs on its own clock and timer (its inputs do not arrive one by one in
-    /// journal order).
-    own_clock: bool,
+    /// The journal drives its pools' publication (their points): not a window.
+    scripts_pools: bool,
+    /// The journal drives the node's time (its inputs' stamps and its timer firings): not a
+    /// window, and the inputs arrive one by one in journal order.
+    drives_clock: bool,
     /// Firings not yet performed: `(inputs handled, time)`, in journal order.
     firings: Mutex<VecDeque<(u64, Duration)>>,
 }
@@ -50,8 +49,8 @@ impl RecordedTiming {
     /// The journal drives the replaying pools and, with `time`, the node's time (its stamps
     /// and firings).
     pub(super) fn drive_time(&mut self, time: bool) {
-        self.drives_time = true;
-        self.own_clock = !time;
+        self.scripts_pools = true;
+        self.drives_clock = time;
     }
 
     /// Add a recorded timer firing (in journal order).
@@ -61,38 +60,37 @@ impl RecordedTiming {
 
     /// The relay's time for input number `inputs_handled`, when the journal drives it.
     pub(super) fn input_time(&self, inputs_handled: u64) -> Option<Duration> {
-        if self.drives_time && !self.own_clock { self.input_at(inputs_handled) } else { None }
+        if self.drives_clock { self.input_at(inputs_handled) } else { None }
     }
 
     /// Where the node's next firing comes from with `inputs_handled` inputs handled.
     pub(super) fn timer_plan(&self, inputs_handled: u64) -> TimerPlan {
-        if !self.drives_time || self.own_clock {
+        if !self.drives_clock {
             return TimerPlan::Own;
         }
-        // Every recorded input handled: the firings left follow inputs the journal lost (a
-        // gap) and are fired in order rather than waited for.
-        let inputs_done = inputs_handled >= self.inputs.len() as u64;
-        match self.firings().front() {
-            // A firing the node passed (it never should: a recorded firing ends a batch) is
-            // still fired, late, rather than skipped.
-            Some(&(handled, at)) if handled <= inputs_handled || inputs_done => {
-                TimerPlan::Recorded(at)
-            }
-            Some(_) => TimerPlan::AfterInputs,
+        match self.next_firing(inputs_handled) {
+            Some(Some(at)) => TimerPlan::Recorded(at),
+            Some(None) => TimerPlan::AfterInputs,
             None => TimerPlan::OwnFrom(self.end),
         }
     }
 
     /// The node fired its timers at `at`: the recorded firing due there is done.
     pub(super) fn fired(&self, inputs_handled: u64, at: Duration) {
-        let inputs_done = inputs_handled >= self.inputs.len() as u64;
-        let mut firings = self.firings();
-        if firings
-            .front()
-            .is_some_and(|&(handled, due)| (handled <= inputs_handled || inputs_done) && due <= at)
-        {
-            firings.pop_front();
+        if self.next_firing(inputs_handled).flatten().is_some_and(|due| due <= at) {
+            self.firings().pop_front();
         }
+    }
+
+    /// The next recorded firing: `Some(Some(time))` when it is due with `inputs_handled`
+    /// inputs handled, `Some(None)` when it follows more inputs, `None` when none is left. A
+    /// firing the node passed (it never should: a recorded firing ends a batch) is due, late,
+    /// rather than skipped; once every recorded input is handled, the firings left follow
+    /// inputs the journal lost (a gap) and are due in order rather than waited for.
+    fn next_firing(&self, inputs_handled: u64) -> Option<Option<Duration>> {
+        let inputs_done = inputs_handled >= self.inputs.len() as u64;
+        let &(handled, at) = self.firings().front()?;
+        Some((handled <= inputs_handled || inputs_done).then_some(at))
     }
 
     fn firings(&self) -> std::sync::MutexGuard<'_, VecDeque<(u64, Duration)>> {
@@ -126,7 +124,7 @@ impl RecordedTiming {
         pool_id: &PoolId,
         layout_generation: u64,
     ) -> PublicationMode {
-        let Some(origin) = origin.filter(|_| self.drives_time) else {
+        let Some(origin) = origin.filter(|_| self.scripts_pools) else {
             return PublicationMode::Free;
         };
         let points = self

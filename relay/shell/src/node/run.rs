@@ -283,7 +283,7 @@ impl Node {
     }
 
     /// When to wake for the relay's timers under `plan`, and the recorded time to fire them at.
-    fn timer_wake(&mut self, plan: TimerPlan) -> (Option<Instant>, Option<Duration>) {
+    fn timer_wake(&self, plan: TimerPlan) -> (Option<Instant>, Option<Duration>) {
         let own = self.relay.poll_timeout();
         match plan {
             TimerPlan::Own => (own.map(|at| self.origin + at), None),
