@@ -71,14 +71,18 @@ fn effects(machine: &mut PoolMachine) -> Vec<PoolEffect> {
     std::iter::from_fn(|| machine.poll_effect()).collect()
 }
 
-fn points(machine: &mut PoolMachine) -> Vec<PublicationStep> {
+fn recorded_points(machine: &mut PoolMachine) -> Vec<PublicationPoint> {
     effects(machine)
         .into_iter()
         .filter_map(|effect| match effect {
-            PoolEffect::Point(point) => Some(point.step),
+            PoolEffect::Point(point) => Some(point),
             _ => None,
         })
         .collect()
+}
+
+fn points(machine: &mut PoolMachine) -> Vec<PublicationStep> {
+    recorded_points(machine).into_iter().map(|point| point.step).collect()
 }
 
 fn subscribed(machine: &mut PoolMachine, epoch: u64, outlet: &mut Outlet) -> Snapshot {
@@ -257,13 +261,7 @@ fn a_point_recorded_right_after_a_timer_publication_is_replayed_after_it() {
     recording.apply(FENCE, &[store(1, None)], Duration::ZERO, &mut outlet);
     recording.handle_timeout(MS, &mut outlet);
     recording.retire_lease(lease(1));
-    let points: Vec<PublicationPoint> = effects(&mut recording)
-        .into_iter()
-        .filter_map(|effect| match effect {
-            PoolEffect::Point(point) => Some(point),
-            _ => None,
-        })
-        .collect();
+    let points = recorded_points(&mut recording);
     let retirement = points.last().expect("points");
     assert_eq!(retirement.step, PublicationStep::RetireLease(LeaseRecord(1, 0, 1)));
     assert_eq!(retirement.position, ScriptPosition { commands: 1, digests: 0, timers: 1 });

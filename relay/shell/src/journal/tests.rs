@@ -120,6 +120,29 @@ fn generous() -> SegmentLimits {
     }
 }
 
+/// A simulated run of `ticks` recorded with nothing lost: its directory, header and records.
+async fn recorded_without_loss(ticks: u64) -> (tempfile::TempDir, JournalHeader, Vec<Record>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stats = record_simulated_run(dir.path(), ticks).await;
+    assert_eq!((stats.records_dropped, stats.write_errors), (0, 0));
+    let (header, records) = read_ok(dir.path());
+    (dir, header, records)
+}
+
+/// A journal of `records` under `header`, in a fresh directory (a recording edited by a test).
+fn rewritten(
+    header: JournalHeader,
+    records: impl IntoIterator<Item = Record>,
+) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut writer = SegmentWriter::create(dir.path(), header, generous()).expect("writer");
+    for record in records {
+        writer.append(&record).expect("append");
+    }
+    writer.flush(true).expect("flush");
+    dir
+}
+
 fn write_all(dir: &Path, records: &[Record], limits: SegmentLimits) -> WriteTallyView {
     let mut writer = SegmentWriter::create(dir, header(), limits).expect("writer");
     for record in records {
@@ -814,13 +837,8 @@ async fn pool_starts_applied_inputs_after_their_issue_replay_at_their_recorded_p
 
     // Without its start records the same journal replays the starts nowhere: the replay
     // leaves the recording.
-    let stripped = tempfile::tempdir().expect("tempdir");
-    let mut writer = SegmentWriter::create(stripped.path(), header, generous()).expect("writer");
-    for record in records.iter().filter(|record| !matches!(record, Record::PoolStart { .. })) {
-        writer.append(record).expect("append");
-    }
-    writer.flush(true).expect("flush");
-    drop(writer);
+    let kept = records.iter().filter(|record| !matches!(record, Record::PoolStart { .. }));
+    let stripped = rewritten(header, kept.cloned());
     let report = replay(stripped.path().to_path_buf()).await;
     assert!(report.divergence.is_some(), "starts never applied change the checkpoints");
 
@@ -855,19 +873,11 @@ fn shifted(record: &Record, by: Duration) -> Record {
 
 #[tokio::test(start_paused = true)]
 async fn a_recording_between_the_replay_clocks_milliseconds_replays_at_its_own_stamps() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let stats = record_simulated_run(dir.path(), 40).await;
-    assert_eq!((stats.records_dropped, stats.write_errors), (0, 0));
-    let (header, records) = read_ok(dir.path());
+    let (_recording, header, records) = recorded_without_loss(40).await;
     // 0.4 ms later: the replay's paused clock reaches each input only at the next whole
     // millisecond, 0.6 ms after its stamp, and each recorded firing 1.4 ms after it.
-    let late = tempfile::tempdir().expect("tempdir");
-    let mut writer = SegmentWriter::create(late.path(), header, generous()).expect("writer");
-    for record in &records {
-        writer.append(&shifted(record, Duration::from_micros(400))).expect("append");
-    }
-    writer.flush(true).expect("flush");
-    drop(writer);
+    let late =
+        rewritten(header, records.iter().map(|record| shifted(record, Duration::from_micros(400))));
     let report = replay_whole(late.path()).await.expect("replays");
     // Every input reaches the core at its recorded stamp, not at the clock's reading (given
     // that instead, the core's time is not the recording's and the first checkpoint differs).
@@ -1008,10 +1018,7 @@ async fn the_node_keeps_taking_inputs_while_pool_filters_allocate() {
 
 #[tokio::test(start_paused = true)]
 async fn the_replay_fires_the_timers_where_the_journal_does_and_not_on_its_own_clock() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let stats = record_simulated_run(dir.path(), 40).await;
-    assert_eq!((stats.records_dropped, stats.write_errors), (0, 0));
-    let (header, records) = read_ok(dir.path());
+    let (dir, header, records) = recorded_without_loss(40).await;
     let replay = |dir: PathBuf| async move { replay_whole(&dir).await.expect("replays") };
     assert_eq!(replay(dir.path().to_path_buf()).await.divergence, None);
     let is_timer = |record: &&Record| matches!(record, Record::Timer { .. });
@@ -1019,13 +1026,7 @@ async fn the_replay_fires_the_timers_where_the_journal_does_and_not_on_its_own_c
     // Without its firings the journal still drives the node's time: no timer fires before
     // the window's end, the pools keep their writes unpublished, and the replay leaves the
     // recording at its first checkpoint.
-    let stripped = tempfile::tempdir().expect("tempdir");
-    let mut writer = SegmentWriter::create(stripped.path(), header, generous()).expect("writer");
-    for record in records.iter().filter(|record| !is_timer(record)) {
-        writer.append(record).expect("append");
-    }
-    writer.flush(true).expect("flush");
-    drop(writer);
+    let stripped = rewritten(header, records.iter().filter(|record| !is_timer(record)).cloned());
     let divergence = replay(stripped.path().to_path_buf()).await.divergence.expect("diverges");
     assert_eq!(divergence.index, 0, "{divergence:?}");
 }
@@ -1107,15 +1108,8 @@ async fn a_replay_missing_an_input_reports_where_it_diverged() {
         .nth(60)
         .expect("enough batches");
     let dropped_at = records[victim].stamp().expect("stamped").mono();
-    let tampered = tempfile::tempdir().expect("tempdir");
-    let mut writer =
-        SegmentWriter::create(tampered.path(), read_header, generous()).expect("writer");
-    for (index, record) in records.iter().enumerate() {
-        if index != victim {
-            writer.append(record).expect("append");
-        }
-    }
-    writer.flush(true).expect("flush");
+    let kept = records.iter().enumerate().filter(|(index, _)| *index != victim);
+    let tampered = rewritten(read_header, kept.map(|(_, record)| record.clone()));
     let report = replay_whole(tampered.path()).await.expect("replays");
     let divergence = report.divergence.expect("diverges");
     let at = divergence.recorded_at.expect("a recorded checkpoint");
