@@ -361,6 +361,7 @@ fn faults_layer_on_a_replay_and_the_consumer_still_converges() {
     let checkpoints = check_line(&text, "checkpoints");
     assert!(checkpoints.contains("(expected: faults are layered"), "{checkpoints}");
     assert!(check_line(&text, "inputs-decode").contains(" 0 DC-plane messages"), "{text}");
+    assert!(check_line(&text, "consumer-caught-up").contains("consumer-a: 4 pools"), "{text}");
     let events: Vec<serde_json::Value> = std::fs::read_to_string(&trace)
         .unwrap()
         .lines()
@@ -564,4 +565,26 @@ fn a_sweep_runs_the_incidents_of_its_directory() {
     assert!(output.status.success(), "{text}");
     assert!(text.contains("[4/4] incidents/worker-restart-window done"), "{text}");
     assert!(text.contains("sweep: 4 passed, 0 failed"), "{text}");
+}
+
+/// With plane faults the inputs reach the node through the simulated planes. Without a restart
+/// the journal's node is the only one fed, and it must be fed: before the planes client kept
+/// following with nobody to send it recovery queries, it fed no input at all.
+#[test]
+fn plane_faults_alone_still_feed_the_journals_node() {
+    let (dir, _out, faults) = recorded_with_faults(
+        r#"
+[[faults]]
+at_ms = 800
+action = "dc-partition"
+mode = "drop"
+[[faults]]
+at_ms = 1100
+action = "dc-repair"
+"#,
+    );
+    let (output, text) = sim(&["replay", path(dir.path()), "--fault", faults.to_str().unwrap()]);
+    assert!(output.status.success(), "{text}");
+    assert!(check_line(&text, "consumer-caught-up").contains("consumer-a: 4 pools"), "{text}");
+    assert!(check_line(&text, "replica-equals-relay").contains("4 pools identical"), "{text}");
 }

@@ -92,6 +92,10 @@ pub struct PlanesClient {
     applied: Option<u64>,
     decode_errors: Arc<AtomicU64>,
     queries: mpsc::UnboundedReceiver<Query>,
+    /// Whether a [`PlanesRecovery`] can still send queries. A node that asks no worker (a
+    /// journal replay answers its recovery calls from the journal) drops it at once: the client
+    /// then only feeds inputs.
+    queries_open: bool,
     /// Queries sent and not answered yet: the request (its answer is decoded for it) and the
     /// caller.
     pending: BTreeMap<
@@ -121,6 +125,7 @@ impl PlanesClient {
             applied: None,
             decode_errors,
             queries,
+            queries_open: true,
             pending: BTreeMap::new(),
             next_query: 0,
         };
@@ -197,8 +202,11 @@ impl PlanesClient {
                         return Ended::Closed;
                     }
                 }
-                query = self.queries.recv() => {
-                    let Some(query) = query else { return Ended::Closed };
+                query = self.queries.recv(), if self.queries_open => {
+                    let Some(query) = query else {
+                        self.queries_open = false;
+                        continue;
+                    };
                     self.next_query += 1;
                     let id = self.next_query;
                     self.pending.retain(|_, (_, reply)| !reply.is_closed());
