@@ -12,8 +12,8 @@
 //! start-up and [`pin_mmap_threshold`] leaves it alone. On other C libraries this crate does
 //! nothing.
 //!
-//! This crate holds the workspace's only `unsafe` code: one call into the C library here and
-//! one in the tests, each with its contract.
+//! This crate and `kvrelay-prefetch` hold the workspace's only `unsafe` code. Here: one call
+//! into the C library and one in the tests, each with its contract.
 
 /// Blocks of at least this many bytes are mapped on their own and unmapped on free: glibc's
 /// initial threshold, kept instead of raised.

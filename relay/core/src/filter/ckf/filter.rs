@@ -150,19 +150,16 @@ impl CuckooFilter {
         word_contains(word_a, probe.fingerprint) | word_contains(word_b, probe.fingerprint)
     }
 
-    /// Load the home bucket word of every hash of `hashes` (one store's or removal's blocks), so
-    /// that the inserts, removals and lookups of those hashes that follow find their words in
-    /// cache. The loads do not depend on one another, so their cache misses overlap: a software
-    /// prefetch made of plain loads the optimizer must keep (the workspace forbids `unsafe`, so
-    /// no prefetch intrinsic). Changes nothing.
+    /// Start loading the home bucket word of every hash of `hashes` (one store's or removal's
+    /// blocks), so that the inserts, removals and lookups of those hashes that follow find their
+    /// words in cache: software prefetches, whose cache misses overlap and which retire at once
+    /// ([`kvrelay_prefetch`]). Changes nothing.
     #[inline]
     pub fn warm(&self, hashes: impl IntoIterator<Item = u64>) {
-        let mut touched = 0u64;
         for hash in hashes {
             let (_, bucket) = self.addressing.home(hash);
-            touched ^= self.words[bucket as usize];
+            kvrelay_prefetch::prefetch(&self.words, bucket as usize);
         }
-        std::hint::black_box(touched);
     }
 
     /// Insert one fingerprint for `hash`, relocating up to `max_kicks` others if both candidate
