@@ -224,7 +224,8 @@ impl RankReplacement {
         let KvCacheEventData::Stored(store) = &event.event.data else {
             return Err(ApplyError::InvalidBlockSequence(SequenceFault::NotAStore));
         };
-        let plan = plan_store(&self.lineage, store)?;
+        let mut plan = StorePlan::default();
+        plan_store(&self.lineage, store, &mut plan)?;
         let needed_bytes =
             self.lineage.bytes_after_reserve(plan.new_mappings.len()).unwrap_or(usize::MAX);
         if needed_bytes > self.bytes_max {
@@ -262,7 +263,13 @@ const BATCH_INDEX_MIN_BLOCKS: usize = 16;
 /// misses in flight to overlap, few enough that a chunk's buckets stay in cache until used.
 const RELEASE_CHUNK: usize = 32;
 
+/// Most entries a kept [`StorePlan`] keeps room for between stores: a pool reuses one plan, so
+/// a steady stream of ordinary stores allocates nothing, and one very long store does not keep
+/// its room for good.
+const STORE_PLAN_KEPT_ENTRIES_MAX: usize = 256;
+
 /// The validated effect of one store on a lineage, computed before anything is committed.
+#[derive(Debug, Clone, Default)]
 struct StorePlan {
     /// New `(external, canonical)` mappings in chain order.
     new_mappings: Vec<(u64, u64)>,
@@ -270,11 +277,32 @@ struct StorePlan {
     reoffers: Vec<u64>,
 }
 
-/// Check a store against a lineage and compute its canonical hashes; changes nothing.
-fn plan_store(lineage: &LineageTable, store: &StoreData) -> Result<StorePlan, ApplyError> {
-    let mut plan = StorePlan { new_mappings: Vec::new(), reoffers: Vec::new() };
+impl StorePlan {
+    /// Empty the plan, keeping at most [`STORE_PLAN_KEPT_ENTRIES_MAX`]
+    /// entries of room in each list.
+    fn recycle(&mut self) {
+        self.new_mappings.clear();
+        self.reoffers.clear();
+        if self.new_mappings.capacity() > STORE_PLAN_KEPT_ENTRIES_MAX {
+            self.new_mappings = Vec::new();
+        }
+        if self.reoffers.capacity() > STORE_PLAN_KEPT_ENTRIES_MAX {
+            self.reoffers = Vec::new();
+        }
+    }
+}
+
+/// Check a store against a lineage and compute its canonical hashes into `plan` (emptied
+/// first); changes nothing else.
+fn plan_store(
+    lineage: &LineageTable,
+    store: &StoreData,
+    plan: &mut StorePlan,
+) -> Result<(), ApplyError> {
+    plan.new_mappings.clear();
+    plan.reoffers.clear();
     if store.blocks.is_empty() {
-        return Ok(plan);
+        return Ok(());
     }
     let mut previous = match (store.parent_hash, store.start_position) {
         (Some(ExternalBlockHash(parent)), _) => {
@@ -320,7 +348,7 @@ fn plan_store(lineage: &LineageTable, store: &StoreData) -> Result<StorePlan, Ap
         new.sort_unstable();
         plan.reoffers.retain(|canonical| new.binary_search(canonical).is_err());
     }
-    Ok(plan)
+    Ok(())
 }
 
 /// Exact ownership of one pool plus its cuckoo filter.
@@ -338,6 +366,8 @@ pub struct PoolOwnership {
     held_bytes: usize,
     /// Most bytes the tables may allocate; growth past it is refused before it allocates.
     exact_state_bytes_max: usize,
+    /// The plan of the store being applied, kept between stores for its room.
+    plan: StorePlan,
 }
 
 impl PoolOwnership {
@@ -359,6 +389,7 @@ impl PoolOwnership {
             counters: OwnershipCounters::default(),
             held_bytes: 0,
             exact_state_bytes_max: exact_state_bytes_max_default(&format),
+            plan: StorePlan::default(),
         })
     }
 
@@ -547,9 +578,23 @@ impl PoolOwnership {
 
     /// Commit a store; returns the number of capacity omissions.
     fn store(&mut self, source: SourceKey, store: &StoreData) -> Result<u32, ApplyError> {
+        let mut plan = std::mem::take(&mut self.plan);
+        let result = self.store_planned(source, store, &mut plan);
+        plan.recycle();
+        self.plan = plan;
+        result
+    }
+
+    /// [`Self::store`] with the pool's kept plan taken out of it.
+    fn store_planned(
+        &mut self,
+        source: SourceKey,
+        store: &StoreData,
+        plan: &mut StorePlan,
+    ) -> Result<u32, ApplyError> {
         let empty = LineageTable::new(self.table_key);
         let lineage = self.sources.get(&source).unwrap_or(&empty);
-        let plan = plan_store(lineage, store)?;
+        plan_store(lineage, store, plan)?;
         if plan.new_mappings.is_empty() && plan.reoffers.is_empty() {
             return Ok(0);
         }

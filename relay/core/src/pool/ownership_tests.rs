@@ -979,3 +979,24 @@ fn a_large_pool_grows_its_tables_gradually_and_keeps_its_invariants() {
     p.check_invariants().unwrap();
     assert_eq!(p.owned_block_count(), 0);
 }
+
+#[test]
+fn the_kept_store_plan_holds_room_for_ordinary_stores_only() {
+    let mut pool = pool(1 << 12);
+    apply(&mut pool, &stored(A, None, &[(1, 11), (2, 12), (3, 13), (4, 14)]));
+    let kept = pool.plan.new_mappings.capacity();
+    assert!(kept >= 4, "an ordinary store's room is kept: {kept}");
+    assert!(pool.plan.new_mappings.is_empty(), "the kept plan holds no entry between stores");
+    apply(&mut pool, &stored(A, Some(4), &[(5, 15), (6, 16), (7, 17), (8, 18)]));
+    assert_eq!(pool.plan.new_mappings.capacity(), kept, "the next store reuses it");
+
+    let long: Vec<(u64, u64)> = (100..100 + 4 * STORE_PLAN_KEPT_ENTRIES_MAX as u64)
+        .map(|external| (external, external + 1_000))
+        .collect();
+    apply(&mut pool, &stored(B, None, &long));
+    assert_eq!(owners(&pool, chain(&[1_100])[0]), 1, "the long store was applied");
+    assert!(
+        pool.plan.new_mappings.capacity() <= STORE_PLAN_KEPT_ENTRIES_MAX,
+        "a long store's room is not kept"
+    );
+}
