@@ -5,6 +5,11 @@
 //! The replica is installed from a real CBI1 snapshot of a filter sized for 65,536 blocks and
 //! filled to half of that with unrelated blocks plus the prompt's own blocks; the prompt is a
 //! full hit, so every block is hashed and probed. Throughput is in blocks (16 tokens each).
+//!
+//! `consumer_query_cold/replica_<blocks>`: prefix probes of a replica sized for 4M blocks (16K under
+//! `cargo test`) and holding 16,384 prompts of 128 blocks, a different prompt each iteration, so
+//! that the buckets come from memory as a router's do: `longest_prefix` beside the same answer
+//! probed one hash after the other.
 
 use std::collections::BTreeSet;
 use std::hint::black_box;
@@ -19,7 +24,7 @@ use kvrelay_core::filter::cbi1::FrameEncoder;
 use kvrelay_core::filter::ckf::{CkfFormat, CuckooFilter, MAX_KICKS_DEFAULT};
 use kvrelay_core::filter::{FilterFrame, FilterReplica};
 use kvrelay_core::host::PoolDescriptor;
-use kvrelay_core::model::hashing::HashFormat;
+use kvrelay_core::model::hashing::{HashFormat, SequenceHash};
 use kvrelay_core::model::identity::{EndpointPath, PoolId, ProducerIdentity};
 use kvrelay_core::model::identity::{resolve_indexer_domain, stable_dc_id};
 use kvrelay_core::rng::rng_from_seed;
@@ -105,5 +110,70 @@ fn query(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, query);
+/// A replica sized for `expected_blocks` holding `prompts` prompts of `blocks` random hashes
+/// each (and nothing else), and those prompts.
+fn cold_replica(
+    expected_blocks: u64,
+    prompts: usize,
+    blocks: usize,
+) -> (FilterReplica, Vec<Vec<SequenceHash>>) {
+    let format = CkfFormat::for_expected_blocks(expected_blocks).expect("a valid sizing");
+    let mut filter =
+        CuckooFilter::new(format, MAX_KICKS_DEFAULT, rng_from_seed(5)).expect("filter");
+    let mut rng = SplitMix64::new(17);
+    let prompts: Vec<Vec<SequenceHash>> =
+        (0..prompts).map(|_| (0..blocks).map(|_| SequenceHash(rng.next_u64())).collect()).collect();
+    for hash in prompts.iter().flatten() {
+        filter.insert(hash.0).expect("the prompts fit");
+    }
+    let dc_id = 7;
+    let chunks = FrameEncoder::new(format, dc_id)
+        .expect("an encoder")
+        .encode_snapshot(1, filter.words())
+        .expect("a snapshot");
+    let mut replica = FilterReplica::new(format, dc_id).expect("a replica");
+    for payload in &chunks {
+        replica
+            .accept(FilterFrame::SnapshotChunk { base_sequence: 1, sequence: 1, payload })
+            .expect("a valid snapshot");
+    }
+    (replica, prompts)
+}
+
+/// Prefix probes of a large replica whose buckets are not in cache: each iteration probes the
+/// next of many full-hit prompts, so their buckets were last read thousands of prompts ago.
+/// `longest_prefix` (the relay's path, prefetching a chunk's buckets first) beside the same
+/// answer probed one hash after the other.
+fn query_cold(c: &mut Criterion) {
+    let (expected_blocks, prompts) =
+        if kvrelay_benches::is_bench_mode() { (1u64 << 22, 16_384) } else { (1 << 14, 64) };
+    let blocks = 128;
+    let (replica, prompts) = cold_replica(expected_blocks, prompts, blocks);
+    let one_by_one = |hashes: &[SequenceHash]| {
+        hashes.iter().take_while(|&&hash| replica.contains(hash) == Some(true)).count()
+    };
+    for prompt in &prompts {
+        assert_eq!(replica.longest_prefix(prompt), Some(blocks), "a full hit");
+        assert_eq!(one_by_one(prompt), blocks, "a full hit");
+    }
+    let mut group = c.benchmark_group(format!("consumer_query_cold/replica_{expected_blocks}"));
+    group.sample_size(20).measurement_time(Duration::from_secs(3));
+    group.throughput(Throughput::Elements(blocks as u64));
+    let mut next = 0;
+    group.bench_function(format!("longest_prefix/{blocks}_blocks"), |b| {
+        b.iter(|| {
+            next = (next + 1) % prompts.len();
+            replica.longest_prefix(black_box(&prompts[next]))
+        });
+    });
+    group.bench_function(format!("one_by_one/{blocks}_blocks"), |b| {
+        b.iter(|| {
+            next = (next + 1) % prompts.len();
+            one_by_one(black_box(&prompts[next]))
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, query, query_cold);
 criterion_main!(benches);

@@ -10,8 +10,12 @@
 use thiserror::Error;
 
 use crate::filter::cbi1::{self, AssemblyError, DecodeError, SnapshotAssembler};
-use crate::filter::ckf::{Addressing, CkfFormat, word_contains};
+use crate::filter::ckf::{Addressing, CkfFormat, Probe, word_contains};
 use crate::model::hashing::SequenceHash;
+
+/// Hashes of a prefix query probed together by [`FilterReplica::longest_prefix`]: a chunk's
+/// prefetches are all in flight before its first bucket is read.
+pub const PREFIX_PROBE_CHUNK: usize = 16;
 
 /// One frame of a pool stream, as the transport hands it over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -288,10 +292,33 @@ impl FilterReplica {
 
     /// Number of leading hashes the filter may hold: the longest matching prefix in blocks.
     /// `None` until ready.
+    ///
+    /// The hashes are probed [`PREFIX_PROBE_CHUNK`] at a time: the home bucket of every hash of
+    /// a chunk is prefetched before the first is read, so that a large replica's cache misses
+    /// overlap instead of following one another (the alternate bucket is read only when the
+    /// home bucket lacks the fingerprint; prefetching it too cost more than it saved). The
+    /// answer is the one probing each hash in turn gives.
     #[must_use]
     pub fn longest_prefix(&self, hashes: &[SequenceHash]) -> Option<usize> {
-        self.words()?;
-        Some(hashes.iter().take_while(|&&hash| self.contains(hash) == Some(true)).count())
+        let words = self.words()?;
+        let mut matched = 0;
+        for chunk in hashes.chunks(PREFIX_PROBE_CHUNK) {
+            let mut probes =
+                [Probe { fingerprint: 1, bucket_a: 0, bucket_b: 1 }; PREFIX_PROBE_CHUNK];
+            for (probe, hash) in probes.iter_mut().zip(chunk) {
+                *probe = self.addressing.probe(hash.0);
+                kvrelay_prefetch::prefetch(words, probe.bucket_a as usize);
+            }
+            for probe in &probes[..chunk.len()] {
+                let held = word_contains(words[probe.bucket_a as usize], probe.fingerprint)
+                    || word_contains(words[probe.bucket_b as usize], probe.fingerprint);
+                if !held {
+                    return Some(matched);
+                }
+                matched += 1;
+            }
+        }
+        Some(matched)
     }
 }
 

@@ -193,3 +193,28 @@ fn longest_prefix_stops_at_the_first_missing_block() {
     assert_eq!(replica.longest_prefix(&chain[4..]), Some(0));
     assert_eq!(replica.longest_prefix(&[]), Some(0));
 }
+
+#[test]
+fn longest_prefix_in_chunks_answers_what_probing_each_hash_in_turn_does() {
+    let format = format(4096);
+    let chain: Vec<SequenceHash> = (1..=3 * PREFIX_PROBE_CHUNK as u64 + 5)
+        .map(|i| SequenceHash(i * 0x9E37_79B9_7F4A))
+        .collect();
+    let chunk = PREFIX_PROBE_CHUNK;
+    for missing in [0, 1, chunk - 1, chunk, chunk + 1, 2 * chunk, 3 * chunk + 2, chain.len()] {
+        let mut filter = CuckooFilter::new(format, MAX_KICKS_DEFAULT, rng_from_seed(1)).unwrap();
+        // Every hash but the one at `missing`: the prefix ends there, whatever follows it.
+        for (index, hash) in chain.iter().enumerate() {
+            if index != missing {
+                filter.insert(hash.0).unwrap();
+            }
+        }
+        let mut replica = FilterReplica::new(format, DC).unwrap();
+        install(&mut replica, &snapshot_frames(format, 0, filter.words()), 0);
+        let one_by_one =
+            chain.iter().take_while(|&&hash| replica.contains(hash) == Some(true)).count();
+        assert_eq!(one_by_one, missing, "no false positive at this size");
+        assert_eq!(replica.longest_prefix(&chain), Some(missing));
+        assert_eq!(replica.longest_prefix(&chain[..missing]), Some(missing));
+    }
+}
