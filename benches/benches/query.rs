@@ -67,7 +67,12 @@ fn replica_holding(descriptor: &PoolDescriptor, tokens: &[u32]) -> FilterReplica
     for hash in query_hashes(tokens, &descriptor.query_semantics, target) {
         filter.insert(hash.0).expect("the prompt fits");
     }
-    let dc_id = descriptor.producer.pool_id().dc_id.0;
+    installed(&filter, descriptor.producer.pool_id().dc_id.0)
+}
+
+/// A consumer replica of `filter`, installed from a CBI1 snapshot of its words.
+fn installed(filter: &CuckooFilter, dc_id: u64) -> FilterReplica {
+    let format = *filter.format();
     let chunks = FrameEncoder::new(format, dc_id)
         .expect("an encoder")
         .encode_snapshot(1, filter.words())
@@ -126,18 +131,7 @@ fn cold_replica(
     for hash in prompts.iter().flatten() {
         filter.insert(hash.0).expect("the prompts fit");
     }
-    let dc_id = 7;
-    let chunks = FrameEncoder::new(format, dc_id)
-        .expect("an encoder")
-        .encode_snapshot(1, filter.words())
-        .expect("a snapshot");
-    let mut replica = FilterReplica::new(format, dc_id).expect("a replica");
-    for payload in &chunks {
-        replica
-            .accept(FilterFrame::SnapshotChunk { base_sequence: 1, sequence: 1, payload })
-            .expect("a valid snapshot");
-    }
-    (replica, prompts)
+    (installed(&filter, 7), prompts)
 }
 
 /// Prefix probes of a large replica whose buckets are not in cache: each iteration probes the
