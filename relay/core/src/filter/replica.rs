@@ -303,6 +303,7 @@ impl FilterReplica {
         let words = self.words()?;
         let mut matched = 0;
         for chunk in hashes.chunks(PREFIX_PROBE_CHUNK) {
+            // Placeholders past the chunk's length are never read.
             let mut probes =
                 [Probe { fingerprint: 1, bucket_a: 0, bucket_b: 1 }; PREFIX_PROBE_CHUNK];
             for (probe, hash) in probes.iter_mut().zip(chunk) {

@@ -278,8 +278,8 @@ struct StorePlan {
 }
 
 impl StorePlan {
-    /// Empty the plan, keeping at most [`STORE_PLAN_KEPT_ENTRIES_MAX`]
-    /// entries of room in each list.
+    /// Empty the plan, keeping room for at most [`STORE_PLAN_KEPT_ENTRIES_MAX`] entries in each
+    /// list.
     fn recycle(&mut self) {
         self.new_mappings.clear();
         self.reoffers.clear();
