@@ -10,20 +10,22 @@
 //! A prefetch is a hint: it reads nothing into the program, never faults (not even on an
 //! unmapped address) and changes no memory. The only `unsafe` is the intrinsic's declaration,
 //! and [`prefetch`] takes a slice and an index it checks, so callers need none. On targets
-//! without a stable prefetch intrinsic it does nothing.
+//! without a stable prefetch intrinsic it is a plain load, the warming the relay used before.
 
 /// Ask the CPU to bring the cache line holding `slice[index]` into every cache level; does
-/// nothing when `index` is out of bounds. Changes no memory and returns before the line arrives.
+/// nothing when `index` is out of bounds. Changes no memory and, on x86_64, returns before the
+/// line arrives (elsewhere it is a plain load the optimizer must keep).
 #[inline(always)]
-pub fn prefetch<T>(slice: &[T], index: usize) {
+pub fn prefetch<T: Copy>(slice: &[T], index: usize) {
     let Some(element) = slice.get(index) else { return };
-    prefetch_line(std::ptr::from_ref(element).cast());
+    prefetch_line(element);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn prefetch_line(address: *const i8) {
+fn prefetch_line<T: Copy>(element: &T) {
     use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    let address: *const i8 = std::ptr::from_ref(element).cast();
     // SAFETY: `_mm_prefetch` is declared unsafe only because it is a `target_feature(sse)`
     // intrinsic, and SSE is part of the x86_64 baseline every Rust x86_64 target enables. The
     // instruction is a hint: it reads nothing into the program, never faults whatever the
@@ -34,9 +36,13 @@ fn prefetch_line(address: *const i8) {
     }
 }
 
+/// Without a stable prefetch intrinsic: a load whose value the optimizer must keep, which still
+/// overlaps its miss with those of the loads beside it.
 #[cfg(not(target_arch = "x86_64"))]
 #[inline(always)]
-fn prefetch_line(_address: *const i8) {}
+fn prefetch_line<T: Copy>(element: &T) {
+    std::hint::black_box(*element);
+}
 
 #[cfg(test)]
 mod tests {

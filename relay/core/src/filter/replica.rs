@@ -283,11 +283,7 @@ impl FilterReplica {
     #[must_use]
     pub fn contains(&self, hash: SequenceHash) -> Option<bool> {
         let words = self.words()?;
-        let probe = self.addressing.probe(hash.0);
-        Some(
-            word_contains(words[probe.bucket_a as usize], probe.fingerprint)
-                || word_contains(words[probe.bucket_b as usize], probe.fingerprint),
-        )
+        Some(holds(words, self.addressing.probe(hash.0)))
     }
 
     /// Number of leading hashes the filter may hold: the longest matching prefix in blocks.
@@ -310,10 +306,8 @@ impl FilterReplica {
                 *probe = self.addressing.probe(hash.0);
                 kvrelay_prefetch::prefetch(words, probe.bucket_a as usize);
             }
-            for probe in &probes[..chunk.len()] {
-                let held = word_contains(words[probe.bucket_a as usize], probe.fingerprint)
-                    || word_contains(words[probe.bucket_b as usize], probe.fingerprint);
-                if !held {
+            for &probe in &probes[..chunk.len()] {
+                if !holds(words, probe) {
                     return Some(matched);
                 }
                 matched += 1;
@@ -321,6 +315,13 @@ impl FilterReplica {
         }
         Some(matched)
     }
+}
+
+/// Whether either candidate bucket of `probe` in `words` holds its fingerprint.
+#[inline]
+fn holds(words: &[u64], probe: Probe) -> bool {
+    word_contains(words[probe.bucket_a as usize], probe.fingerprint)
+        || word_contains(words[probe.bucket_b as usize], probe.fingerprint)
 }
 
 #[cfg(test)]

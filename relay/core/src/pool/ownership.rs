@@ -292,15 +292,14 @@ impl StorePlan {
     }
 }
 
-/// Check a store against a lineage and compute its canonical hashes into `plan` (emptied
-/// first); changes nothing else.
+/// Check a store against a lineage and compute its canonical hashes into `plan`, which is
+/// empty (a new plan, or one [`StorePlan::recycle`]d); changes nothing else.
 fn plan_store(
     lineage: &LineageTable,
     store: &StoreData,
     plan: &mut StorePlan,
 ) -> Result<(), ApplyError> {
-    plan.new_mappings.clear();
-    plan.reoffers.clear();
+    debug_assert!(plan.new_mappings.is_empty() && plan.reoffers.is_empty(), "a used plan");
     if store.blocks.is_empty() {
         return Ok(());
     }
