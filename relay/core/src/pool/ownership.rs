@@ -303,6 +303,14 @@ fn plan_store(
     if store.blocks.is_empty() {
         return Ok(());
     }
+    // The lookups below do not depend on one another: their cache misses overlap here.
+    lineage.warm(
+        store
+            .parent_hash
+            .iter()
+            .chain(store.blocks.iter().map(|block| &block.block_hash))
+            .map(|hash| hash.0),
+    );
     let mut previous = match (store.parent_hash, store.start_position) {
         (Some(ExternalBlockHash(parent)), _) => {
             Some(SequenceHash(lineage.get(parent).ok_or(ApplyError::ParentBlockNotFound(parent))?))
@@ -552,6 +560,7 @@ impl PoolOwnership {
                     let mut released = [0u64; RELEASE_CHUNK];
                     let mut count = 0;
                     if let Some(lineage) = self.sources.get_mut(&source) {
+                        lineage.warm(externals.iter().map(|external| external.0));
                         for external in externals {
                             if let Some(canonical) = lineage.remove(external.0) {
                                 released[count] = canonical;
@@ -597,7 +606,9 @@ impl PoolOwnership {
         if plan.new_mappings.is_empty() && plan.reoffers.is_empty() {
             return Ok(0);
         }
-        // The filter words of the new blocks load while the owner table is read below.
+        // The owner entries and filter words of the new blocks load while the owner table is
+        // read below.
+        self.owners.warm(plan.new_mappings.iter().map(|&(_, canonical)| canonical));
         self.filter.warm(plan.new_mappings.iter().map(|&(_, canonical)| canonical));
         for &(_, canonical) in &plan.new_mappings {
             let owners = self.owners.get(canonical).map_or(0, |state| state.owners);

@@ -71,6 +71,12 @@ impl LineageTable {
         self.table.get(external).map(|entry| entry.1)
     }
 
+    /// Bring the entries of `externals` into cache ([`GrowingTable::warm`]).
+    #[inline]
+    pub(crate) fn warm(&self, externals: impl IntoIterator<Item = u64>) {
+        self.table.warm(externals);
+    }
+
     /// Insert a mapping the caller has checked is absent.
     #[inline]
     pub(crate) fn insert_new(&mut self, external: u64, canonical: u64) {
