@@ -18,28 +18,23 @@
 //! structs.
 //!
 //! Limits before allocation: the envelope is size-checked before parsing and borrows its topic
-//! and payload from the input. A `kv-events` payload is read twice: a first pass walks the
-//! MessagePack headers, counting events and blocks from their declared lengths without decoding
-//! or keeping anything, and only when every count is within [`EVENTS_PER_MESSAGE_MAX`],
-//! [`BLOCKS_PER_EVENT_MAX`] and [`BLOCKS_PER_MESSAGE_MAX`] does the second pass decode.
+//! and payload from the input. A `kv-events` payload is read twice ([`router_events`]): a first
+//! pass counts events and blocks from the MessagePack headers, and only when every count is
+//! within its limit does the second pass build the events.
 
 use serde::Deserialize;
 
 use super::discovery_record::{KV_EVENTS_TOPIC, KV_METRICS_TOPIC};
 use super::errors::{InputError, echo};
 use super::facts::{KvEventBatch, LoadObservation};
-use super::limits::{
-    BLOCKS_PER_EVENT_MAX, BLOCKS_PER_MESSAGE_MAX, EVENT_ENVELOPE_BYTES_MAX,
-    EVENT_SUBJECT_BYTES_MAX, EVENTS_PER_MESSAGE_MAX,
-};
+use super::limits::{EVENT_ENVELOPE_BYTES_MAX, EVENT_SUBJECT_BYTES_MAX};
+use super::router_events;
 use super::wire::{
-    MsgpackCursor, WireHash, check_segment, check_size, endpoint_path, msgpack, msgpack_value,
-    percent_decode, percent_encode, subject_literal,
+    check_segment, check_size, endpoint_path, msgpack, percent_decode, percent_encode,
+    subject_literal,
 };
 use crate::model::identity::EndpointPath;
-use crate::model::kv_events::{
-    KvCacheEvent, KvCacheEventData, ResidencyDomain, RouterEvent, SourceKey,
-};
+use crate::model::kv_events::{RouterEvent, SourceKey};
 
 /// Version byte of a ZMQ event frame.
 pub const ZMQ_EVENT_FRAME_VERSION: u8 = 0x01;
@@ -203,18 +198,17 @@ pub fn decode_kv_events_message(
     decode_kv_event_batch(endpoint, &decode_event_envelope(bytes)?)
 }
 
-/// Decode a `kv-events` payload: a list of `RouterEvent` maps.
+/// Decode a `kv-events` payload: a list of `RouterEvent` maps ([`router_events`]).
 pub fn decode_kv_events_payload(payload: &[u8]) -> Result<Vec<RouterEvent>, InputError> {
     check_size(payload.len(), EVENT_ENVELOPE_BYTES_MAX, "kv-events payload")?;
-    let length = check_kv_events_shape(payload)?;
+    let length = router_events::check_shape(payload)?;
     if length < payload.len() {
         return Err(InputError::TrailingBytes {
             what: "kv-events payload",
             count: payload.len() - length,
         });
     }
-    let wire: Vec<WireRouterEvent<'_>> = msgpack_value(payload, "kv-events payload")?;
-    wire.into_iter().map(WireRouterEvent::into_router_event).collect()
+    router_events::read_events(payload)
 }
 
 /// Decode a `kv_metrics` envelope's `ActiveLoad` payload.
@@ -250,154 +244,6 @@ fn expect_topic(envelope: &EventEnvelope<'_>, expected: &'static str) -> Result<
     Ok(())
 }
 
-/// First pass over a `kv-events` payload: count events and blocks from the MessagePack headers,
-/// keep nothing, and check that the records the second pass reads by name (`RouterEvent`,
-/// `KvCacheEvent`, the event data) are maps, so positional structs never reach it. Returns the
-/// payload's length in bytes.
-fn check_kv_events_shape(payload: &[u8]) -> Result<usize, InputError> {
-    let mut cursor = MsgpackCursor::new(payload);
-    let events = cursor.array_len().ok_or_else(|| shape_error("a list of events"))?;
-    if events > EVENTS_PER_MESSAGE_MAX {
-        return Err(InputError::TooMany {
-            what: "events in one message",
-            count: events,
-            max: EVENTS_PER_MESSAGE_MAX,
-        });
-    }
-    let mut total = 0usize;
-    for _ in 0..events {
-        let mut blocks = None;
-        for_each_field(&mut cursor, "a RouterEvent map", |cursor, key| match key {
-            b"event" => for_each_field(cursor, "a KvCacheEvent map", |cursor, key| match key {
-                b"data" => {
-                    blocks = Some(event_data_blocks(cursor)?);
-                    Ok(())
-                }
-                _ => skip(cursor),
-            }),
-            _ => skip(cursor),
-        })?;
-        let blocks = blocks.ok_or_else(|| shape_error("an event with `data`"))?;
-        total = total.saturating_add(blocks);
-    }
-    if total > BLOCKS_PER_MESSAGE_MAX {
-        return Err(InputError::TooMany {
-            what: "blocks in one message",
-            count: total,
-            max: BLOCKS_PER_MESSAGE_MAX,
-        });
-    }
-    Ok(cursor.position())
-}
-
-/// The blocks an event's data declares: `"cleared"` (or any other bare variant, which the
-/// second pass rejects) has none; `{"stored": {"blocks": [..]}}` and
-/// `{"removed": {"block_hashes": [..]}}` have their list's length, at most
-/// [`BLOCKS_PER_EVENT_MAX`] (a longer list is rejected from its header). Consumes the data.
-fn event_data_blocks(cursor: &mut MsgpackCursor<'_>) -> Result<usize, InputError> {
-    if cursor.str().is_some() {
-        return Ok(0);
-    }
-    if cursor.clone().map_len() != Some(1) {
-        return Err(shape_error("event data: a variant name or a one-entry map"));
-    }
-    let mut blocks = 0;
-    for_each_field(cursor, "event data", |cursor, variant| {
-        let list = match variant {
-            b"stored" => b"blocks".as_slice(),
-            b"removed" => b"block_hashes".as_slice(),
-            _ => return skip(cursor),
-        };
-        for_each_field(cursor, "a stored or removed map", |cursor, key| {
-            if key != list {
-                return skip(cursor);
-            }
-            let count = cursor.array_len().ok_or_else(|| shape_error("a block list"))?;
-            if count > BLOCKS_PER_EVENT_MAX {
-                return Err(InputError::TooMany {
-                    what: "blocks in one event",
-                    count,
-                    max: BLOCKS_PER_EVENT_MAX,
-                });
-            }
-            blocks = count;
-            (0..count).try_for_each(|_| skip(cursor))
-        })
-    })?;
-    Ok(blocks)
-}
-
-/// Walk the map here, calling `field` with each key (positioned at its value, which `field` must
-/// consume).
-fn for_each_field<'a>(
-    cursor: &mut MsgpackCursor<'a>,
-    expected: &'static str,
-    mut field: impl FnMut(&mut MsgpackCursor<'a>, &'a [u8]) -> Result<(), InputError>,
-) -> Result<(), InputError> {
-    let entries = cursor.map_len().ok_or_else(|| shape_error(expected))?;
-    for _ in 0..entries {
-        let key = cursor.str().ok_or_else(|| shape_error("a field name"))?;
-        field(cursor, key)?;
-    }
-    Ok(())
-}
-
-fn skip(cursor: &mut MsgpackCursor<'_>) -> Result<(), InputError> {
-    cursor.skip().ok_or_else(|| shape_error("a complete value"))
-}
-
-fn shape_error(expected: &'static str) -> InputError {
-    InputError::MessagePack { what: "kv-events payload", detail: format!("expected {expected}") }
-}
-
-/// `RouterEvent` as the wire writes it.
-#[derive(Deserialize)]
-struct WireRouterEvent<'a> {
-    worker_id: u64,
-    #[serde(default, borrow)]
-    storage_tier: Option<&'a str>,
-    #[serde(default, borrow)]
-    residency_domain: Option<&'a str>,
-    event: WireKvCacheEvent,
-}
-
-#[derive(Deserialize)]
-struct WireKvCacheEvent {
-    event_id: u64,
-    data: WireEventData,
-    #[serde(default)]
-    dp_rank: Option<u32>,
-}
-
-/// Externally tagged, snake_case: `{"stored":{..}}`, `{"removed":{..}}`, `"cleared"`.
-#[derive(Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum WireEventData {
-    Stored(WireStored),
-    Removed(WireRemoved),
-    Cleared,
-}
-
-#[derive(Deserialize)]
-struct WireStored {
-    #[serde(default)]
-    parent_hash: Option<WireHash>,
-    #[serde(default)]
-    start_position: Option<u64>,
-    blocks: Vec<WireBlock>,
-}
-
-#[derive(Deserialize)]
-struct WireBlock {
-    block_hash: WireHash,
-    tokens_hash: WireHash,
-}
-
-#[derive(Deserialize)]
-struct WireRemoved {
-    block_hashes: Vec<WireHash>,
-}
-
 #[derive(Deserialize)]
 struct WireActiveLoad {
     worker_id: u64,
@@ -411,58 +257,20 @@ struct WireActiveLoad {
     kv_used_blocks: Option<u64>,
 }
 
-impl WireRouterEvent<'_> {
-    fn into_router_event(self) -> Result<RouterEvent, InputError> {
-        let storage_tier = crate::model::kv_events::storage_tier_from_wire(self.storage_tier)
-            .ok_or_else(|| InputError::UnknownStorageTier {
-                value: echo(self.storage_tier.unwrap_or_default()),
-            })?;
-        let residency_domain = match self.residency_domain {
-            None => None,
-            Some("worker") => Some(ResidencyDomain::Worker),
-            Some("cache_owner") => Some(ResidencyDomain::CacheOwner),
-            Some(other) => {
-                check_segment(other, "residency_domain")?;
-                Some(ResidencyDomain::Unsupported(other.to_owned()))
-            }
-        };
-        let data = match self.event.data {
-            WireEventData::Stored(stored) => crate::model::kv_events::stored_from_wire(
-                stored.parent_hash.map(|hash| hash.0),
-                stored.start_position,
-                stored.blocks.into_iter().map(|block| (block.block_hash.0, block.tokens_hash.0)),
-            )
-            .map_err(|_| InputError::InvalidField {
-                field: "start_position",
-                reason: "exceeds u32",
-            })?,
-            WireEventData::Removed(removed) => crate::model::kv_events::removed_from_wire(
-                removed.block_hashes.into_iter().map(|hash| hash.0),
-            ),
-            WireEventData::Cleared => KvCacheEventData::Cleared,
-        };
-        Ok(RouterEvent {
-            worker_id: self.worker_id,
-            storage_tier,
-            residency_domain,
-            event: KvCacheEvent {
-                event_id: self.event.event_id,
-                dp_rank: self.event.dp_rank.unwrap_or(0),
-                data,
-            },
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use crate::model::hashing::{ExternalBlockHash, LocalBlockHash};
-    use crate::model::kv_events::{RemoveData, StorageTier, StoreData, StoredBlock};
+    use crate::model::kv_events::{
+        KvCacheEvent, KvCacheEventData, RemoveData, ResidencyDomain, StorageTier, StoreData,
+        StoredBlock,
+    };
     use serde::Serialize;
     use serde_json::json;
 
     use super::*;
-    use crate::inputs::limits::SEGMENT_BYTES_MAX;
+    use crate::inputs::limits::{
+        BLOCKS_PER_EVENT_MAX, BLOCKS_PER_MESSAGE_MAX, EVENTS_PER_MESSAGE_MAX, SEGMENT_BYTES_MAX,
+    };
     use crate::inputs::test_fixtures::{
         BACKEND_INSTANCE, BACKEND_PUBLISHER, CAPTURED_LOAD_PAYLOAD, CAPTURED_PAYLOAD,
         captured_envelope,

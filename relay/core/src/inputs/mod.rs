@@ -25,6 +25,7 @@ mod errors;
 mod event_plane;
 mod facts;
 pub mod limits;
+mod router_events;
 mod subject_cache;
 mod weight;
 mod wire;

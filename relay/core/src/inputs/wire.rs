@@ -6,8 +6,6 @@
 //! - [`MsgpackCursor`] reads MessagePack headers and keys and skips values by their markers, so
 //!   a decoder can check counts before it allocates the decoded lists; [`Bounded`] keeps at
 //!   most `MAX` entries of a list and counts the rest.
-//! - [`WireHash`] is a 64-bit hash that may arrive as a signed integer (dc-inputs §2.3: signed
-//!   engine hashes are reinterpreted bitwise).
 //! - [`Embedded`] accepts a nested JSON document either as an object or as a string holding it.
 //! - [`WireEndpoint`] is the `{namespace, component, name}` triple.
 //! - [`percent_encode`] / [`percent_decode`] implement the escaping of subjects and keys.
@@ -175,6 +173,43 @@ impl<'a> MsgpackCursor<'a> {
         Some(text)
     }
 
+    /// The integer here, consuming it: `(value, negative)`, a negative value as its 64-bit two's
+    /// complement. Any width is accepted.
+    pub(crate) fn int(&mut self) -> Option<(u64, bool)> {
+        let marker = *self.bytes.get(self.at)?;
+        let (width, signed) = match marker {
+            0x00..=0x7f => {
+                self.at += 1;
+                return Some((u64::from(marker), false));
+            }
+            0xe0..=0xff => {
+                self.at += 1;
+                return Some((i64::from(marker as i8) as u64, true));
+            }
+            0xcc..=0xcf => (1usize << (marker - 0xcc), false),
+            0xd0..=0xd3 => (1usize << (marker - 0xd0), true),
+            _ => return None,
+        };
+        let field = self.bytes.get(self.at + 1..self.at + 1 + width)?;
+        let raw = field.iter().fold(0u64, |value, byte| value << 8 | u64::from(*byte));
+        let value = if signed && width < 8 {
+            // Sign-extend from the field's width.
+            let shift = 64 - 8 * width as u32;
+            ((raw << shift) as i64 >> shift) as u64
+        } else {
+            raw
+        };
+        self.at += 1 + width;
+        Some((value, signed && (value as i64) < 0))
+    }
+
+    /// Consume a `nil` here; false (consuming nothing) for any other value.
+    pub(crate) fn nil(&mut self) -> bool {
+        let nil = self.bytes.get(self.at) == Some(&0xc0);
+        self.at += usize::from(nil);
+        nil
+    }
+
     /// The bytes read so far.
     pub(crate) fn position(&self) -> usize {
         self.at
@@ -259,29 +294,6 @@ impl<'de, T: Deserialize<'de>, const MAX: usize> Deserialize<'de> for Bounded<T,
             }
         }
         deserializer.deserialize_seq(BoundedVisitor::<T, MAX>(PhantomData))
-    }
-}
-
-/// A 64-bit hash: unsigned, or signed and reinterpreted bitwise (two's complement).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct WireHash(pub u64);
-
-impl<'de> Deserialize<'de> for WireHash {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct HashVisitor;
-        impl Visitor<'_> for HashVisitor {
-            type Value = WireHash;
-            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-                formatter.write_str("a 64-bit integer hash")
-            }
-            fn visit_u64<E: de::Error>(self, value: u64) -> Result<WireHash, E> {
-                Ok(WireHash(value))
-            }
-            fn visit_i64<E: de::Error>(self, value: i64) -> Result<WireHash, E> {
-                Ok(WireHash(value as u64))
-            }
-        }
-        deserializer.deserialize_u64(HashVisitor)
     }
 }
 
@@ -472,10 +484,45 @@ mod tests {
     }
 
     #[test]
-    fn signed_hashes_are_reinterpreted_bitwise() {
-        let hash: WireHash = serde_json::from_str("-1").unwrap();
-        assert_eq!(hash, WireHash(u64::MAX));
-        let bytes = rmp_serde::to_vec(&i64::MIN).unwrap();
-        assert_eq!(msgpack::<WireHash>(&bytes, "hash"), Ok(WireHash(1 << 63)));
+    fn the_cursor_reads_integers_of_every_width_and_sign() {
+        let values: [i128; 14] = [
+            0,
+            127,
+            128,
+            255,
+            256,
+            65_535,
+            65_536,
+            1 << 32,
+            u64::MAX as i128,
+            -1,
+            -32,
+            -33,
+            -129,
+            i64::MIN as i128,
+        ];
+        for value in values {
+            let bytes = if value < 0 {
+                rmp_serde::to_vec(&(value as i64)).unwrap()
+            } else {
+                rmp_serde::to_vec(&(value as u64)).unwrap()
+            };
+            let mut cursor = MsgpackCursor::new(&bytes);
+            assert_eq!(cursor.int(), Some((value as u64, value < 0)), "{value}");
+            assert_eq!(cursor.position(), bytes.len(), "{value}");
+        }
+        // Signed markers holding non-negative values, as some writers use.
+        for bytes in [&[0xd0, 0x05][..], &[0xd1, 0x00, 0x05], &[0xd3, 0, 0, 0, 0, 0, 0, 0, 5]] {
+            assert_eq!(MsgpackCursor::new(bytes).int(), Some((5, false)));
+        }
+        // Not an integer, or truncated: nothing consumed.
+        for bytes in [&[0xc0][..], &[0xcb, 0, 0, 0, 0, 0, 0, 0, 0], &[0xcf, 1, 2], &[]] {
+            let mut cursor = MsgpackCursor::new(bytes);
+            assert_eq!(cursor.int(), None);
+            assert_eq!(cursor.position(), 0);
+        }
+        let mut cursor = MsgpackCursor::new(&[0xc0, 0x01]);
+        assert!(cursor.nil() && !cursor.nil());
+        assert_eq!(cursor.int(), Some((1, false)));
     }
 }
