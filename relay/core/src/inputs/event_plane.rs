@@ -30,8 +30,8 @@ use super::facts::{KvEventBatch, LoadObservation};
 use super::limits::{EVENT_ENVELOPE_BYTES_MAX, EVENT_SUBJECT_BYTES_MAX};
 use super::router_events;
 use super::wire::{
-    check_segment, check_size, endpoint_path, msgpack, percent_decode, percent_encode,
-    subject_literal,
+    MsgpackCursor, check_segment, check_size, endpoint_path, msgpack, msgpack_value_len,
+    percent_decode, percent_encode, subject_literal,
 };
 use crate::model::identity::EndpointPath;
 use crate::model::kv_events::{RouterEvent, SourceKey};
@@ -42,19 +42,23 @@ pub const ZMQ_EVENT_FRAME_VERSION: u8 = 0x01;
 pub const ZMQ_EVENT_FRAME_HEADER_BYTES: usize = 5;
 
 /// One event-plane message, with its topic and payload borrowed from the input.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+///
+/// Read by [`decode_event_envelope`] with the MessagePack cursor; serde's derived reader is the
+/// reference its tests hold it against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(test, derive(Deserialize))]
 pub struct EventEnvelope<'a> {
     /// The publishing incarnation.
     pub publisher_id: u64,
     /// Per-publisher message counter from 0.
     pub sequence: u64,
     /// Publisher wall clock, unix milliseconds.
-    #[serde(rename = "published_at")]
+    #[cfg_attr(test, serde(rename = "published_at"))]
     pub published_at_ms: u64,
     /// The topic, e.g. `kv-events`.
     pub topic: &'a str,
     /// The payload, itself MessagePack.
-    #[serde(with = "serde_bytes")]
+    #[cfg_attr(test, serde(with = "serde_bytes"))]
     pub payload: &'a [u8],
 }
 
@@ -125,10 +129,99 @@ pub fn parse_event_subject(subject: &str) -> Result<EventSubject, InputError> {
 ///
 /// Rejects input over [`EVENT_ENVELOPE_BYTES_MAX`] before parsing.
 pub fn decode_event_envelope(bytes: &[u8]) -> Result<EventEnvelope<'_>, InputError> {
-    check_size(bytes.len(), EVENT_ENVELOPE_BYTES_MAX, "event envelope")?;
-    let envelope: EventEnvelope<'_> = msgpack(bytes, "event envelope")?;
+    check_size(bytes.len(), EVENT_ENVELOPE_BYTES_MAX, ENVELOPE)?;
+    let length = msgpack_value_len(bytes)
+        .ok_or_else(|| envelope_error("truncated, or a reserved marker".into()))?;
+    if length < bytes.len() {
+        return Err(InputError::TrailingBytes { what: ENVELOPE, count: bytes.len() - length });
+    }
+    let mut cursor = MsgpackCursor::new(bytes);
+    let envelope = if let Some(fields) = cursor.array_len() {
+        // serde's derived reader also took the five fields in order, as a list.
+        if fields != 5 {
+            return Err(envelope_error("expected an envelope of 5 fields".into()));
+        }
+        EventEnvelope {
+            publisher_id: envelope_unsigned(&mut cursor, "publisher_id")?,
+            sequence: envelope_unsigned(&mut cursor, "sequence")?,
+            published_at_ms: envelope_unsigned(&mut cursor, "published_at")?,
+            topic: envelope_topic(&mut cursor)?,
+            payload: envelope_payload(&mut cursor)?,
+        }
+    } else {
+        read_envelope_map(&mut cursor)?
+    };
     check_segment(envelope.topic, "envelope topic")?;
     Ok(envelope)
+}
+
+/// What envelope errors are reported as.
+const ENVELOPE: &str = "event envelope";
+
+fn envelope_error(detail: String) -> InputError {
+    InputError::MessagePack { what: ENVELOPE, detail }
+}
+
+/// The envelope's fields by name, in any order, unknown ones skipped, each at most once.
+fn read_envelope_map<'a>(cursor: &mut MsgpackCursor<'a>) -> Result<EventEnvelope<'a>, InputError> {
+    let entries =
+        cursor.map_len().ok_or_else(|| envelope_error("expected an envelope map".into()))?;
+    let (mut publisher_id, mut sequence, mut published_at, mut topic, mut payload) =
+        (None, None, None, None, None);
+    for _ in 0..entries {
+        let key = cursor.str().ok_or_else(|| envelope_error("expected a field name".into()))?;
+        let (seen, name) = match key {
+            b"publisher_id" => {
+                let value = envelope_unsigned(cursor, "publisher_id")?;
+                (publisher_id.replace(value).is_some(), "publisher_id")
+            }
+            b"sequence" => {
+                (sequence.replace(envelope_unsigned(cursor, "sequence")?).is_some(), "sequence")
+            }
+            b"published_at" => {
+                let value = envelope_unsigned(cursor, "published_at")?;
+                (published_at.replace(value).is_some(), "published_at")
+            }
+            b"topic" => (topic.replace(envelope_topic(cursor)?).is_some(), "topic"),
+            b"payload" => (payload.replace(envelope_payload(cursor)?).is_some(), "payload"),
+            _ => {
+                cursor.skip().ok_or_else(|| envelope_error("expected a complete value".into()))?;
+                (false, "")
+            }
+        };
+        if seen {
+            return Err(envelope_error(format!("duplicate field `{name}`")));
+        }
+    }
+    let missing = |name: &str| envelope_error(format!("missing field `{name}`"));
+    Ok(EventEnvelope {
+        publisher_id: publisher_id.ok_or_else(|| missing("publisher_id"))?,
+        sequence: sequence.ok_or_else(|| missing("sequence"))?,
+        published_at_ms: published_at.ok_or_else(|| missing("published_at"))?,
+        topic: topic.ok_or_else(|| missing("topic"))?,
+        payload: payload.ok_or_else(|| missing("payload"))?,
+    })
+}
+
+fn envelope_unsigned(cursor: &mut MsgpackCursor<'_>, name: &str) -> Result<u64, InputError> {
+    match cursor.int() {
+        Some((value, false)) => Ok(value),
+        _ => Err(envelope_error(format!("`{name}`: expected an unsigned integer"))),
+    }
+}
+
+/// The topic: a UTF-8 string (serde's reader also took it as UTF-8 bytes).
+fn envelope_topic<'a>(cursor: &mut MsgpackCursor<'a>) -> Result<&'a str, InputError> {
+    let bytes = cursor.str().or_else(|| cursor.bin());
+    bytes
+        .and_then(|bytes| std::str::from_utf8(bytes).ok())
+        .ok_or_else(|| envelope_error("`topic`: expected a UTF-8 string".into()))
+}
+
+/// The payload: binary (serde's reader also took a string's bytes).
+fn envelope_payload<'a>(cursor: &mut MsgpackCursor<'a>) -> Result<&'a [u8], InputError> {
+    let bytes = cursor.bin().or_else(|| cursor.str());
+    bytes.ok_or_else(|| envelope_error("`payload`: expected bytes".into()))
 }
 
 /// The envelope inside a ZMQ event frame: check the version byte and the length header.
@@ -534,6 +627,82 @@ mod tests {
         let negative_worker =
             json!([{"worker_id": -1, "event": {"event_id": 1, "data": "cleared"}}]);
         assert!(matches!(decode_events(&negative_worker), Err(InputError::MessagePack { .. })));
+    }
+
+    /// One unsigned field as some writer might encode it: the smallest form, or a wider or signed
+    /// marker holding the same value.
+    fn encoded_unsigned(value: u64, form: u32) -> Vec<u8> {
+        match form % 3 {
+            0 => rmp_serde::to_vec(&value).unwrap(),
+            1 => [&[0xcf][..], &value.to_be_bytes()].concat(),
+            _ => [&[0xd3][..], &value.to_be_bytes()].concat(),
+        }
+    }
+
+    fn encoded_text(text: &[u8], as_bin: bool) -> Vec<u8> {
+        let header = if as_bin { [0xc4, text.len() as u8] } else { [0xd9, text.len() as u8] };
+        [&header[..], text].concat()
+    }
+
+    /// Random envelopes (fields in any order, unknown fields, a field left out or given twice, the
+    /// list form, every integer form) and byte corruptions of them: the cursor reader accepts
+    /// exactly what serde's derived reader accepts, with the same fields.
+    #[test]
+    fn the_envelope_reader_agrees_with_serdes_derived_reader() {
+        use rand_core::Rng;
+        let mut rng = crate::rng::rng_from_seed(44);
+        let (mut accepted, mut rejected) = (0, 0);
+        for round in 0..6_000 {
+            let mut fields: Vec<(&[u8], Vec<u8>)> = vec![
+                (
+                    b"publisher_id",
+                    encoded_unsigned(rng.next_u64() >> (rng.next_u32() % 64), rng.next_u32()),
+                ),
+                (b"sequence", encoded_unsigned(u64::from(rng.next_u32() % 300), rng.next_u32())),
+                (b"published_at", encoded_unsigned(rng.next_u64(), rng.next_u32())),
+                (b"topic", encoded_text(b"kv-events", rng.next_u32().is_multiple_of(5))),
+                (b"payload", encoded_text(&[0x90], !rng.next_u32().is_multiple_of(5))),
+            ];
+            let list = rng.next_u32().is_multiple_of(6);
+            if !list {
+                for index in (1..fields.len()).rev() {
+                    fields.swap(index, rng.next_u32() as usize % (index + 1));
+                }
+                match rng.next_u32() % 8 {
+                    0 => {
+                        fields.pop();
+                    }
+                    1 => fields.push((b"sequence", vec![0x01])),
+                    2 | 3 => fields.push((b"extra", vec![0x92, 0xc0, 0xa1, b'x'])),
+                    _ => {}
+                }
+            }
+            let mut bytes = vec![if list { 0x90 } else { 0x80 } | fields.len() as u8];
+            for (key, value) in &fields {
+                if !list {
+                    bytes.extend(encoded_text(key, false));
+                }
+                bytes.extend(value);
+            }
+            if round % 2 == 1 {
+                let at = rng.next_u32() as usize % bytes.len();
+                bytes[at] = rng.next_u32() as u8;
+            }
+            let ours = decode_event_envelope(&bytes);
+            let theirs =
+                msgpack::<EventEnvelope<'_>>(&bytes, "event envelope").and_then(|envelope| {
+                    check_segment(envelope.topic, "envelope topic").map(|()| envelope)
+                });
+            match (&ours, &theirs) {
+                (Ok(ours), Ok(theirs)) => {
+                    assert_eq!(ours, theirs, "round {round}: {bytes:02x?}");
+                    accepted += 1;
+                }
+                (Err(_), Err(_)) => rejected += 1,
+                _ => panic!("round {round}: ours {ours:?}, serde's {theirs:?}: {bytes:02x?}"),
+            }
+        }
+        assert!(accepted > 1_000 && rejected > 1_000, "{accepted} accepted, {rejected} rejected");
     }
 
     #[test]

@@ -173,6 +173,21 @@ impl<'a> MsgpackCursor<'a> {
         Some(text)
     }
 
+    /// The bytes of the binary value here, consuming it.
+    pub(crate) fn bin(&mut self) -> Option<&'a [u8]> {
+        let width = match *self.bytes.get(self.at)? {
+            0xc4 => 1,
+            0xc5 => 2,
+            0xc6 => 4,
+            _ => return None,
+        };
+        let length = read_be(self.bytes, self.at + 1, width)?;
+        let start = self.at + 1 + width;
+        let body = self.bytes.get(start..start.checked_add(length)?)?;
+        self.at = start + length;
+        Some(body)
+    }
+
     /// The integer here, consuming it: `(value, negative)`, a negative value as its 64-bit two's
     /// complement. Any width is accepted.
     pub(crate) fn int(&mut self) -> Option<(u64, bool)> {
