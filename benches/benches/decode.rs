@@ -1,15 +1,19 @@
 //! `kv-events` payload decoding (`inputs::decode_kv_events_payload`): the counting walk over the
 //! MessagePack headers, then the decode into `RouterEvent`s, on the two shapes a relay sees
 //! most: one prefill store of 16 blocks, and a full Dynamo batch of 128 events alternating
-//! 4-block stores and 4-block removes. Payloads are written by the relay's own encoder (named
-//! maps, as Dynamo's publisher writes them). Throughput is in blocks.
+//! 4-block stores and 4-block removes; and a whole message of one 1-block store, envelope
+//! included, as a worker publishes at a low rate. Payloads are written by the relay's own
+//! encoder (named maps, as Dynamo's publisher writes them). Throughput is in blocks.
 
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use kvrelay_benches::SplitMix64;
-use kvrelay_core::inputs::{decode_kv_events_payload, encode_kv_events_payload};
+use kvrelay_core::inputs::{
+    EventEnvelope, KV_EVENTS_TOPIC, decode_event_envelope, decode_kv_events_payload,
+    encode_event_envelope, encode_kv_events_payload,
+};
 use kvrelay_core::model::hashing::{ExternalBlockHash, LocalBlockHash};
 use kvrelay_core::model::kv_events::{
     KvCacheEvent, KvCacheEventData, RemoveData, RouterEvent, StorageTier, StoreData, StoredBlock,
@@ -69,6 +73,22 @@ fn decode(c: &mut Criterion) {
             b.iter(|| decode_kv_events_payload(black_box(&payload)).expect("decodes"));
         });
     }
+    let single = encode_kv_events_payload(&[store(&mut rng, 1, 1)]).expect("encodes");
+    let message = encode_event_envelope(&EventEnvelope {
+        publisher_id: rng.next_u64(),
+        sequence: 41,
+        published_at_ms: 1_765_000_000_000,
+        topic: KV_EVENTS_TOPIC,
+        payload: &single,
+    })
+    .expect("encodes");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("message of one 1-block store", |b| {
+        b.iter(|| {
+            let envelope = decode_event_envelope(black_box(&message)).expect("decodes");
+            decode_kv_events_payload(envelope.payload).expect("decodes")
+        });
+    });
     group.finish();
 }
 
