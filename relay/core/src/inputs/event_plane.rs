@@ -14,7 +14,7 @@
 //! Decoding takes maps by field name in any order, ignores unknown fields (`mm_extra_info`,
 //! `state_source`, `session_id`, ...), accepts any integer width and `nil` for every optional
 //! field, and rejects trailing bytes. `kv-events` payloads must use maps with named fields, which
-//! is what every Dynamo transport writes: the counting pass below rejects positional (array)
+//! is what every Dynamo transport writes: the counting pass ([`router_events`]) rejects positional (array)
 //! structs.
 //!
 //! Limits before allocation: the envelope is size-checked before parsing and borrows its topic
@@ -162,35 +162,39 @@ fn envelope_error(detail: String) -> InputError {
     InputError::MessagePack { what: ENVELOPE, detail }
 }
 
-/// The envelope's fields by name, in any order, unknown ones skipped, each at most once.
+/// The envelope's fields by name, in any order, unknown ones skipped, each at most once (a
+/// repeated field is refused before its value is read). Keys must be strings or UTF-8 `bin`;
+/// serde's reader also took field indices, which no writer of envelopes uses.
 fn read_envelope_map<'a>(cursor: &mut MsgpackCursor<'a>) -> Result<EventEnvelope<'a>, InputError> {
     let entries =
         cursor.map_len().ok_or_else(|| envelope_error("expected an envelope map".into()))?;
     let (mut publisher_id, mut sequence, mut published_at, mut topic, mut payload) =
         (None, None, None, None, None);
     for _ in 0..entries {
-        let key = cursor.str().ok_or_else(|| envelope_error("expected a field name".into()))?;
-        let (seen, name) = match key {
-            b"publisher_id" => {
-                let value = envelope_unsigned(cursor, "publisher_id")?;
-                (publisher_id.replace(value).is_some(), "publisher_id")
-            }
-            b"sequence" => {
-                (sequence.replace(envelope_unsigned(cursor, "sequence")?).is_some(), "sequence")
-            }
-            b"published_at" => {
-                let value = envelope_unsigned(cursor, "published_at")?;
-                (published_at.replace(value).is_some(), "published_at")
-            }
-            b"topic" => (topic.replace(envelope_topic(cursor)?).is_some(), "topic"),
-            b"payload" => (payload.replace(envelope_payload(cursor)?).is_some(), "payload"),
-            _ => {
-                cursor.skip().ok_or_else(|| envelope_error("expected a complete value".into()))?;
-                (false, "")
-            }
+        // serde's reader also took a key as UTF-8 `bin`.
+        let key = cursor
+            .str()
+            .or_else(|| cursor.bin())
+            .ok_or_else(|| envelope_error("expected a field name".into()))?;
+        let taken = match key {
+            b"publisher_id" => publisher_id.is_some(),
+            b"sequence" => sequence.is_some(),
+            b"published_at" => published_at.is_some(),
+            b"topic" => topic.is_some(),
+            b"payload" => payload.is_some(),
+            _ => false,
         };
-        if seen {
+        if taken {
+            let name = String::from_utf8_lossy(key);
             return Err(envelope_error(format!("duplicate field `{name}`")));
+        }
+        match key {
+            b"publisher_id" => publisher_id = Some(envelope_unsigned(cursor, "publisher_id")?),
+            b"sequence" => sequence = Some(envelope_unsigned(cursor, "sequence")?),
+            b"published_at" => published_at = Some(envelope_unsigned(cursor, "published_at")?),
+            b"topic" => topic = Some(envelope_topic(cursor)?),
+            b"payload" => payload = Some(envelope_payload(cursor)?),
+            _ => cursor.skip().ok_or_else(|| envelope_error("expected a complete value".into()))?,
         }
     }
     let missing = |name: &str| envelope_error(format!("missing field `{name}`"));
@@ -703,6 +707,34 @@ mod tests {
             }
         }
         assert!(accepted > 1_000 && rejected > 1_000, "{accepted} accepted, {rejected} rejected");
+    }
+
+    /// A repeated envelope field is refused before its second value is read; keys may be UTF-8
+    /// `bin`, as serde's reader took them.
+    #[test]
+    fn envelope_keys_may_be_binary_and_a_repeated_one_is_refused_first() {
+        let field =
+            |key: &[u8], bin: bool, value: &[u8]| [encoded_text(key, bin), value.to_vec()].concat();
+        let fields = [
+            field(b"publisher_id", true, &[0x02]),
+            field(b"sequence", false, &[0x03]),
+            field(b"published_at", true, &[0x04]),
+            field(b"topic", false, &encoded_text(b"kv-events", false)),
+            field(b"payload", true, &encoded_text(&[0x90], true)),
+        ];
+        let envelope = [vec![0x85], fields.concat()].concat();
+        let decoded = decode_event_envelope(&envelope).unwrap();
+        assert_eq!(
+            (decoded.publisher_id, decoded.topic, decoded.payload),
+            (2, "kv-events", &[0x90][..])
+        );
+        let repeated =
+            [vec![0x86], fields.concat(), field(b"sequence", false, &encoded_text(b"x", false))]
+                .concat();
+        let Err(InputError::MessagePack { detail, .. }) = decode_event_envelope(&repeated) else {
+            panic!("accepted a repeated field")
+        };
+        assert!(detail.contains("duplicate field `sequence`"), "{detail}");
     }
 
     #[test]

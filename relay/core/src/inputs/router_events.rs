@@ -7,13 +7,18 @@
 //! [`BLOCKS_PER_MESSAGE_MAX`] does the second pass ([`read_events`]) build the events, each list
 //! allocated once at its checked length.
 //!
-//! The second pass takes what serde's derived readers took: fields by name in any order, unknown
-//! fields skipped, a known field twice rejected, every required field present, `nil` or absence
-//! for every optional one, integers of any width (unsigned where the model is, hashes of either
-//! sign reinterpreted bitwise), a block as a map or a `[block_hash, tokens_hash]` pair, the event
-//! data as `"cleared"` or a one-entry map. It compares keys as bytes and validates as UTF-8 only
-//! the strings it keeps (`storage_tier`, `residency_domain`), and it walks skipped values without
-//! recursion, so nesting depth needs no limit here.
+//! The second pass takes what serde's derived readers took from every Dynamo writer: fields by
+//! name in any order, unknown fields skipped, a known field twice rejected (before its second
+//! value is read), every required field present, `nil` or absence for every optional one,
+//! integers of any width (unsigned where the model is, hashes of either sign reinterpreted
+//! bitwise), strings as `str` or UTF-8 `bin`, a block as a map or a `[block_hash, tokens_hash]`
+//! pair, the event data as `"cleared"` or a one-entry map. It compares keys as bytes and checks
+//! as UTF-8 only the strings it keeps (`storage_tier`, `residency_domain`). Where it differs from
+//! serde's readers, on forms no Dynamo writer produces: a block map's keys must be strings (serde
+//! also took field indices and `bin` keys), a block cannot be a `bin` (serde read one as a list
+//! of bytes), and a skipped value may nest deeper than serde's 32 levels (skipping does not
+//! recurse). A message with several faults may be refused for a different one than serde's
+//! readers named, as each event is finished before the next is read.
 
 use super::errors::{InputError, echo};
 use super::limits::{BLOCKS_PER_EVENT_MAX, BLOCKS_PER_MESSAGE_MAX, EVENTS_PER_MESSAGE_MAX};
@@ -29,8 +34,8 @@ const WHAT: &str = "kv-events payload";
 
 /// First pass over a `kv-events` payload: count events and blocks from the MessagePack headers,
 /// keep nothing, and check that the records the second pass reads by name (`RouterEvent`,
-/// `KvCacheEvent`, the event data) are maps, so positional structs never reach it. Returns the
-/// payload's length in bytes.
+/// `KvCacheEvent`, the event data, a store or a removal) are maps, so positional structs never
+/// reach it. Returns the length in bytes of the event list (the caller refuses trailing bytes).
 pub(super) fn check_shape(payload: &[u8]) -> Result<usize, InputError> {
     let mut cursor = MsgpackCursor::new(payload);
     let events = cursor.array_len().ok_or_else(|| shape_error("a list of events"))?;
@@ -47,7 +52,10 @@ pub(super) fn check_shape(payload: &[u8]) -> Result<usize, InputError> {
         for_each_field(&mut cursor, "a RouterEvent map", |cursor, key| match key {
             b"event" => for_each_field(cursor, "a KvCacheEvent map", |cursor, key| match key {
                 b"data" => {
-                    blocks = Some(event_data_blocks(cursor)?);
+                    // A repeated `data` is refused by the second pass, but counted here, so the
+                    // total bounds whatever that pass reads before it refuses.
+                    let counted = event_data_blocks(cursor)?;
+                    blocks = Some(blocks.unwrap_or(0usize).saturating_add(counted));
                     Ok(())
                 }
                 _ => skip(cursor),
@@ -97,7 +105,7 @@ fn event_data_blocks(cursor: &mut MsgpackCursor<'_>) -> Result<usize, InputError
                     max: BLOCKS_PER_EVENT_MAX,
                 });
             }
-            blocks = count;
+            blocks += count;
             (0..count).try_for_each(|_| skip(cursor))
         })
     })?;
@@ -139,14 +147,22 @@ pub(super) fn read_events(payload: &[u8]) -> Result<Vec<RouterEvent>, InputError
     Ok(events)
 }
 
-/// Store `value` as the field `name`, which must not have been seen before in its record.
-fn once<T>(slot: &mut Option<T>, name: &'static str, value: T) -> Result<(), InputError> {
-    if slot.replace(value).is_some() {
+/// Read the field `name` with `read` into `slot`, which must still be empty: a field given twice
+/// is refused before its second value is read, so it costs nothing (the first pass counted only
+/// what a record may hold once).
+fn once<'a, T>(
+    cursor: &mut MsgpackCursor<'a>,
+    slot: &mut Option<T>,
+    name: &'static str,
+    read: impl FnOnce(&mut MsgpackCursor<'a>) -> Result<T, InputError>,
+) -> Result<(), InputError> {
+    if slot.is_some() {
         return Err(InputError::MessagePack {
             what: WHAT,
             detail: format!("duplicate field `{name}`"),
         });
     }
+    *slot = Some(read(cursor)?);
     Ok(())
 }
 
@@ -182,27 +198,23 @@ fn optional<'a, T>(
     if cursor.nil() { Ok(None) } else { read(cursor).map(Some) }
 }
 
-/// A UTF-8 string, borrowed.
+/// A UTF-8 string, borrowed (serde's reader also took UTF-8 as binary).
 fn text<'a>(cursor: &mut MsgpackCursor<'a>, name: &'static str) -> Result<&'a str, InputError> {
-    let bytes = cursor.str().ok_or_else(|| invalid(name, "a string"))?;
+    let bytes = cursor.str().or_else(|| cursor.bin()).ok_or_else(|| invalid(name, "a string"))?;
     std::str::from_utf8(bytes).map_err(|_| invalid(name, "a UTF-8 string"))
 }
 
 fn read_router_event(cursor: &mut MsgpackCursor<'_>) -> Result<RouterEvent, InputError> {
     let (mut worker_id, mut tier, mut domain, mut event) = (None, None, None, None);
     for_each_field(cursor, "a RouterEvent map", |cursor, key| match key {
-        b"worker_id" => once(&mut worker_id, "worker_id", unsigned(cursor, "worker_id")?),
-        b"storage_tier" => once(
-            &mut tier,
-            "storage_tier",
-            optional(cursor, |cursor| text(cursor, "storage_tier"))?,
-        ),
-        b"residency_domain" => once(
-            &mut domain,
-            "residency_domain",
-            optional(cursor, |cursor| text(cursor, "residency_domain"))?,
-        ),
-        b"event" => once(&mut event, "event", read_kv_cache_event(cursor)?),
+        b"worker_id" => once(cursor, &mut worker_id, "worker_id", |c| unsigned(c, "worker_id")),
+        b"storage_tier" => {
+            once(cursor, &mut tier, "storage_tier", |c| optional(c, |c| text(c, "storage_tier")))
+        }
+        b"residency_domain" => once(cursor, &mut domain, "residency_domain", |c| {
+            optional(c, |c| text(c, "residency_domain"))
+        }),
+        b"event" => once(cursor, &mut event, "event", read_kv_cache_event),
         _ => skip(cursor),
     })?;
     let worker_id = required(worker_id, "worker_id")?;
@@ -225,15 +237,14 @@ fn read_router_event(cursor: &mut MsgpackCursor<'_>) -> Result<RouterEvent, Inpu
 fn read_kv_cache_event(cursor: &mut MsgpackCursor<'_>) -> Result<KvCacheEvent, InputError> {
     let (mut event_id, mut data, mut dp_rank) = (None, None, None);
     for_each_field(cursor, "a KvCacheEvent map", |cursor, key| match key {
-        b"event_id" => once(&mut event_id, "event_id", unsigned(cursor, "event_id")?),
-        b"data" => once(&mut data, "data", read_event_data(cursor)?),
-        b"dp_rank" => {
-            let rank = optional(cursor, |cursor| {
-                let rank = unsigned(cursor, "dp_rank")?;
+        b"event_id" => once(cursor, &mut event_id, "event_id", |c| unsigned(c, "event_id")),
+        b"data" => once(cursor, &mut data, "data", read_event_data),
+        b"dp_rank" => once(cursor, &mut dp_rank, "dp_rank", |c| {
+            optional(c, |c| {
+                let rank = unsigned(c, "dp_rank")?;
                 u32::try_from(rank).map_err(|_| invalid("dp_rank", "a 32-bit unsigned integer"))
-            })?;
-            once(&mut dp_rank, "dp_rank", rank)
-        }
+            })
+        }),
         _ => skip(cursor),
     })?;
     Ok(KvCacheEvent {
@@ -266,17 +277,13 @@ fn read_event_data(cursor: &mut MsgpackCursor<'_>) -> Result<KvCacheEventData, I
 fn read_stored(cursor: &mut MsgpackCursor<'_>) -> Result<KvCacheEventData, InputError> {
     let (mut parent, mut start, mut blocks) = (None, None, None);
     for_each_field(cursor, "a stored map", |cursor, key| match key {
-        b"parent_hash" => once(
-            &mut parent,
-            "parent_hash",
-            optional(cursor, |cursor| hash(cursor, "parent_hash"))?,
-        ),
-        b"start_position" => once(
-            &mut start,
-            "start_position",
-            optional(cursor, |cursor| unsigned(cursor, "start_position"))?,
-        ),
-        b"blocks" => once(&mut blocks, "blocks", read_blocks(cursor)?),
+        b"parent_hash" => {
+            once(cursor, &mut parent, "parent_hash", |c| optional(c, |c| hash(c, "parent_hash")))
+        }
+        b"start_position" => once(cursor, &mut start, "start_position", |c| {
+            optional(c, |c| unsigned(c, "start_position"))
+        }),
+        b"blocks" => once(cursor, &mut blocks, "blocks", read_blocks),
         _ => skip(cursor),
     })?;
     let start_position = start
@@ -321,8 +328,10 @@ fn read_block(cursor: &mut MsgpackCursor<'_>) -> Result<StoredBlock, InputError>
     } else {
         let (mut block_hash, mut tokens_hash) = (None, None);
         for_each_field(cursor, "a block map", |cursor, key| match key {
-            b"block_hash" => once(&mut block_hash, "block_hash", hash(cursor, "block_hash")?),
-            b"tokens_hash" => once(&mut tokens_hash, "tokens_hash", hash(cursor, "tokens_hash")?),
+            b"block_hash" => once(cursor, &mut block_hash, "block_hash", |c| hash(c, "block_hash")),
+            b"tokens_hash" => {
+                once(cursor, &mut tokens_hash, "tokens_hash", |c| hash(c, "tokens_hash"))
+            }
             _ => skip(cursor),
         })?;
         (required(block_hash, "block_hash")?, required(tokens_hash, "tokens_hash")?)
@@ -336,14 +345,14 @@ fn read_block(cursor: &mut MsgpackCursor<'_>) -> Result<StoredBlock, InputError>
 fn read_removed(cursor: &mut MsgpackCursor<'_>) -> Result<KvCacheEventData, InputError> {
     let mut hashes = None;
     for_each_field(cursor, "a removed map", |cursor, key| match key {
-        b"block_hashes" => {
-            let count = list_len(cursor, "block_hashes")?;
+        b"block_hashes" => once(cursor, &mut hashes, "block_hashes", |c| {
+            let count = list_len(c, "block_hashes")?;
             let mut list = Vec::with_capacity(count);
             for _ in 0..count {
-                list.push(ExternalBlockHash(hash(cursor, "block_hashes")?));
+                list.push(ExternalBlockHash(hash(c, "block_hashes")?));
             }
-            once(&mut hashes, "block_hashes", list)
-        }
+            Ok(list)
+        }),
         _ => skip(cursor),
     })?;
     Ok(KvCacheEventData::Removed(RemoveData { block_hashes: required(hashes, "block_hashes")? }))
@@ -626,8 +635,90 @@ mod tests {
         assert!(decode(&raw).is_err());
     }
 
+    fn str_key(key: &str) -> Vec<u8> {
+        rmp_serde::to_vec(key).unwrap()
+    }
+
+    fn array32(count: usize) -> Vec<u8> {
+        [&[0xdd][..], &(count as u32).to_be_bytes()].concat()
+    }
+
+    /// A field given twice is refused before its second value is read: a second block list
+    /// whose block is not a block still reports the repetition.
+    #[test]
+    fn a_repeated_field_is_refused_before_its_value_is_read() {
+        let record = [
+            &[0x91, 0x82][..],
+            &str_key("worker_id"),
+            &[0x01],
+            &str_key("event"),
+            &[0x82],
+            &str_key("event_id"),
+            &[0x01],
+            &str_key("data"),
+            &[0x81],
+            &str_key("stored"),
+            &[0x82],
+            &str_key("blocks"),
+            &[0x91, 0x92, 0x01, 0x02],
+            &str_key("blocks"),
+            &[0x91, 0xc3],
+        ]
+        .concat();
+        let Err(InputError::MessagePack { detail, .. }) = decode(&record) else {
+            panic!("accepted a repeated field")
+        };
+        assert!(detail.contains("duplicate field `blocks`"), "{detail}");
+    }
+
+    /// The first pass counts every block list of a record, repeated ones too, so a record
+    /// cannot carry more blocks than the message limit by repeating its `data`.
+    #[test]
+    fn repeated_data_counts_against_the_message_limit() {
+        let data = [&str_key("data")[..], &[0x81], &str_key("stored"), &[0x81], &str_key("blocks")]
+            .concat();
+        let list = [array32(BLOCKS_PER_EVENT_MAX), vec![0xc0; BLOCKS_PER_EVENT_MAX]].concat();
+        let mut record =
+            [&[0x91, 0x82][..], &str_key("worker_id"), &[0x01], &str_key("event")].concat();
+        record.push(0x83);
+        for _ in 0..3 {
+            record.extend(&data);
+            record.extend(&list);
+        }
+        assert_eq!(
+            check_shape(&record),
+            Err(InputError::TooMany {
+                what: "blocks in one message",
+                count: 3 * BLOCKS_PER_EVENT_MAX,
+                max: BLOCKS_PER_MESSAGE_MAX
+            })
+        );
+    }
+
+    /// A kept string may come as UTF-8 `bin`, as serde's reader took it.
+    #[test]
+    fn a_storage_tier_may_be_binary() {
+        let record = [
+            &[0x91, 0x83][..],
+            &str_key("worker_id"),
+            &[0x01],
+            &str_key("storage_tier"),
+            &[0xc4, 0x04],
+            b"disk",
+            &str_key("event"),
+            &rmp_serde::to_vec_named(&json!({"event_id": 1, "data": "cleared"})).unwrap(),
+        ]
+        .concat();
+        assert_eq!(
+            decode(&record).unwrap()[0].storage_tier,
+            crate::model::kv_events::StorageTier::Disk
+        );
+        assert_eq!(read_events(&record).is_ok(), reference::decode(&record).is_ok());
+    }
+
     /// The forms serde's readers also take: a block pair, `{"cleared": nil}`, signed markers with
-    /// non-negative ids, and skipped values nested deeper than serde would follow.
+    /// non-negative ids; and skipped values nested deeper than serde followed (32 levels), which
+    /// the reader skips without recursing.
     #[test]
     fn the_lenient_forms_decode() {
         let payload = rmp_serde::to_vec_named(&json!([

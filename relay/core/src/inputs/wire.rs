@@ -1,11 +1,12 @@
 //! Decoding helpers shared by the card, discovery and event-plane decoders.
 //!
-//! - [`json`] and [`msgpack`] are the only places bytes enter a parser: each maps the parser's
-//!   error to an [`InputError`] naming what was decoded, and [`msgpack`] rejects trailing bytes
-//!   and caps nesting depth.
-//! - [`MsgpackCursor`] reads MessagePack headers and keys and skips values by their markers, so
-//!   a decoder can check counts before it allocates the decoded lists; [`Bounded`] keeps at
-//!   most `MAX` entries of a list and counts the rest.
+//! - [`json`] and [`msgpack`] are where bytes enter serde: each maps the parser's error to an
+//!   [`InputError`] naming what was decoded, and [`msgpack`] rejects trailing bytes and caps
+//!   nesting depth.
+//! - [`MsgpackCursor`] reads MessagePack headers, keys, integers and strings in place and skips
+//!   values by their markers: the event plane's readers use it to check counts before they
+//!   allocate, and to read envelopes and events without serde; [`Bounded`] keeps at most `MAX`
+//!   entries of a list and counts the rest.
 //! - [`Embedded`] accepts a nested JSON document either as an object or as a string holding it.
 //! - [`WireEndpoint`] is the `{namespace, component, name}` triple.
 //! - [`percent_encode`] / [`percent_decode`] implement the escaping of subjects and keys.
@@ -119,8 +120,9 @@ pub(crate) fn msgpack_value_len(bytes: &[u8]) -> Option<usize> {
     Some(position)
 }
 
-/// A forward reader over MessagePack that decodes only the headers and keys it is asked for and
-/// skips every other value by its markers (no allocation, no recursion, no UTF-8 validation).
+/// A forward reader over MessagePack that decodes only the headers, keys and scalars it is asked
+/// for and skips every other value by its markers (no allocation, no recursion, no UTF-8
+/// validation).
 /// Every method returns `None`, consuming nothing, when the next value is not of the asked kind
 /// or is truncated.
 #[derive(Debug, Clone)]

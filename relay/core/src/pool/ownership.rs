@@ -259,8 +259,9 @@ impl RankReplacement {
 /// Chains longer than this find duplicate engine ids through a table instead of a scan.
 const BATCH_INDEX_MIN_BLOCKS: usize = 16;
 
-/// Blocks released per step of [`PoolOwnership::release_owners`]: enough independent cache
-/// misses in flight to overlap, few enough that a chunk's buckets stay in cache until used.
+/// Blocks released per step of [`PoolOwnership::release_owners`], and table entries warmed ahead
+/// of their lookups at a time: enough independent cache misses in flight to overlap, few enough
+/// that a chunk's entries stay in cache until used.
 const RELEASE_CHUNK: usize = 32;
 
 /// Most entries a kept [`StorePlan`] keeps room for between stores: a pool reuses one plan, so
@@ -303,14 +304,12 @@ fn plan_store(
     if store.blocks.is_empty() {
         return Ok(());
     }
-    // The lookups below do not depend on one another: their cache misses overlap here.
-    lineage.warm(
-        store
-            .parent_hash
-            .iter()
-            .chain(store.blocks.iter().map(|block| &block.block_hash))
-            .map(|hash| hash.0),
-    );
+    // The lookups below do not depend on one another: their cache misses overlap here, a chunk
+    // ahead of the loop at a time (a long store warmed at once would evict its first entries).
+    let externals = |from: usize| {
+        store.blocks[from..].iter().take(RELEASE_CHUNK).map(|block| block.block_hash.0)
+    };
+    lineage.warm(store.parent_hash.map(|hash| hash.0).into_iter().chain(externals(0)));
     let mut previous = match (store.parent_hash, store.start_position) {
         (Some(ExternalBlockHash(parent)), _) => {
             Some(SequenceHash(lineage.get(parent).ok_or(ApplyError::ParentBlockNotFound(parent))?))
@@ -324,7 +323,10 @@ fn plan_store(
     // Long chains index their own new mappings so duplicate ids stay O(1) to find.
     let mut batch =
         (store.blocks.len() > BATCH_INDEX_MIN_BLOCKS).then(|| LineageTable::new(lineage.key()));
-    for block in &store.blocks {
+    for (index, block) in store.blocks.iter().enumerate() {
+        if index > 0 && index.is_multiple_of(RELEASE_CHUNK) {
+            lineage.warm(externals(index));
+        }
         let canonical = match previous {
             None => SequenceHash::root(block.tokens_hash),
             Some(parent) => parent.child(block.tokens_hash),
@@ -606,14 +608,16 @@ impl PoolOwnership {
         if plan.new_mappings.is_empty() && plan.reoffers.is_empty() {
             return Ok(0);
         }
-        // The owner entries and filter words of the new blocks load while the owner table is
-        // read below.
-        self.owners.warm(plan.new_mappings.iter().map(|&(_, canonical)| canonical));
+        // The filter words of the new blocks load while the owner table is read below, a chunk
+        // of owner entries warmed ahead at a time.
         self.filter.warm(plan.new_mappings.iter().map(|&(_, canonical)| canonical));
-        for &(_, canonical) in &plan.new_mappings {
-            let owners = self.owners.get(canonical).map_or(0, |state| state.owners);
-            if owners.saturating_add(plan.new_mappings.len() as u32) > OWNERS_MAX {
-                return Err(ApplyError::OwnershipDegreeOverflow(canonical));
+        for chunk in plan.new_mappings.chunks(RELEASE_CHUNK) {
+            self.owners.warm(chunk.iter().map(|&(_, canonical)| canonical));
+            for &(_, canonical) in chunk {
+                let owners = self.owners.get(canonical).map_or(0, |state| state.owners);
+                if owners.saturating_add(plan.new_mappings.len() as u32) > OWNERS_MAX {
+                    return Err(ApplyError::OwnershipDegreeOverflow(canonical));
+                }
             }
         }
         let additional = plan.new_mappings.len();
