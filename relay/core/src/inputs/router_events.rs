@@ -26,7 +26,7 @@ use super::wire::{MsgpackCursor, check_segment};
 use crate::model::hashing::{ExternalBlockHash, LocalBlockHash};
 use crate::model::kv_events::{
     KvCacheEvent, KvCacheEventData, RemoveData, ResidencyDomain, RouterEvent, StoreData,
-    StoredBlock, storage_tier_from_wire,
+    StoredBlock, residency_domain_from_wire, storage_tier_from_wire,
 };
 
 /// What every error of the payload is reported as.
@@ -222,16 +222,14 @@ fn read_router_event(cursor: &mut MsgpackCursor<'_>) -> Result<RouterEvent, Inpu
     let tier = tier.flatten();
     let storage_tier = storage_tier_from_wire(tier)
         .ok_or_else(|| InputError::UnknownStorageTier { value: echo(tier.unwrap_or_default()) })?;
-    let residency_domain = match domain.flatten() {
-        None => None,
-        Some("worker") => Some(ResidencyDomain::Worker),
-        Some("cache_owner") => Some(ResidencyDomain::CacheOwner),
-        Some(other) => {
-            check_segment(other, "residency_domain")?;
-            Some(ResidencyDomain::Unsupported(other.to_owned()))
-        }
-    };
+    let residency_domain = domain.flatten().map(residency_domain).transpose()?;
     Ok(RouterEvent { worker_id, storage_tier, residency_domain, event })
+}
+
+/// A residency domain's name, bounded like every name segment.
+fn residency_domain(name: &str) -> Result<ResidencyDomain, InputError> {
+    check_segment(name, "residency_domain")?;
+    Ok(residency_domain_from_wire(name))
 }
 
 fn read_kv_cache_event(cursor: &mut MsgpackCursor<'_>) -> Result<KvCacheEvent, InputError> {
@@ -454,15 +452,7 @@ mod tests {
                 let storage_tier = storage_tier_from_wire(self.storage_tier).ok_or_else(|| {
                     InputError::UnknownStorageTier { value: echo(self.storage_tier.unwrap_or("")) }
                 })?;
-                let residency_domain = match self.residency_domain {
-                    None => None,
-                    Some("worker") => Some(ResidencyDomain::Worker),
-                    Some("cache_owner") => Some(ResidencyDomain::CacheOwner),
-                    Some(other) => {
-                        check_segment(other, "residency_domain")?;
-                        Some(ResidencyDomain::Unsupported(other.to_owned()))
-                    }
-                };
+                let residency_domain = self.residency_domain.map(residency_domain).transpose()?;
                 let data = match self.event.data {
                     Data::Stored(stored) => stored_from_wire(
                         stored.parent_hash.map(|hash| hash.0),

@@ -163,6 +163,17 @@ pub struct RemoveData {
     pub block_hashes: Vec<ExternalBlockHash>,
 }
 
+/// The residency domain a wire name denotes; any name but the two known ones is kept as
+/// [`ResidencyDomain::Unsupported`] (the caller bounds its length).
+#[must_use]
+pub fn residency_domain_from_wire(name: &str) -> ResidencyDomain {
+    match name {
+        "worker" => ResidencyDomain::Worker,
+        "cache_owner" => ResidencyDomain::CacheOwner,
+        other => ResidencyDomain::Unsupported(other.to_owned()),
+    }
+}
+
 /// The storage tier a wire name denotes; absent means device. `None` for an unknown name.
 #[must_use]
 pub fn storage_tier_from_wire(name: Option<&str>) -> Option<StorageTier> {

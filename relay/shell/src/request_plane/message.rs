@@ -16,9 +16,7 @@ use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
 use super::RecoveryError;
-use kvrelay_core::model::kv_events::{
-    KvCacheEvent, KvCacheEventData, ResidencyDomain, RouterEvent,
-};
+use kvrelay_core::model::kv_events::{KvCacheEvent, KvCacheEventData, RouterEvent};
 use kvrelay_core::sources::{RecoveryQueryKind, RecoveryRequest, RecoveryResponse, TreeDumpScope};
 
 /// Deepest MessagePack nesting accepted in a response item (real items nest about 10 levels).
@@ -504,12 +502,10 @@ impl WireRouterEvent {
                         cut(self.storage_tier.as_deref().unwrap_or_default())
                     ))
                 })?;
-        let residency_domain = match self.residency_domain.as_deref() {
-            None => None,
-            Some("worker") => Some(ResidencyDomain::Worker),
-            Some("cache_owner") => Some(ResidencyDomain::CacheOwner),
-            Some(other) => Some(ResidencyDomain::Unsupported(cut(other))),
-        };
+        let residency_domain = self
+            .residency_domain
+            .as_deref()
+            .map(|name| kvrelay_core::model::kv_events::residency_domain_from_wire(&cut(name)));
         let data = match self.event.data {
             WireEventData::Stored(stored) => kvrelay_core::model::kv_events::stored_from_wire(
                 stored.parent_hash.map(|hash| hash.0),
